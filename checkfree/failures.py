@@ -35,7 +35,9 @@ _STAGE0_STREAM = 2
 
 def _check_rate(rate_percent_per_hour: float) -> None:
     if not (isinstance(rate_percent_per_hour, (int, float)) and 0 <= rate_percent_per_hour < 100):
-        raise ValueError(f"failure rate {rate_percent_per_hour!r} %/h is invalid: expected a number in [0, 100).")
+        raise ValueError(
+            f"failure rate {rate_percent_per_hour!r} %/h is invalid: expected a number in [0, 100)."
+        )
 
 
 def _check_probability(probability: float, what: str = "per-iteration failure probability") -> None:
@@ -50,8 +52,14 @@ def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: f
     iteration time in seconds. Raises ValueError unless 0 ≤ h < 100 and T_iter > 0.
     """
     _check_rate(rate_percent_per_hour)
-    if not (isinstance(iteration_seconds, (int, float)) and iteration_seconds > 0 and math.isfinite(iteration_seconds)):
-        raise ValueError(f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds.")
+    if not (
+        isinstance(iteration_seconds, (int, float))
+        and iteration_seconds > 0
+        and math.isfinite(iteration_seconds)
+    ):
+        raise ValueError(
+            f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds."
+        )
     return 1.0 - (1.0 - rate_percent_per_hour / 100.0) ** (iteration_seconds / 3600.0)
 
 
@@ -61,8 +69,14 @@ def hourly_rate(p_iter: float, iteration_seconds: float) -> float:
     ``h = 100 · (1 − (1 − p_iter) ** (3600 / T_iter))``. Raises ValueError unless 0 ≤ p_iter < 1 and T_iter > 0.
     """
     _check_probability(p_iter)
-    if not (isinstance(iteration_seconds, (int, float)) and iteration_seconds > 0 and math.isfinite(iteration_seconds)):
-        raise ValueError(f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds.")
+    if not (
+        isinstance(iteration_seconds, (int, float))
+        and iteration_seconds > 0
+        and math.isfinite(iteration_seconds)
+    ):
+        raise ValueError(
+            f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds."
+        )
     return 100.0 * (1.0 - (1.0 - p_iter) ** (3600.0 / iteration_seconds))
 
 
@@ -189,22 +203,32 @@ def _read_json(path: str | Path) -> Any:
 
 def _parse_node_schedule(data: Any, path: str | Path) -> dict[int, list[int]]:
     if not isinstance(data, dict):
-        raise ValueError(f'failure schedule {str(path)!r} holds a {type(data).__name__}: expected an object '
-                         '{"node id": [crash iterations..., sentinel]}.')
+        raise ValueError(
+            f"failure schedule {str(path)!r} holds a {type(data).__name__}: expected an object "
+            '{"node id": [crash iterations..., sentinel]}.'
+        )
     nodes: dict[int, list[int]] = {}
     for key, crashes in data.items():
         if not (isinstance(key, str) and key.isdigit()):
-            raise ValueError(f"failure schedule {str(path)!r} has node id {key!r}: expected a non-negative integer string.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} has node id {key!r}: expected a non-negative integer string."
+            )
         if not (isinstance(crashes, list) and crashes and all(_is_int(c) and c >= 0 for c in crashes)):
-            raise ValueError(f"failure schedule {str(path)!r} node {key}: {crashes!r} is invalid: expected a "
-                             "non-empty list of non-negative integer iterations ending with a sentinel.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} node {key}: {crashes!r} is invalid: expected a "
+                "non-empty list of non-negative integer iterations ending with a sentinel."
+            )
         *real, sentinel = crashes
-        if any(b <= a for a, b in zip(real, real[1:])):
-            raise ValueError(f"failure schedule {str(path)!r} node {key}: iterations {real!r} are not strictly "
-                             "ascending: expected each crash iteration once, in ascending order.")
+        if real != sorted(set(real)):
+            raise ValueError(
+                f"failure schedule {str(path)!r} node {key}: iterations {real!r} are not strictly "
+                "ascending: expected each crash iteration once, in ascending order."
+            )
         if real and sentinel < real[-1]:
-            raise ValueError(f"failure schedule {str(path)!r} node {key}: sentinel {sentinel} is below crash "
-                             f"iteration {real[-1]}: expected the last value to be ≥ every crash iteration.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} node {key}: sentinel {sentinel} is below crash "
+                f"iteration {real[-1]}: expected the last value to be ≥ every crash iteration."
+            )
         nodes[int(key)] = real
     return nodes
 
@@ -231,21 +255,28 @@ def node_to_stage_failures(nodes: Mapping[int, list[int]], replicas: int) -> lis
     full = sorted(key for key, count in crashes.items() if count >= replicas)
     partial = sorted(key for key, count in crashes.items() if count < replicas)
     if partial:
-        log.info("schedule has %d partial stage failures (some replicas alive), not stage failures: %s",
-                 len(partial), partial)
+        log.info(
+            "schedule has %d partial stage failures (some replicas alive), not stage failures: %s",
+            len(partial),
+            partial,
+        )
     return full
 
 
 def _parse_stage_failures(data: dict, path: str | Path) -> list[tuple[int, int]]:
     entries = data.get("failures")
     if not isinstance(entries, list):
-        raise ValueError(f'failure schedule {str(path)!r} has "failures" = {entries!r}: expected a list of '
-                         '{"iteration": int, "stage": int} objects.')
+        raise ValueError(
+            f'failure schedule {str(path)!r} has "failures" = {entries!r}: expected a list of '
+            '{"iteration": int, "stage": int} objects.'
+        )
     failures = []
     for entry in entries:
         if not (isinstance(entry, dict) and _is_int(entry.get("iteration")) and _is_int(entry.get("stage"))):
-            raise ValueError(f"failure schedule {str(path)!r} has entry {entry!r}: expected "
-                             '{"iteration": int, "stage": int}.')
+            raise ValueError(
+                f"failure schedule {str(path)!r} has entry {entry!r}: expected "
+                '{"iteration": int, "stage": int}.'
+            )
         failures.append((entry["iteration"], entry["stage"]))
     return failures
 
@@ -261,24 +292,32 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
     data = _read_json(path)
     if isinstance(data, dict) and "format" in data:
         if data["format"] != STAGE_SCHEDULE_FORMAT:
-            raise ValueError(f"failure schedule {str(path)!r} has format {data['format']!r}: "
-                             f"expected {STAGE_SCHEDULE_FORMAT!r}.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} has format {data['format']!r}: "
+                f"expected {STAGE_SCHEDULE_FORMAT!r}."
+            )
         failures = _parse_stage_failures(data, path)
     else:
         if not _is_int(replicas) or replicas < 1:
-            raise ValueError(f"failure schedule {str(path)!r} is in the node format, which needs replicas "
-                             f"(got {replicas!r}): expected a positive replicas count per stage.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} is in the node format, which needs replicas "
+                f"(got {replicas!r}): expected a positive replicas count per stage."
+            )
         failures = node_to_stage_failures(_parse_node_schedule(data, path), replicas)
     seen: set[tuple[int, int]] = set()
     for iteration, stage in failures:
         if iteration < 0:
             raise ValueError(f"failure schedule {str(path)!r} has iteration {iteration}: expected ≥ 0.")
         if not 0 <= stage <= n_stages:
-            raise ValueError(f"failure schedule {str(path)!r} has stage {stage} at iteration {iteration}: "
-                             f"expected a stage in 0..{n_stages}.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} has stage {stage} at iteration {iteration}: "
+                f"expected a stage in 0..{n_stages}."
+            )
         if (iteration, stage) in seen:
-            raise ValueError(f"failure schedule {str(path)!r} lists stage {stage} at iteration {iteration} "
-                             "twice: expected each (iteration, stage) once.")
+            raise ValueError(
+                f"failure schedule {str(path)!r} lists stage {stage} at iteration {iteration} "
+                "twice: expected each (iteration, stage) once."
+            )
         seen.add((iteration, stage))
     log.info("loaded %d stage failures from %s", len(failures), path)
     return StageSchedule(failures, n_stages)
@@ -311,17 +350,34 @@ def generate_node_schedule(
     gets the iteration. Every node 0..(n_stages+1)·replicas−1 is listed (stage 0 never fails), each list ending
     with the sentinel iterations+1. ``checkpoint_interval=None`` lets every iteration fail.
     """
-    for name, value, low in (("n_stages", n_stages, 1), ("replicas", replicas, 1), ("iterations", iterations, 1)):
+    for name, value, low in (
+        ("n_stages", n_stages, 1),
+        ("replicas", replicas, 1),
+        ("iterations", iterations, 1),
+    ):
         if not _is_int(value) or value < low:
             raise ValueError(f"{name} {value!r} is invalid: expected an integer ≥ {low}.")
     if checkpoint_interval is not None and (not _is_int(checkpoint_interval) or checkpoint_interval < 2):
-        raise ValueError(f"checkpoint_interval {checkpoint_interval!r} is invalid: expected an integer ≥ 2 or None.")
-    p_fail, source = resolve_failure_probability(SWARM_FAILURE_PROBABILITIES, rate, iteration_seconds, probability)
+        raise ValueError(
+            f"checkpoint_interval {checkpoint_interval!r} is invalid: expected an integer ≥ 2 or None."
+        )
+    p_fail, source = resolve_failure_probability(
+        SWARM_FAILURE_PROBABILITIES, rate, iteration_seconds, probability
+    )
     if stage_seed is None:
         # rate·5 as the authors seed it; an integral float seeds like the int (hash(80.0) == 80).
         stage_seed = int(rate * 5) if float(rate * 5).is_integer() else rate * 5
-    log.info("node schedule: %s %%/h → p_iter %.6g (%s), %d stages × %d replicas, %d iterations, seeds %s/%s",
-             rate, p_fail, source, n_stages, replicas, iterations, seed, stage_seed)
+    log.info(
+        "node schedule: %s %%/h → p_iter %.6g (%s), %d stages × %d replicas, %d iterations, seeds %s/%s",
+        rate,
+        p_fail,
+        source,
+        n_stages,
+        replicas,
+        iterations,
+        seed,
+        stage_seed,
+    )
     failure_rng, stage_rng = random.Random(seed), random.Random(stage_seed)
     crashes: dict[int, list[int]] = {node: [] for node in range((n_stages + 1) * replicas)}
     for itr in range(iterations):
