@@ -1,0 +1,242 @@
+"""The authors' JSON config format as typed, validated dataclasses.
+
+A config file of the paper's release (SPEC: paper §5 and the release's ``*_config.json``) is accepted unchanged:
+
+    {"dataset": "OpenWebText", "architecture": "LLaMa", "validation": 10, "dmodel": 1024, "num_heads": 16,
+     "n_layers_per_stage": 4, "n_stages": 6, "seq_l": 1024, "batch_size": 16, "mb_count": 4, "lr_scale": 1.2,
+     "max_iterations": 10000, "lr": 3e-4, "5": 0.0009, "10": 0.002, "16": 0.004, "33": 0.01}
+
+The keys "5", "10", "16", "33" are per-iteration stage-failure probabilities for those failure rates in %/h (they
+sit next to "lr" but are not learning rates). Keys of our own (``eval_interval``, ``seed``, ``tokenizer``, …) take
+the defaults below when absent. Every invalid value raises :class:`ConfigError` with one sentence naming the key,
+the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ARCHITECTURES = ("LLaMa", "GPT")
+GRAD_NORM_MODES = ("paper", "clipped")
+_FAILURE_KEY = re.compile(r"^\d+(\.\d+)?$")
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO_ROOT / "configs"
+
+
+class ConfigError(ValueError):
+    """A config value a user wrote is invalid; the message is one sentence naming it."""
+
+
+@dataclass
+class Config:
+    """One training run's configuration (paper keys first, then ours)."""
+
+    # --- the authors' keys (SPEC §6) ---
+    dataset: str = "Shakespeare"
+    """Corpus: "TinyStories" | "OpenWebText" | "RedPajama" (HF streaming), "Shakespeare" (offline), or a path/glob."""
+    architecture: str = "LLaMa"
+    """"LLaMa" (LlamaForCausalLM blocks) or "GPT" (GPT2LMHeadModel blocks)."""
+    validation: int = 8
+    """Validation batches (of batch_size sequences) per evaluation."""
+    dmodel: int = 128
+    """Model width d."""
+    num_heads: int = 4
+    """Attention heads; must divide dmodel."""
+    n_layers_per_stage: int = 2
+    """Transformer blocks per stage."""
+    n_stages: int = 4
+    """Transformer stages S (stage 0, the embedding and head, is extra)."""
+    seq_l: int = 128
+    """Sequence length in tokens."""
+    batch_size: int = 8
+    """Sequences per microbatch (per data-parallel rank)."""
+    mb_count: int = 4
+    """Microbatches per iteration; each microbatch's loss is divided by mb_count."""
+    lr_scale: float = 1.1
+    """Learning-rate multiplier of a freshly recovered stage (paper §4: 1.1)."""
+    max_iterations: int = 500
+    """Iterations (optimizer steps) to train."""
+    lr: float = 1e-3
+    """Base learning rate (Adam)."""
+    failure_probabilities: dict[str, float] = field(default_factory=dict)
+    """Per-iteration stage-failure probability keyed by the failure rate in %/h ("5", "10", "16", "33")."""
+
+    # --- our keys ---
+    eval_interval: int = 500
+    """Iterations between validations (paper: 500)."""
+    log_interval: int = 10
+    """Iterations between console lines."""
+    checkpoint_interval: int = 0
+    """Iterations between run checkpoints used to resume (START_ITER > 0); 0 = only at the end."""
+    keep_checkpoints: int = 2
+    """How many run checkpoints to keep."""
+    seed: int = 0
+    """Seed for model init and failure draws (failures use their own generator)."""
+    data_seed: int = 42
+    """Seed of the data order (paper: shuffle seed 42)."""
+    tokenizer: str = "bpe"
+    """"bpe" (byte-level BPE trained on the corpus, offline), "llama2", "gpt2", or a tokenizer path."""
+    vocab_size: int = 4096
+    """Vocabulary size of the "bpe" tokenizer."""
+    max_train_tokens: int | None = None
+    """Tokens to stream and cache from a hub dataset (None = enough for max_iterations)."""
+    grad_clip: float = 1.0
+    """Per-stage gradient-norm clipping threshold (paper: 1.0)."""
+    grad_norm_mode: str = "paper"
+    """CheckFree weights ω: "paper" = unclipped gradient norm; "clipped" = the release's post-clip norm + 1e-4."""
+    warmup_iterations: int = 500
+    """GPT only: linear warm-up iterations before cosine decay to 0.1·lr (paper §6)."""
+    init_std: float = 0.02
+    """Standard deviation of the N(0, std) initialisation."""
+
+    @property
+    def n_layers(self) -> int:
+        return self.n_layers_per_stage * self.n_stages
+
+    @property
+    def tokens_per_iteration(self) -> int:
+        """Tokens per iteration per data-parallel rank."""
+        return self.batch_size * self.mb_count * self.seq_l
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved config in the authors' layout (failure keys at top level) plus our keys."""
+        d = dataclasses.asdict(self)
+        probs = d.pop("failure_probabilities")
+        d.update(probs)
+        return d
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_INT_KEYS = {"validation", "dmodel", "num_heads", "n_layers_per_stage", "n_stages", "seq_l", "batch_size",
+             "mb_count", "max_iterations", "eval_interval", "log_interval", "checkpoint_interval",
+             "keep_checkpoints", "seed", "data_seed", "vocab_size", "warmup_iterations"}
+_FLOAT_KEYS = {"lr_scale", "lr", "grad_clip", "init_std"}
+_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode"}
+
+
+def _check_type(key: str, value: Any, source: str) -> Any:
+    if key in _INT_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(f"{source}: {key!r} is {value!r}; expected an integer.")
+        return value
+    if key in _FLOAT_KEYS:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ConfigError(f"{source}: {key!r} is {value!r}; expected a finite number.")
+        return float(value)
+    if key in _STR_KEYS:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{source}: {key!r} is {value!r}; expected a non-empty string.")
+        return value
+    if key == "max_train_tokens":
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{source}: 'max_train_tokens' is {value!r}; expected a positive integer or null.")
+        return value
+    raise AssertionError(key)
+
+
+def _validate(cfg: Config, source: str) -> None:
+    positive = ("validation", "dmodel", "num_heads", "n_layers_per_stage", "n_stages", "seq_l", "batch_size",
+                "mb_count", "eval_interval", "log_interval", "keep_checkpoints", "vocab_size")
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive integer.")
+    for key in ("max_iterations", "checkpoint_interval", "warmup_iterations"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
+    for key in ("lr", "lr_scale", "grad_clip", "init_std"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive number.")
+    if cfg.architecture not in ARCHITECTURES:
+        raise ConfigError(f"{source}: 'architecture' is {cfg.architecture!r}; expected one of {list(ARCHITECTURES)}.")
+    if cfg.dmodel % cfg.num_heads:
+        raise ConfigError(f"{source}: 'dmodel' {cfg.dmodel} is not divisible by 'num_heads' {cfg.num_heads}; "
+                          "expected dmodel = heads × head size.")
+    if cfg.architecture == "LLaMa" and (cfg.dmodel // cfg.num_heads) % 2:
+        raise ConfigError(f"{source}: head size dmodel/num_heads = {cfg.dmodel // cfg.num_heads} is odd; "
+                          "RoPE needs an even head size.")
+    if cfg.grad_norm_mode not in GRAD_NORM_MODES:
+        raise ConfigError(f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of "
+                          f"{list(GRAD_NORM_MODES)}.")
+    if cfg.tokenizer == "bpe" and cfg.vocab_size < 260:
+        raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
+    for key, p in cfg.failure_probabilities.items():
+        if not 0.0 <= p <= 1.0:
+            raise ConfigError(f"{source}: failure probability {key!r} is {p}; expected a per-iteration "
+                              "probability in [0, 1].")
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
+    """Build a validated :class:`Config` from the authors' JSON layout (unknown keys are an error).
+
+    Raises:
+        ConfigError: a key is unknown or a value has the wrong type or range.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object of config keys, got {type(raw).__name__}.")
+    kwargs: dict[str, Any] = {}
+    probs: dict[str, float] = {}
+    for key, value in raw.items():
+        if _FAILURE_KEY.match(key):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{source}: failure probability {key!r} is {value!r}; expected a number.")
+            probs[key] = float(value)
+        elif key == "failure_probabilities":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: 'failure_probabilities' is {value!r}; expected an object.")
+            for k, v in value.items():
+                if not _FAILURE_KEY.match(str(k)) or isinstance(v, bool) or not isinstance(v, int | float):
+                    raise ConfigError(f"{source}: failure probability {k!r}: {v!r} is invalid; expected "
+                                      '"<rate %/h>": <probability>.')
+                probs[str(k)] = float(v)
+        elif key in _FIELDS:
+            kwargs[key] = _check_type(key, value, source)
+        else:
+            known = ", ".join(sorted(k for k in _FIELDS if k != "failure_probabilities"))
+            raise ConfigError(f"{source}: unknown key {key!r}; expected one of: {known}, or a failure-rate key "
+                              'such as "16".')
+    cfg = Config(**kwargs, failure_probabilities=probs)
+    _validate(cfg, source)
+    return cfg
+
+
+def resolve_config_path(name: str | Path, cwd: Path | None = None) -> Path:
+    """CONFIG resolves against the working directory, then the repository's ``configs/``.
+
+    Raises:
+        FileNotFoundError: neither location holds the file.
+    """
+    p = Path(name)
+    candidates = [p if p.is_absolute() else (cwd or Path.cwd()) / p, CONFIG_DIR / p.name]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    raise FileNotFoundError(f"config {str(name)!r} not found in the working directory or in {CONFIG_DIR}; "
+                            "expected a JSON file such as configs/tiny_config.json.")
+
+
+def load_config(name: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Load, override (CLI values win) and validate a config file.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ConfigError: the file is not JSON or a value is invalid.
+    """
+    path = resolve_config_path(name)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"config {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path}: expected a JSON object of config keys.")
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return config_from_dict(raw, source=f"config {path.name}")

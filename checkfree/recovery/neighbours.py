@@ -1,0 +1,299 @@
+"""Recovery from neighbouring stages: CheckFree, CheckFree+ and the paper's ablations (Copy, Average, Zero, Random).
+
+The first half is pure math on state dicts (used by the simulator and by swarm nodes alike); the second half wraps
+it into registered strategies that act on a :class:`~checkfree.training_state.TrainingState`.
+
+Neighbours of a failed transformer stage i are the nearest *surviving* transformer stages on each side
+(i−1 and i+1 unless those failed in the same iteration too; stage 0 is never a neighbour, its shapes differ).
+A stage whose rule cannot apply (e.g. one neighbour only) uses a documented fallback, recorded in the metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+
+import torch
+
+from checkfree.model import MLP_OUT_SUFFIXES
+from checkfree.pipeline import checkfree_weight
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.training_state import StateDict, TrainingState
+
+log = logging.getLogger(__name__)
+
+# ----------------------------------------------------------------------------------------------- pure math
+
+
+def weighted_average(left: Mapping[str, torch.Tensor], right: Mapping[str, torch.Tensor],
+                     w_left: float, w_right: float) -> StateDict:
+    """CheckFree rule (paper §4.1, Eq. 2): W_i = (ω_{i−1}·W_{i−1} + ω_{i+1}·W_{i+1}) / (ω_{i−1} + ω_{i+1}).
+
+    Applied to every tensor; both state dicts must have the same keys and shapes. If both weights are 0 the
+    result is the plain average.
+
+    Raises:
+        ValueError: keys or shapes differ, or a weight is negative or not finite.
+    """
+    if left.keys() != right.keys():
+        raise ValueError(f"neighbour state dicts differ in keys: {sorted(set(left) ^ set(right))[:4]}.")
+    for w in (w_left, w_right):
+        if not (w >= 0.0 and w < float("inf")):
+            raise ValueError(f"CheckFree weight {w!r} is invalid; expected a finite number ≥ 0.")
+    total = w_left + w_right
+    a, b = (0.5, 0.5) if total == 0 else (w_left / total, w_right / total)
+    out: StateDict = {}
+    for k, t in left.items():
+        u = right[k]
+        if t.shape != u.shape:
+            raise ValueError(f"neighbour tensor {k!r} has shapes {tuple(t.shape)} and {tuple(u.shape)}.")
+        out[k] = (a * t + b * u).to(t.dtype) if t.is_floating_point() else t.clone()
+    return out
+
+
+def average(left: Mapping[str, torch.Tensor], right: Mapping[str, torch.Tensor]) -> StateDict:
+    """Uniform average of the two neighbours ("Average" in the paper's Fig. 2)."""
+    return weighted_average(left, right, 1.0, 1.0)
+
+
+def copy_state(source: Mapping[str, torch.Tensor]) -> StateDict:
+    """A detached copy ("Copy" in the paper's Fig. 2)."""
+    return {k: v.detach().clone() for k, v in source.items()}
+
+
+def zero_mlp_output(state: Mapping[str, torch.Tensor], architecture: str) -> StateDict:
+    """Copy ``state`` and zero every block's MLP output projection, so each MLP starts as identity-residual."""
+    suffixes = MLP_OUT_SUFFIXES[architecture]
+    return {k: torch.zeros_like(v) if k.endswith(suffixes) else v.detach().clone() for k, v in state.items()}
+
+
+def random_state(template: Mapping[str, torch.Tensor], generator: torch.Generator, std: float = 0.02) -> StateDict:
+    """Fresh initialisation shaped like ``template``: matrices ~ N(0, std), norm gains 1, biases 0 ("Random")."""
+    out: StateDict = {}
+    for k, v in template.items():
+        if v.dim() >= 2:
+            out[k] = torch.randn(v.shape, generator=generator, dtype=torch.float32).mul_(std).to(v.dtype)
+        elif k.endswith("weight") and ("norm" in k or "ln_" in k):
+            out[k] = torch.ones_like(v)
+        else:
+            out[k] = torch.zeros_like(v)
+    return out
+
+
+def live_neighbours(stage: int, failed: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:
+    """Nearest surviving transformer stages left and right of ``stage`` (None where there is none)."""
+    lost = set(failed)
+    left = stage - 1
+    while left >= 1 and left in lost:
+        left -= 1
+    right = stage + 1
+    while right <= n_stages and right in lost:
+        right += 1
+    return (left if left >= 1 else None), (right if right <= n_stages else None)
+
+
+def is_consecutive(stage: int, failed: Iterable[int]) -> bool:
+    """A directly adjacent stage (stage 0 included) failed in the same iteration."""
+    lost = set(failed)
+    return (stage - 1) in lost or (stage + 1) in lost
+
+
+def recovery_seed(seed: int, iteration: int, stage: int) -> int:
+    """Seed of the generator for a random re-initialisation: the same on every rank and for every run."""
+    return (seed * 1_000_003 + iteration * 10_007 + stage) % (2**63)
+
+
+# ----------------------------------------------------------------------------------------------- strategies
+
+
+@register
+class NoFailure(RecoveryStrategy):
+    """``no_failure``: failures are drawn and logged, nothing is lost (the reference curve)."""
+
+    name = "no_failure"
+    loses_state = False
+    recovers_stage0 = True
+
+    def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
+        return []
+
+
+class _NeighbourStrategy(RecoveryStrategy):
+    """Shared loop: rebuild each failed transformer stage from its live neighbours, then a fresh Adam."""
+
+    rule = ""
+
+    def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
+        records = []
+        for stage in sorted(failed):
+            t0 = time.perf_counter()
+            if stage == 0:
+                record = self.recover_stage0(state, failed)
+            else:
+                left, right = live_neighbours(stage, failed, state.n_stages)
+                new_state, record = self.rebuild(state, stage, left, right, failed)
+                state.load_stage(stage, new_state)
+            state.fresh_optimizer(stage, self.cfg.lr_scale)
+            record.consecutive = is_consecutive(stage, failed)
+            record.seconds = time.perf_counter() - t0
+            if record.consecutive:
+                log.info("stage %d failed together with a neighbour; rebuilt from live stages %s",
+                         stage, record.sources)
+            records.append(record)
+        return records
+
+    def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
+        raise ValueError(f"strategy {self.name!r} cannot recover stage 0 (embedding and head).")
+
+    def rebuild(self, state: TrainingState, stage: int, left: int | None, right: int | None,
+                failed: list[int]) -> tuple[StateDict, RecoveryRecord]:
+        raise NotImplementedError
+
+    def _copy_one(self, state: TrainingState, stage: int, source: int | None, fallback: str | None,
+                  failed: list[int]) -> tuple[StateDict, RecoveryRecord]:
+        """Copy ``source``; with no live transformer stage at all, fall back to a random init."""
+        if source is None:
+            return self._random(state, stage, "no live transformer stage: random init")
+        return copy_state(state.stage_state(source)), RecoveryRecord(
+            stage, self.name, [source], [1.0], rule="copy", fallback=fallback)
+
+    def _random(self, state: TrainingState, stage: int, fallback: str | None) -> tuple[StateDict, RecoveryRecord]:
+        gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, stage))
+        new = random_state(state.stages[stage].state_dict(), gen, self.cfg.init_std)
+        return new, RecoveryRecord(stage, self.name, [], None, rule="random", fallback=fallback)
+
+
+@register
+class Copy(_NeighbourStrategy):
+    """``copy`` (ours-naive): copy stage i−1, or stage i+1 for the first stage."""
+
+    name = "copy"
+
+    def rebuild(self, state, stage, left, right, failed):
+        intended = stage - 1 if stage > 1 else 2
+        source = left if left is not None else right
+        fallback = None if source == intended else "intended source lost too: nearest live stage"
+        return self._copy_one(state, stage, source, fallback, failed)
+
+
+@register
+class RandomInit(_NeighbourStrategy):
+    """``random`` (ours-random): a fresh N(0, init_std) initialisation."""
+
+    name = "random"
+
+    def rebuild(self, state, stage, left, right, failed):
+        return self._random(state, stage, None)
+
+
+@register
+class Zero(Copy):
+    """``zero`` (ours-zero): copy a neighbour, then zero each block's MLP output projection."""
+
+    name = "zero"
+
+    def rebuild(self, state, stage, left, right, failed):
+        new, record = super().rebuild(state, stage, left, right, failed)
+        if record.rule == "copy":
+            new = zero_mlp_output(new, self.cfg.architecture)
+            record.rule = "zero"
+        return new, record
+
+
+@register
+class Average(_NeighbourStrategy):
+    """``average`` (ours-avg-ablation): uniform 0.5/0.5 average of the two neighbours."""
+
+    name = "average"
+
+    def rebuild(self, state, stage, left, right, failed):
+        if left is None or right is None:
+            return self._copy_one(state, stage, left if left is not None else right,
+                                  "single live neighbour: copy", failed)
+        new = average(state.stage_state(left), state.stage_state(right))
+        return new, RecoveryRecord(stage, self.name, [left, right], [0.5, 0.5], rule="average")
+
+
+@register
+class CheckFree(_NeighbourStrategy):
+    """``checkfree`` (ours-grad-avg without swaps): gradient-norm-weighted average of the neighbours (§4.1).
+
+    The first and last stages have one neighbour only; CheckFree cannot recover them, so it falls back to a copy
+    of that neighbour (recorded as a fallback).
+    """
+
+    name = "checkfree"
+
+    def weights(self, state: TrainingState, left: int, right: int) -> tuple[float, float]:
+        mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
+        return (checkfree_weight(state.grad_norms[left], clip, mode),
+                checkfree_weight(state.grad_norms[right], clip, mode))
+
+    def rebuild(self, state, stage, left, right, failed):
+        if left is None or right is None:
+            return self._copy_one(state, stage, left if left is not None else right,
+                                  "single live neighbour: copy", failed)
+        w_left, w_right = self.weights(state, left, right)
+        new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
+        total = w_left + w_right
+        shares = [0.5, 0.5] if total == 0 else [w_left / total, w_right / total]
+        return new, RecoveryRecord(stage, self.name, [left, right], shares, rule="checkfree",
+                                   extra={"grad_norm_mode": self.cfg.grad_norm_mode,
+                                          "omega": [w_left, w_right]})
+
+
+@register
+class CheckFreePlus(CheckFree):
+    """``checkfree_plus`` (ours-grad-avg with swaps, §4.2).
+
+    With out-of-order execution the first stage is replaced by a copy of the second and the last by a copy of the
+    second-to-last; other stages use the CheckFree rule. Stage 0 (embedding E and head E⁻¹) is restored exactly
+    from the copies its neighbours hold: stage 1 keeps E, stage S keeps E⁻¹, refreshed after every step.
+    """
+
+    name = "checkfree_plus"
+    recovers_stage0 = True
+    requires_swaps = True
+    _EMBED_PREFIXES = ("embed_tokens.", "positions.")
+
+    def setup(self, state: TrainingState) -> None:
+        self._stage0_copy = state.stage_state(0)
+
+    def after_step(self, state: TrainingState) -> None:
+        with torch.no_grad():
+            for k, v in state.stages[0].state_dict().items():
+                self._stage0_copy[k].copy_(v)
+
+    def rebuild(self, state, stage, left, right, failed):
+        partner = {1: 2, state.n_stages: state.n_stages - 1}.get(stage)
+        if partner is not None and partner not in failed:
+            return self._copy_one(state, stage, partner, None, failed)
+        return super().rebuild(state, stage, left, right, failed)
+
+    def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
+        holders = {"embedding": 1, "head": state.n_stages}
+        new = state.stages[0].state_dict()
+        lost_parts = []
+        for k in new:
+            part = "embedding" if k.startswith(self._EMBED_PREFIXES) else "head"
+            if holders[part] in failed:
+                lost_parts.append(part)
+            else:
+                new[k] = self._stage0_copy[k].clone()
+        fallback = None
+        if lost_parts:  # the neighbour holding that copy died too: re-initialise that part
+            gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, 0))
+            fresh = random_state(new, gen, self.cfg.init_std)
+            for k in new:
+                part = "embedding" if k.startswith(self._EMBED_PREFIXES) else "head"
+                if part in lost_parts:
+                    new[k] = fresh[k]
+            fallback = f"copy holder lost too: random init of {sorted(set(lost_parts))}"
+        state.load_stage(0, new)
+        sources = sorted({holders[p] for p in holders if p not in lost_parts})
+        return RecoveryRecord(0, self.name, sources, None, rule="neighbour_copy", fallback=fallback)
+
+    def stats(self) -> dict:
+        copy = getattr(self, "_stage0_copy", {})
+        return {"extra_memory_bytes": sum(t.numel() * t.element_size() for t in copy.values())}
