@@ -143,7 +143,9 @@ def _check_int(value: object, what: str, low: int = -1) -> int:
 
 def _check_json_value(value: object, where: str, depth: int) -> None:
     if depth > MAX_META_DEPTH:
-        raise ProtocolError(f"Meta value at {where} nests deeper than {MAX_META_DEPTH}; expected flatter meta.")
+        raise ProtocolError(
+            f"Meta value at {where} nests deeper than {MAX_META_DEPTH}; expected flatter meta."
+        )
     if value is None or isinstance(value, (bool, str, float)):
         return
     if isinstance(value, int):
@@ -167,11 +169,15 @@ def _check_json_value(value: object, where: str, depth: int) -> None:
 
 def _check_meta(mtype: MessageType, meta: object) -> None:
     if not isinstance(meta, dict):
-        raise ProtocolError(f"Meta of a {mtype.name} message is a {type(meta).__name__}; expected a JSON object.")
+        raise ProtocolError(
+            f"Meta of a {mtype.name} message is a {type(meta).__name__}; expected a JSON object."
+        )
     _check_json_value(meta, "meta", 0)
     for key, kind in REQUIRED_META[mtype].items():
         if key not in meta:
-            raise ProtocolError(f"Meta of a {mtype.name} message lacks key '{key}'; expected a {kind.__name__}.")
+            raise ProtocolError(
+                f"Meta of a {mtype.name} message lacks key '{key}'; expected a {kind.__name__}."
+            )
         value = meta[key]
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ProtocolError(
@@ -195,8 +201,14 @@ def _check_tensor_names(mtype: MessageType, names: Sequence[str]) -> None:
             )
 
 
-def encode(msg: Message, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[Frame]:
-    """Serialize ``msg`` into ZeroMQ frames (tensor data frames are zero-copy memoryviews).
+def encode(
+    msg: Message, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, copy: bool = False
+) -> list[Frame]:
+    """Serialize ``msg`` into ZeroMQ frames.
+
+    With ``copy=False`` tensor data frames are zero-copy memoryviews of the tensors: do not modify the
+    tensors until the frames are sent. ``copy=True`` snapshots them (one memcpy), which an asynchronous
+    sender needs because the caller may update weights or zero gradients in place right after ``send``.
 
     Raises:
         ProtocolError: if the message would not pass ``decode`` (bad field, dtype, name, meta or size).
@@ -214,7 +226,9 @@ def encode(msg: Message, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
         raise ProtocolError(f"Meta is {len(meta)} bytes of JSON; expected at most {MAX_META_BYTES}.")
     _check_tensor_names(mtype, list(msg.tensors))
     frames: list[Frame] = [
-        HEADER.pack(MAGIC, VERSION, int(mtype), 0, sender, iteration, microbatch, len(meta), len(msg.tensors)),
+        HEADER.pack(
+            MAGIC, VERSION, int(mtype), 0, sender, iteration, microbatch, len(meta), len(msg.tensors)
+        ),
         meta,
     ]
     total = len(frames[0]) + len(meta)
@@ -228,7 +242,8 @@ def encode(msg: Message, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> 
         if tensor.dim() > MAX_NDIM:
             raise ProtocolError(f"Tensor {name!r} has {tensor.dim()} dims; expected at most {MAX_NDIM}.")
         flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        data = memoryview(flat.numpy())  # keeps ``flat`` alive for as long as zmq holds the frame
+        # a memoryview keeps ``flat`` alive for as long as zmq holds the frame
+        data = memoryview(flat.numpy().tobytes() if copy else flat.numpy())
         header = (
             TENSOR_HEADER.pack(DTYPE_CODES[tensor.dtype], tensor.dim(), len(name))
             + name.encode("ascii")
@@ -247,7 +262,9 @@ def _buffer(frame: object, index: int) -> memoryview:
     try:
         view = memoryview(buf)  # type: ignore[arg-type]
     except TypeError:
-        raise ProtocolError(f"Frame {index} is a {type(frame).__name__}; expected a bytes-like frame.") from None
+        raise ProtocolError(
+            f"Frame {index} is a {type(frame).__name__}; expected a bytes-like frame."
+        ) from None
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
@@ -279,7 +296,9 @@ def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAG
     try:
         mtype = MessageType(code)
     except ValueError:
-        raise ProtocolError(f"Message type code is {code}; expected one of {[int(t) for t in MessageType]}.") from None
+        raise ProtocolError(
+            f"Message type code is {code}; expected one of {[int(t) for t in MessageType]}."
+        ) from None
     if flags != 0:
         raise ProtocolError(f"Header flags are {flags}; expected 0.")
     for what, value in (("sender", sender), ("iteration", iteration), ("microbatch", microbatch)):
@@ -296,7 +315,9 @@ def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAG
     try:
         meta = json.loads(bytes(views[1]).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise ProtocolError(f"Meta frame is not UTF-8 JSON ({type(exc).__name__}); expected a JSON object.") from None
+        raise ProtocolError(
+            f"Meta frame is not UTF-8 JSON ({type(exc).__name__}); expected a JSON object."
+        ) from None
     _check_meta(mtype, meta)
     tensors: dict[str, torch.Tensor] = {}
     for i in range(count):
@@ -311,7 +332,9 @@ def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAG
 def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[str, torch.Tensor]:
     where = f"tensor {index}"
     if header.nbytes < TENSOR_HEADER.size:
-        raise ProtocolError(f"Header of {where} is {header.nbytes} bytes; expected at least {TENSOR_HEADER.size}.")
+        raise ProtocolError(
+            f"Header of {where} is {header.nbytes} bytes; expected at least {TENSOR_HEADER.size}."
+        )
     code, ndim, name_len = TENSOR_HEADER.unpack_from(header)
     if code not in CODE_DTYPES:
         raise ProtocolError(f"Dtype code of {where} is {code}; expected one of {sorted(CODE_DTYPES)}.")
@@ -335,7 +358,9 @@ def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[st
     (size,) = struct.unpack_from("<Q", header, offset + 8 * ndim)
     for dim in shape:
         if dim < 0 or dim > MAX_DIM:
-            raise ProtocolError(f"Shape of tensor {name!r} is {list(shape)}; expected dims >= 0 and not huge.")
+            raise ProtocolError(
+                f"Shape of tensor {name!r} is {list(shape)}; expected dims >= 0 and not huge."
+            )
     dtype = CODE_DTYPES[code]
     itemsize = torch.empty((), dtype=dtype).element_size()
     want = math.prod(shape) * itemsize
