@@ -175,7 +175,7 @@ def _cache_key(spec: DataSpec, source: Source, kind: str) -> str:
 
 
 def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.")[:40].lower() or "corpus"
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.")[-40:].lower() or "corpus"
 
 
 def _open_entry(entry: Path, key: str, spec: DataSpec) -> tuple[Corpus | None, str | None]:

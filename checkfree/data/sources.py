@@ -127,7 +127,10 @@ def _match_files(dataset: str) -> list[Path]:
 
 
 def _display_name(dataset: str, files: list[Path]) -> str:
-    return files[0].name if len(files) == 1 else f"{dataset} ({len(files)} files)"
+    path = Path(dataset).expanduser()
+    if path.is_dir() or path.is_file():
+        return path.name
+    return f"{dataset} ({len(files)} files)"
 
 
 def _hash_files(files: list[Path]) -> str:
