@@ -81,7 +81,7 @@ class DataSpec:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Corpus:
     """Token ids ready for batching. ``train``/``val`` are 1-D memory-mapped arrays of packed documents, each
     followed by ``eos_id``."""
