@@ -404,6 +404,8 @@ class Transport:
                     continue
                 backlog.popleft()
                 self._count("sent", item.mtype, item.size)
+        for pid in [pid for pid, backlog in self._pending.items() if not backlog]:
+            del self._pending[pid]  # departed peers leave no empty queues behind
 
     def _recv_loop(self) -> None:
         poller = zmq.Poller()

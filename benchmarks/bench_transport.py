@@ -1,0 +1,183 @@
+"""Measure the swarm transport between two processes on loopback and check the WAN model.
+
+Prints (targets from the brief; STACK.md measured raw pyzmq at 1590 MB/s and 0.18 ms on a 2-core box):
+  * throughput of 4 MiB float32 FORWARD messages, parent -> spawned child, MB/s   (target >= 700)
+  * round-trip time of an 8-byte tensor message, median ms                       (target <= 1)
+  * netem: arrival times of two concurrent 1 MB sends over one emulated link (Australia -> Belgium,
+    SPEC §8) against the FIFO model, and what the authors' per-send-sleep model would have said.
+
+Processes, not threads: one Python process per node is how the swarm runs, and threads in one process
+would share the GIL and flatter or distort the numbers. Every blocking call has a timeout.
+
+    .venv/bin/python benchmarks/bench_transport.py [--messages 60] [--pings 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+import torch
+
+from checkfree.swarm.netem import NetEm
+from checkfree.swarm.protocol import Message, MessageType
+from checkfree.swarm.transport import Transport
+
+PARENT, CHILD = 0, 1
+TIMEOUT_S = 30.0
+
+
+def child_main(parent_address: str) -> None:
+    """Echo node: answers pings, acknowledges the last bulk message, stamps arrival times."""
+    with Transport(CHILD) as t:
+        t.connect(PARENT, parent_address)
+        join = {"stage": 1, "location": "Belgium", "address": t.address}
+        t.send(PARENT, Message(MessageType.JOIN, CHILD, meta=join))
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            msg = t.recv(timeout=TIMEOUT_S)
+            if msg is None or (msg.type == MessageType.CONTROL and msg.meta["command"] == "stop"):
+                return
+            if msg.type != MessageType.FORWARD:
+                continue
+            arrived = time.monotonic()  # CLOCK_MONOTONIC is system-wide on Linux: comparable across processes
+            mode = msg.meta.get("mode")
+            if mode == "ping":
+                reply = {"stage": 1}
+                t.send(
+                    PARENT,
+                    Message(
+                        MessageType.BACKWARD,
+                        CHILD,
+                        msg.iteration,
+                        msg.microbatch,
+                        reply,
+                        {"gradients": msg.tensors["activations"]},
+                    ),
+                )
+            elif mode == "stamp" or msg.meta.get("last"):
+                t.send(
+                    PARENT,
+                    Message(
+                        MessageType.ITERATION_END,
+                        CHILD,
+                        msg.iteration,
+                        msg.microbatch,
+                        {"stage": 1, "arrived": arrived},
+                    ),
+                )
+
+
+def _expect(t: Transport, mtype: MessageType) -> Message:
+    deadline = time.monotonic() + TIMEOUT_S
+    while time.monotonic() < deadline:
+        msg = t.recv(timeout=max(0.0, deadline - time.monotonic()))
+        if msg is not None and msg.type == mtype:
+            return msg
+    raise TimeoutError(f"no {mtype.name} message within {TIMEOUT_S} s")
+
+
+def throughput(t: Transport, n: int) -> float:
+    """MB/s of n 4 MiB float32 messages, first send to the child's acknowledgement of the last."""
+    x = torch.randn(1024 * 1024)  # 4 MiB float32
+    size = 0
+    t0 = time.perf_counter()
+    for i in range(n):
+        meta = {"stage": 0, "mode": "bulk", "last": i == n - 1}
+        size += t.send(CHILD, Message(MessageType.FORWARD, PARENT, 0, i, meta, {"activations": x}))
+    _expect(t, MessageType.ITERATION_END)
+    return size / (time.perf_counter() - t0) / 1e6
+
+
+def rtt_ms(t: Transport, n: int) -> float:
+    """Median round trip of an 8-byte tensor (FORWARD there, BACKWARD back), ms."""
+    x = torch.zeros(2)
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        t.send(
+            CHILD,
+            Message(MessageType.FORWARD, PARENT, 0, i, {"stage": 0, "mode": "ping"}, {"activations": x}),
+        )
+        _expect(t, MessageType.BACKWARD)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[n // 10 :]) * 1000
+
+
+def netem_check(
+    main: Transport, child_address: str, nbytes: int = 1_000_000
+) -> tuple[list[float], list[float], list[float]]:
+    """Two concurrent sends over one emulated Australia -> Belgium link, timed by the receiving process.
+
+    Returns (measured arrival, FIFO model, per-send-sleep model) seconds after the first send.
+    """
+    net = NetEm()  # node 0 = Australia, node 1 = Belgium (id mod 7 over the default geo set)
+    with Transport(PARENT, netem=net) as t:
+        t.connect(CHILD, child_address)
+        link = net.link(PARENT, CHILD)
+        x = torch.zeros(nbytes // 4)
+        t0 = time.monotonic()
+        sizes = [
+            t.send(
+                CHILD,
+                Message(MessageType.FORWARD, PARENT, 1, i, {"stage": 0, "mode": "stamp"}, {"activations": x}),
+            )
+            for i in range(2)
+        ]
+        spec = link.spec
+        fifo = [spec.latency_s + sum(sizes[: i + 1]) / spec.bandwidth_bytes_per_s for i in range(2)]
+        naive = [spec.transfer_time(s) for s in sizes]
+        # the child stamps arrivals and answers on ``main`` (no netem on that direction)
+        stamps = sorted(_expect(main, MessageType.ITERATION_END).meta["arrived"] - t0 for _ in range(2))
+        return stamps, fifo, naive
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=60, help="4 MiB messages in the throughput run")
+    parser.add_argument("--pings", type=int, default=300, help="round trips in the latency run")
+    args = parser.parse_args()
+
+    ctx = mp.get_context("spawn")
+    with Transport(PARENT) as t:
+        child = ctx.Process(target=child_main, args=(t.address,), daemon=True)
+        child.start()
+        try:
+            join = _expect(t, MessageType.JOIN)
+            t.connect(CHILD, join.meta["address"])
+            throughput(t, 5)  # warm up
+            mbps = max(throughput(t, args.messages) for _ in range(3))
+            rtt = rtt_ms(t, args.pings)
+            print(
+                f"throughput 4 MiB float32, 2 processes: {mbps:8.0f} MB/s  (target >= 700: {mbps / 700:.2f}x)"
+            )
+            print(
+                f"round trip 8 B tensor, median:          {rtt:8.3f} ms    (target <= 1: {1 / rtt:.2f}x better)"
+            )
+
+            # netem: the emulating sender is a second transport of the parent process (node 0, Australia)
+            stamps, fifo, naive = netem_check(t, join.meta["address"])
+            print("netem, 2 concurrent 1 MB sends Australia -> Belgium (129 ms, 10.55 MB/s):")
+            for i in range(2):
+                err = (stamps[i] - fifo[i]) * 1000
+                print(
+                    f"  send {i}: measured {stamps[i]:.4f} s, FIFO model {fifo[i]:.4f} s (error {err:+.1f} ms),"
+                    f" per-send-sleep model {naive[i]:.4f} s"
+                )
+            ok = all(f - 0.001 <= s <= f + 0.02 for s, f in zip(stamps, fifo, strict=True))
+            print(f"  measured within [-1 ms, +20 ms] of the FIFO model: {ok}")
+            t.send(CHILD, Message(MessageType.CONTROL, PARENT, meta={"command": "stop"}))
+            time.sleep(0.2)  # let the stop message leave before close (linger 0)
+        finally:
+            child.join(timeout=10)
+            if child.is_alive():
+                child.terminate()
+                child.join(timeout=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
