@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURES = ("LLaMa", "GPT")
+HUB_DATASET_NAMES = ("TinyStories", "OpenWebText", "RedPajama")
 GRAD_NORM_MODES = ("paper", "clipped")
 _FAILURE_KEY = re.compile(r"^\d+(\.\d+)?$")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -80,8 +81,9 @@ class Config:
     """Seed for model init and failure draws (failures use their own generator)."""
     data_seed: int = 42
     """Seed of the data order (paper: shuffle seed 42)."""
-    tokenizer: str = "bpe"
-    """"bpe" (byte-level BPE trained on the corpus, offline), "llama2", "gpt2", or a tokenizer path."""
+    tokenizer: str = "auto"
+    """"bpe" (byte-level BPE trained on the corpus, offline), "llama2", "gpt2", a tokenizer path, or "auto"
+    ("llama2" for the paper's hub datasets, as in the paper; "bpe" otherwise)."""
     vocab_size: int = 4096
     """Vocabulary size of the "bpe" tokenizer."""
     max_train_tokens: int | None = None
@@ -94,6 +96,13 @@ class Config:
     """GPT only: linear warm-up iterations before cosine decay to 0.1·lr (paper §6)."""
     init_std: float = 0.02
     """Standard deviation of the N(0, std) initialisation."""
+
+    @property
+    def tokenizer_name(self) -> str:
+        """The tokenizer actually used ("auto" resolved)."""
+        if self.tokenizer != "auto":
+            return self.tokenizer
+        return "llama2" if self.dataset in HUB_DATASET_NAMES else "bpe"
 
     @property
     def n_layers(self) -> int:
@@ -167,7 +176,7 @@ def _validate(cfg: Config, source: str) -> None:
     if cfg.grad_norm_mode not in GRAD_NORM_MODES:
         raise ConfigError(f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of "
                           f"{list(GRAD_NORM_MODES)}.")
-    if cfg.tokenizer == "bpe" and cfg.vocab_size < 260:
+    if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
     for key, p in cfg.failure_probabilities.items():
         if not 0.0 <= p <= 1.0:

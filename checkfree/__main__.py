@@ -1,0 +1,5 @@
+import sys
+
+from checkfree.cli import main
+
+sys.exit(main())

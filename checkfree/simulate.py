@@ -1,0 +1,232 @@
+"""The convergence simulator: a pipeline-staged model trained with DP replicas while whole stages fail.
+
+Each data-parallel rank (a torchrun process) holds one replica of every stage. Per iteration (SPEC §1, §6):
+
+    failures = source.draw(iteration)             identical on every rank and for every strategy
+    strategy.recover(state, failures)             stages are destroyed first, then rebuilt
+    for each microbatch: order = stage_order(mb)  CheckFree+ swaps on odd microbatches
+        loss = CE(stages in order) / mb_count ; backward
+    all-reduce(avg) gradients per stage ; ω_s = ‖∇_s‖ ; clip each stage to grad_clip ; Adam step per stage
+    strategy.after_step(state) ; metrics ; validation every eval_interval ; run checkpoint every N
+
+``iteration`` (wall clock) only grows; ``effective_iteration`` (data position and LR schedule) can roll back when a
+checkpoint strategy restores an old state, and the run ends when it reaches max_iterations.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from checkfree import checkpointing
+from checkfree.config import Config
+from checkfree.failures import StageFailureSource
+from checkfree.metrics import MetricsSink
+from checkfree.pipeline import (
+    clip_coefficient,
+    forward_loss,
+    grad_norm,
+    perplexity,
+    scale_grads,
+    stage_order,
+)
+from checkfree.recovery.base import RecoveryStrategy
+from checkfree.training_state import TrainingState, make_adam
+
+log = logging.getLogger(__name__)
+
+
+def learning_rate(cfg: Config, iteration: int) -> float:
+    """Scheduled base LR (paper §6): constant for LLaMa; GPT: linear warm-up, then cosine to 0.1·lr."""
+    if cfg.architecture == "LLaMa":
+        return cfg.lr
+    if iteration < cfg.warmup_iterations:
+        return cfg.lr * (iteration + 1) / cfg.warmup_iterations
+    span = max(1, cfg.max_iterations - cfg.warmup_iterations)
+    progress = min(1.0, (iteration - cfg.warmup_iterations) / span)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+@dataclass
+class RunContext:
+    """Side effects of a run, passed in so tests can use fakes."""
+
+    sink: MetricsSink
+    checkpoint_dir: Path | None = None
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    progress: Any = None  # tqdm-like: .update(n), .set_postfix_str(s), .close()
+
+
+class Trainer:
+    """Trains ``stages`` under ``strategy`` with failures from ``failures``; see the module docstring."""
+
+    def __init__(self, cfg: Config, stages: list[torch.nn.Module], batches: Any, val_batches: list[torch.Tensor],
+                 strategy: RecoveryStrategy, failures: StageFailureSource, ctx: RunContext, swaps: bool,
+                 config_json: dict[str, Any] | None = None):
+        self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
+        self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
+        self.config_json = config_json or cfg.to_json()
+        for s in stages:
+            s.to(ctx.device)
+        self.state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if ctx.device.type == "cuda"
+                         else torch.autocast("cpu", enabled=False))
+        self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
+        self.last_eval: dict[str, float] = {}
+        self.first_eval: dict[str, float] = {}
+        if swaps:
+            stage_order(1, cfg.n_stages, True)  # raises early for S < 4
+
+    # ------------------------------------------------------------------ one iteration
+    def step(self) -> float:
+        """Run one iteration (failures, recovery, forward/backward of every microbatch, step); returns the loss."""
+        st, cfg = self.state, self.cfg
+        self._handle_failures(self.failures.draw(st.iteration))
+        lr = learning_rate(cfg, st.effective_iteration)
+        for s, opt in enumerate(st.optimizers):
+            for g in opt.param_groups:
+                g["lr"] = lr * st.lr_multipliers[s]
+            opt.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        total = torch.zeros((), device=self.ctx.device)
+        for mb in range(cfg.mb_count):
+            batch = self.batches.batch(st.effective_iteration * cfg.mb_count + mb).to(self.ctx.device)
+            with self.autocast:
+                loss = forward_loss(st.stages, batch, stage_order(mb, cfg.n_stages, self.swaps)) / cfg.mb_count
+            loss.backward()
+            total += loss.detach()
+        loss_value = self._reduce_and_step(total)
+        self.strategy.after_step(st)
+        seconds = time.perf_counter() - t0
+        self.ctx.sink.write("train", iteration=st.iteration, effective_iteration=st.effective_iteration,
+                            loss=loss_value, lr=lr, tokens=cfg.tokens_per_iteration * self.ctx.world_size,
+                            seconds=round(seconds, 4), grad_norms=[round(x, 6) for x in st.grad_norms])
+        st.iteration += 1
+        st.effective_iteration += 1
+        return loss_value
+
+    def _handle_failures(self, failed: list[int]) -> None:
+        if not failed:
+            return
+        st = self.state
+        for s in failed:
+            self.ctx.sink.write("failure", iteration=st.iteration, stage=s,
+                                effective_iteration=st.effective_iteration, with_stages=failed)
+        self.counts["failures"] += len(failed)
+        log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
+        if not self.strategy.loses_state:
+            return
+        for s in failed:
+            st.destroy(s)
+        for rec in self.strategy.recover(st, list(failed)):
+            self.counts["recoveries"] += 1
+            self.counts["fallbacks"] += rec.fallback is not None
+            self.counts["consecutive"] += rec.consecutive
+            self.ctx.sink.write(**rec.to_metrics(st.iteration))
+            log.info("iteration %d: stage %d recovered by %s (%s) from %s%s", st.iteration, rec.stage,
+                     rec.strategy, rec.rule, rec.sources, f"; fallback: {rec.fallback}" if rec.fallback else "")
+
+    def _reduce_and_step(self, loss_sum: torch.Tensor) -> float:
+        """All-reduce (average) gradients per stage, record ω, clip each stage, step. Returns the mean loss."""
+        st, cfg, ctx = self.state, self.cfg, self.ctx
+        if ctx.world_size > 1:
+            for stage in st.stages:  # one flat buffer per stage: one collective instead of one per tensor
+                grads = [p.grad for p in stage.parameters() if p.grad is not None]
+                flat = torch.cat([g.reshape(-1) for g in grads])
+                dist.all_reduce(flat, group=ctx.group)
+                flat.div_(ctx.world_size)
+                offset = 0
+                for g in grads:
+                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    offset += g.numel()
+            dist.all_reduce(loss_sum, group=ctx.group)
+            loss_sum /= ctx.world_size
+        for s, (stage, opt) in enumerate(zip(st.stages, st.optimizers, strict=True)):
+            norm = grad_norm(stage)  # ω of the DP-averaged gradient, before clipping (paper §4.1)
+            st.grad_norms[s] = norm
+            scale_grads(stage, clip_coefficient(norm, cfg.grad_clip))
+            opt.step()
+        return float(loss_sum)
+
+    # ------------------------------------------------------------------ validation
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """Mean validation cross-entropy (nats) and perplexity, stages in order; batches split over ranks."""
+        st, ctx = self.state, self.ctx
+        total = torch.zeros(2, dtype=torch.float64)
+        for i in range(ctx.rank, len(self.val_batches), ctx.world_size):
+            with self.autocast:
+                loss = forward_loss(st.stages, self.val_batches[i].to(ctx.device),
+                                    range(1, self.cfg.n_stages + 1))
+            total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+        if ctx.world_size > 1:
+            dist.all_reduce(total, group=ctx.group)
+        val = float(total[0] / total[1])
+        self.ctx.sink.write("eval", iteration=st.iteration, effective_iteration=st.effective_iteration,
+                            val_loss=val, perplexity=perplexity(val))
+        self.last_eval = {"iteration": st.iteration, "val_loss": val, "perplexity": perplexity(val)}
+        if not self.first_eval:
+            self.first_eval = dict(self.last_eval)
+        return val, perplexity(val)
+
+    # ------------------------------------------------------------------ run checkpoints
+    def save_checkpoint(self) -> Path | None:
+        """Write a run checkpoint (rank 0 only) so that START_ITER = effective_iteration resumes here."""
+        if self.ctx.checkpoint_dir is None or self.ctx.rank != 0:
+            return None
+        t0 = time.perf_counter()
+        snap = checkpointing.capture(self.state, self.cfg.n_layers_per_stage, self.config_json,
+                                     strategy=self.strategy.name)
+        path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
+        self.ctx.sink.write("checkpoint", iteration=self.state.iteration,
+                            effective_iteration=self.state.effective_iteration, path=str(path),
+                            bytes=snap.nbytes, seconds=round(time.perf_counter() - t0, 4), purpose="resume")
+        return path
+
+    def resume(self, path: Path) -> None:
+        """Load a run checkpoint (any stage layout with the same total layers)."""
+        snap = checkpointing.read_checkpoint(path)
+        same = checkpointing.restore(snap, self.state, self.cfg.n_layers_per_stage)
+        self.ctx.sink.write("resume", iteration=self.state.iteration,
+                            effective_iteration=self.state.effective_iteration, path=str(path),
+                            same_layout=same)
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> dict[str, Any]:
+        """Train until effective_iteration reaches max_iterations; returns the summary."""
+        cfg, st = self.cfg, self.state
+        self.strategy.setup(st)
+        t_start = time.perf_counter()
+        self.evaluate()
+        last_loss = float("nan")
+        while st.effective_iteration < cfg.max_iterations:
+            last_loss = self.step()
+            it = st.effective_iteration
+            if self.ctx.progress is not None:
+                self.ctx.progress.update(1)
+                self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
+            if it % cfg.log_interval == 0 or it == cfg.max_iterations:
+                log.info("iter %6d | loss %.4f | failures %d | recoveries %d", st.iteration, last_loss,
+                         self.counts["failures"], self.counts["recoveries"])
+            if it % cfg.eval_interval == 0 or it == cfg.max_iterations:
+                val, ppl = self.evaluate()
+                log.info("iter %6d | val_loss %.4f | perplexity %.2f", st.iteration, val, ppl)
+            if cfg.checkpoint_interval and it % cfg.checkpoint_interval == 0 and it != cfg.max_iterations:
+                self.save_checkpoint()
+        self.save_checkpoint()
+        return {
+            "iterations": st.iteration, "effective_iterations": st.effective_iteration,
+            "final_train_loss": last_loss, "first_eval": self.first_eval, "final_eval": self.last_eval,
+            **self.counts, "seconds": round(time.perf_counter() - t_start, 3),
+            "strategy_stats": self.strategy.stats(),
+        }

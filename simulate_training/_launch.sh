@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Shared body of run.sh (swaps on) and run_2.sh (swaps off). Not meant to be called directly.
+# usage: _launch.sh --swaps|--no-swaps SETTING WORLD_SIZE P CONFIG START_ITER [--option value ...]
+set -euo pipefail
+swaps=$1; shift
+if [ $# -lt 5 ]; then
+  echo "usage: $(basename "${LAUNCHER:-run.sh}") SETTING WORLD_SIZE P CONFIG START_ITER [--option value ...]" >&2
+  echo "  e.g. $(basename "${LAUNCHER:-run.sh}") ours-grad-avg 2 16 tiny_config.json 0 --max-iterations 200" >&2
+  echo "  options: python -m checkfree simulate --help" >&2
+  exit 2
+fi
+setting=$1 world=$2 rate=$3 config=$4 start=$5; shift 5
+case "$world" in ''|*[!0-9]*|0) echo "WORLD_SIZE is '$world'; expected a positive integer." >&2; exit 2;; esac
+case "$start" in ''|*[!0-9]*) echo "START_ITER is '$start'; expected an integer >= 0." >&2; exit 2;; esac
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py="$root/.venv/bin/python"
+[ -x "$py" ] || py=python3
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+
+args=(simulate --setting "$setting" --world-size "$world" --rate "$rate" --config "$config"
+      --start-iter "$start" "$swaps" "$@")
+if [ "$world" -eq 1 ]; then
+  cmd=("$py" -m checkfree "${args[@]}")
+else
+  # torchrun starts and reaps its own workers; nothing else is ever killed.
+  cmd=("$py" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$world" -m checkfree "${args[@]}")
+fi
+
+if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
+  printf '%q ' "${cmd[@]}"; echo
+  exec "$py" -m checkfree "${args[@]}" --dry-run
+fi
+exec "${cmd[@]}"
