@@ -106,10 +106,20 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# Modules that add their own sub-commands through ``add_parser(subparsers)``.
+SUBCOMMAND_MODULES = ("checkfree.failures_cli", "checkfree.swarm.cli", "checkfree.report", "checkfree.export")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    import importlib
+    import importlib.util
+
     parser = argparse.ArgumentParser(prog="checkfree", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_simulate_parser(sub)
+    for name in SUBCOMMAND_MODULES:
+        if importlib.util.find_spec(name) is not None:
+            importlib.import_module(name).add_parser(sub)
     return parser
 
 
