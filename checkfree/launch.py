@@ -133,7 +133,8 @@ def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.devic
         torch.cuda.set_device(device)
     if env_world == 1:
         return 0, 1, None, device
-    dist.init_process_group("nccl" if use_cuda else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
+    if not dist.is_initialized():  # an embedding program (or a test) may have made the group already
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
     return dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device
 
 
@@ -146,6 +147,13 @@ def _setup_logging(run_dir: Path, rank: int) -> None:
     fh.setFormatter(fmt)
     fh.addFilter(lambda r: setattr(r, "rank", rank) or True)
     root.addHandler(fh)
+
+
+def _close_logging() -> None:
+    root = logging.getLogger("checkfree")
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(h)
+        h.close()
 
 
 def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
@@ -173,6 +181,7 @@ def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
 def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Run one simulation end to end; returns the summary (rank 0 also writes summary.json)."""
     cfg, strategy_name, p, p_source = resolve(opts)
+    owns_group = not dist.is_initialized()
     rank, world, group, device = _init_distributed(opts)
     try:
         run_dir = Path(opts.run_dir or default_run_dir(opts, cfg, strategy_name))
@@ -221,7 +230,8 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         sink.close()
         return summary
     finally:
-        if dist.is_initialized():
+        _close_logging()
+        if owns_group and dist.is_initialized():
             dist.destroy_process_group()
 
 
