@@ -1,0 +1,57 @@
+"""Shared test doubles: a tiny config, a deterministic batch source, scripted failures, a Trainer factory."""
+
+from __future__ import annotations
+
+import torch
+
+from checkfree.config import Config
+from checkfree.metrics import MetricsSink
+from checkfree.model import build_stages
+from checkfree.recovery import make_strategy
+from checkfree.simulate import RunContext, Trainer
+
+VOCAB = 300
+
+
+def tiny_config(**overrides) -> Config:
+    """A model that runs every code path in milliseconds on CPU (4 stages, swaps allowed)."""
+    base = dict(dataset="Shakespeare", dmodel=32, num_heads=2, n_layers_per_stage=1, n_stages=4, seq_l=16,
+                batch_size=2, mb_count=2, max_iterations=8, lr=3e-3, eval_interval=4, log_interval=4,
+                validation=2, vocab_size=VOCAB, lr_scale=1.1)
+    base.update(overrides)
+    return Config(**base)
+
+
+class RandomBatches:
+    """Batches that are a pure function of the step, like checkfree.data.BatchSource."""
+
+    def __init__(self, cfg: Config, vocab: int = VOCAB, seed: int = 0):
+        self.cfg, self.vocab, self.seed = cfg, vocab, seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + step)
+        return torch.randint(0, self.vocab, (self.cfg.batch_size, self.cfg.seq_l + 1), generator=g)
+
+
+class ScriptedFailures:
+    """{iteration: [stages]}: the failures a test wants, nothing else."""
+
+    def __init__(self, script: dict[int, list[int]] | None = None):
+        self.script = script or {}
+
+    def draw(self, iteration: int) -> list[int]:
+        return sorted(self.script.get(iteration, []))
+
+
+def make_trainer(cfg: Config, setting: str = "no_failure", failures=None, swaps: bool = False, seed: int = 0,
+                 sink: MetricsSink | None = None, checkpoint_dir=None) -> Trainer:
+    stages = build_stages(cfg, VOCAB, seed)
+    batches = RandomBatches(cfg)
+    val = [RandomBatches(cfg, seed=99).batch(i) for i in range(cfg.validation)]
+    strategy = make_strategy(setting, cfg, swaps, seed=seed)
+    ctx = RunContext(sink=sink or MetricsSink(None), checkpoint_dir=checkpoint_dir)
+    return Trainer(cfg, stages, batches, val, strategy, failures or ScriptedFailures(), ctx, swaps=swaps)
+
+
+def params_of(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for s in trainer.state.stages for p in s.parameters()]

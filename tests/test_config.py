@@ -1,0 +1,70 @@
+"""The authors' JSON config format is accepted unchanged; every invalid value is one clear sentence."""
+
+import json
+
+import pytest
+
+from checkfree.config import CONFIG_DIR, ConfigError, config_from_dict, load_config
+
+PAPER = {"124M_config.json": (512, 8, 3, 4, 512, 64, 4, 6e-4, 1.1),
+         "500M_config.json": (1024, 16, 4, 6, 1024, 16, 4, 3e-4, 1.2),
+         "1.5B_config.json": (2048, 16, 4, 6, 4096, 8, 2, 3e-4, 1.1),
+         "500M_GPT_config.json": (1024, 16, 4, 6, 1024, 8, 8, 1e-4, 1.2)}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_configs_load_unchanged(name):
+    cfg = load_config(name)
+    d, h, layers, stages, seq, batch, mb, lr, lr_scale = PAPER[name]
+    assert (cfg.dmodel, cfg.num_heads, cfg.n_layers_per_stage, cfg.n_stages) == (d, h, layers, stages)
+    assert (cfg.seq_l, cfg.batch_size, cfg.mb_count, cfg.lr, cfg.lr_scale) == (seq, batch, mb, lr, lr_scale)
+    assert cfg.tokenizer_name == "llama2"  # the paper's tokenizer for hub datasets
+    raw = json.loads((CONFIG_DIR / name).read_text())
+    assert {k: v for k, v in raw.items() if k.replace(".", "").isdigit()} == cfg.failure_probabilities
+
+
+def test_failure_keys_are_probabilities_not_learning_rates():
+    cfg = load_config("500M_config.json")
+    assert cfg.failure_probabilities == {"5": 0.0009, "10": 0.002, "16": 0.004, "33": 0.01}
+    assert cfg.lr == 3e-4
+
+
+def test_config_resolves_cwd_first_then_configs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config("tiny_config.json").dataset == "Shakespeare"  # from configs/
+    (tmp_path / "tiny_config.json").write_text(json.dumps({"dmodel": 64, "num_heads": 2}))
+    assert load_config("tiny_config.json").dmodel == 64  # the working directory wins
+
+
+def test_overrides_win_and_are_validated():
+    assert load_config("tiny_config.json", {"max_iterations": 7, "seed": None}).max_iterations == 7
+    with pytest.raises(ConfigError, match="'max_iterations' is -1"):
+        load_config("tiny_config.json", {"max_iterations": -1})
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    ({"dmodel": "big"}, "'dmodel' is 'big'; expected an integer"),
+    ({"dmodel": 100, "num_heads": 3}, "not divisible by 'num_heads'"),
+    ({"architecture": "Mamba"}, "'architecture' is 'Mamba'; expected one of"),
+    ({"lr": 0}, "'lr' is 0.0; expected a positive number"),
+    ({"n_stages": 0}, "'n_stages' is 0; expected a positive integer"),
+    ({"16": 1.5}, "failure probability '16' is 1.5"),
+    ({"16": "often"}, "failure probability '16' is 'often'"),
+    ({"grad_norm_mode": "max"}, "'grad_norm_mode' is 'max'"),
+    ({"dmdoel": 4}, "unknown key 'dmdoel'"),
+    ({"lr": float("nan")}, "expected a finite number"),
+])
+def test_bad_values_raise_one_sentence(raw, fragment):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(raw)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        load_config(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_config(bad)

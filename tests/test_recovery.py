@@ -1,0 +1,199 @@
+"""Recovery math on hand-built tensors, and every neighbour strategy acting on a TrainingState."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from checkfree.recovery import REGISTRY, make_strategy, resolve_setting
+from checkfree.recovery.neighbours import (
+    average,
+    live_neighbours,
+    random_state,
+    weighted_average,
+    zero_mlp_output,
+)
+from checkfree.training_state import TrainingState, make_adam
+from helpers import tiny_config
+
+L = {"w": torch.tensor([[1.0, 2.0]]), "b": torch.tensor([0.0])}
+R = {"w": torch.tensor([[3.0, 6.0]]), "b": torch.tensor([4.0])}
+
+
+def test_weighted_average_is_the_paper_formula():
+    # W = (ω_l W_l + ω_r W_r) / (ω_l + ω_r) with ω = (1, 3): (1·1 + 3·3)/4 = 2.5, (1·2 + 3·6)/4 = 5
+    out = weighted_average(L, R, 1.0, 3.0)
+    assert torch.equal(out["w"], torch.tensor([[2.5, 5.0]]))
+    assert torch.equal(out["b"], torch.tensor([3.0]))
+
+
+def test_average_and_zero_weights():
+    assert torch.equal(average(L, R)["w"], torch.tensor([[2.0, 4.0]]))
+    assert torch.equal(weighted_average(L, R, 0.0, 0.0)["w"], torch.tensor([[2.0, 4.0]]))
+
+
+def test_weighted_average_rejects_mismatch():
+    with pytest.raises(ValueError, match="differ in keys"):
+        weighted_average(L, {"w": R["w"]}, 1, 1)
+    with pytest.raises(ValueError, match="shapes"):
+        weighted_average(L, {"w": torch.zeros(2, 2), "b": R["b"]}, 1, 1)
+    with pytest.raises(ValueError, match="weight nan"):
+        weighted_average(L, R, float("nan"), 1)
+
+
+def test_zero_and_random_rules():
+    sd = {"layers.0.mlp.down_proj.weight": torch.ones(2, 2), "layers.0.mlp.up_proj.weight": torch.ones(2, 2),
+          "layers.0.input_layernorm.weight": torch.full((2,), 3.0)}
+    z = zero_mlp_output(sd, "LLaMa")
+    assert z["layers.0.mlp.down_proj.weight"].abs().sum() == 0
+    assert torch.equal(z["layers.0.mlp.up_proj.weight"], torch.ones(2, 2))
+    r = random_state({"a.weight": torch.zeros(200, 200), "x.norm.weight": torch.zeros(4)},
+                     torch.Generator().manual_seed(0), std=0.02)
+    assert abs(r["a.weight"].std().item() - 0.02) < 1e-3
+    assert torch.equal(r["x.norm.weight"], torch.ones(4))
+
+
+@pytest.mark.parametrize("stage, failed, expected", [
+    (2, [2], (1, 3)), (1, [1], (None, 2)), (4, [4], (3, None)),
+    (2, [2, 3], (1, 4)), (3, [2, 3], (1, 4)), (2, [1, 2, 3, 4], (None, None)),
+])
+def test_live_neighbours_skip_stages_lost_in_the_same_iteration(stage, failed, expected):
+    assert live_neighbours(stage, failed, 4) == expected
+
+
+def test_aliases_follow_the_swap_flag():
+    assert resolve_setting("ours-grad-avg", swaps=True) == "checkfree_plus"
+    assert resolve_setting("ours-grad-avg", swaps=False) == "checkfree"
+    assert resolve_setting("ours-grad-avg-regularize", swaps=True) == "checkfree_plus"
+    assert resolve_setting("ours-naive", swaps=False) == "copy"
+    assert resolve_setting("ours-random", swaps=False) == "random"
+    assert resolve_setting("ours-zero", swaps=False) == "zero"
+    assert resolve_setting("ours-avg-ablation", swaps=False) == "average"
+    with pytest.raises(ValueError, match="unknown setting 'ours-magic'"):
+        resolve_setting("ours-magic", swaps=False)
+    with pytest.raises(ValueError, match="needs CheckFree\\+ swaps"):
+        make_strategy("checkfree_plus", tiny_config(), swaps=False)
+
+
+# ------------------------------------------------------------------ strategies on a TrainingState
+
+class Block(nn.Module):
+    def __init__(self, value: float):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(2, 2)])
+        with torch.no_grad():
+            self.layers[0].weight.fill_(value)
+            self.layers[0].bias.fill_(value)
+
+
+def make_state(values=(0.0, 1.0, 2.0, 3.0, 4.0), norms=(1.0, 1.0, 2.0, 3.0, 6.0)) -> TrainingState:
+    stages = [Block(v) for v in values]
+    state = TrainingState(stages, [make_adam(s, 0.01) for s in stages], base_lr=0.01, grad_norms=list(norms))
+    return state
+
+
+def weight(state, s):
+    return state.stages[s].layers[0].weight[0, 0].item()
+
+
+def run(setting, failed, swaps=False, state=None):
+    state = state or make_state()
+    strategy = make_strategy(setting, tiny_config(), swaps)
+    strategy.setup(state)
+    for s in failed:
+        state.destroy(s)
+    return state, strategy.recover(state, failed)
+
+
+def test_checkfree_uses_gradient_norm_weights():
+    state, (rec,) = run("checkfree", [2])
+    # ω_1 = 1, ω_3 = 3: (1·1 + 3·3) / 4 = 2.5
+    assert weight(state, 2) == pytest.approx(2.5)
+    assert rec.sources == [1, 3] and rec.weights == pytest.approx([0.25, 0.75]) and rec.fallback is None
+
+
+def test_checkfree_clipped_mode_is_the_release_variant():
+    cfg = tiny_config(grad_norm_mode="clipped")
+    state = make_state()
+    strategy = make_strategy("checkfree", cfg, False)
+    state.destroy(2)
+    strategy.recover(state, [2])
+    # both norms ≥ 1 are clipped to ≈1 (+1e-4): nearly the plain average (1 + 3) / 2
+    assert weight(state, 2) == pytest.approx(2.0, abs=1e-4)
+
+
+def test_recovered_stage_gets_fresh_adam_at_scaled_lr():
+    state, _ = run("checkfree", [3])
+    assert state.lr_multipliers[3] == pytest.approx(1.1)
+    assert state.optimizers[3].param_groups[0]["lr"] == pytest.approx(0.011)
+    assert not state.optimizers[3].state  # Adam moments reset
+
+
+def test_checkfree_first_stage_falls_back_to_copy():
+    state, (rec,) = run("checkfree", [1])
+    assert weight(state, 1) == 2.0 and rec.fallback and rec.sources == [2]
+
+
+def test_checkfree_plus_copies_first_and_last_from_partners():
+    state, recs = run("checkfree_plus", [1, 4], swaps=True)
+    assert weight(state, 1) == 2.0 and weight(state, 4) == 3.0
+    assert all(r.fallback is None for r in recs)
+
+
+def test_consecutive_failures_use_nearest_live_stages():
+    state, recs = run("checkfree", [2, 3])
+    # stage 2: neighbours 1 (ω=1) and 4 (ω=6): (1·1 + 6·4)/7
+    assert weight(state, 2) == pytest.approx(25 / 7)
+    assert weight(state, 3) == pytest.approx(25 / 7)
+    assert all(r.consecutive for r in recs)
+
+
+def test_copy_average_zero_random():
+    state, _ = run("copy", [3])
+    assert weight(state, 3) == 2.0
+    state, _ = run("copy", [1])
+    assert weight(state, 1) == 2.0
+    state, _ = run("average", [2])
+    assert weight(state, 2) == 2.0
+    state, (rec,) = run("random", [2])
+    assert abs(weight(state, 2)) < 0.2 and rec.rule == "random"
+
+
+def test_checkfree_plus_restores_stage0_from_neighbour_copy():
+    state = make_state()
+    strategy = make_strategy("checkfree_plus", tiny_config(), True)
+    strategy.setup(state)
+    with torch.no_grad():
+        state.stages[0].layers[0].weight.fill_(7.0)  # a training step changed stage 0 …
+    strategy.after_step(state)  # … and its copies next door were refreshed
+    state.destroy(0)
+    (rec,) = strategy.recover(state, [0])
+    assert weight(state, 0) == 7.0 and rec.fallback is None
+
+
+def test_no_failure_strategy_keeps_state():
+    state = make_state()
+    strategy = make_strategy("no_failure", tiny_config(), False)
+    assert strategy.recover(state, [2]) == [] and not strategy.loses_state
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in REGISTRY.items() if c.loses_state))
+def test_contract_every_strategy_rebuilds_every_failed_stage(name):
+    """Contract test: after recover(), no NaN survives in any stage and there is one record per stage."""
+    from helpers import make_trainer
+
+    cfg = tiny_config()
+    swaps = REGISTRY[name].requires_swaps
+    trainer = make_trainer(cfg, name, swaps=swaps)
+    trainer.strategy.setup(trainer.state)
+    trainer.step()
+    trainer.strategy.after_step(trainer.state)
+    failed = [2, 3]
+    for s in failed:
+        trainer.state.destroy(s)
+    records = trainer.strategy.recover(trainer.state, failed)
+    assert sorted(r.stage for r in records) == failed
+    for stage in trainer.state.stages:
+        assert all(torch.isfinite(p).all() for p in stage.parameters())
+    assert math.isfinite(trainer.step())
