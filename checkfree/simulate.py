@@ -201,6 +201,21 @@ class Trainer:
                             effective_iteration=self.state.effective_iteration, path=str(path),
                             same_layout=same)
 
+    def replicas_consistent(self) -> bool:
+        """Whether every DP rank holds bit-identical weights (they must: same failures, same recoveries)."""
+        if self.ctx.world_size == 1:
+            return True
+        checksum = torch.zeros(2, dtype=torch.float64)
+        for stage in self.state.stages:
+            for p in stage.parameters():
+                checksum[0] += p.detach().double().sum().cpu()
+        checksum[1] = -checksum[0]
+        dist.all_reduce(checksum, op=dist.ReduceOp.MAX, group=self.ctx.group)
+        consistent = bool(checksum[0] == -checksum[1])
+        if not consistent:
+            log.warning("data-parallel replicas diverged: their weights differ")
+        return consistent
+
     # ------------------------------------------------------------------ the loop
     def train(self) -> dict[str, Any]:
         """Train until effective_iteration reaches max_iterations; returns the summary."""
@@ -225,6 +240,7 @@ class Trainer:
                 self.save_checkpoint()
         self.save_checkpoint()
         return {
+            "replicas_consistent": self.replicas_consistent(),
             "iterations": st.iteration, "effective_iterations": st.effective_iteration,
             "final_train_loss": last_loss, "first_eval": self.first_eval, "final_eval": self.last_eval,
             **self.counts, "seconds": round(time.perf_counter() - t_start, 3),
