@@ -1,0 +1,132 @@
+"""The trainer: paired failures, no_failure ≡ p = 0, bitwise resume, crash-safe metrics."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkfree.failures import StageFailureInjector
+from checkfree.metrics import MetricsSink, read_metrics
+from checkfree.simulate import learning_rate
+from helpers import ScriptedFailures, make_trainer, params_of, tiny_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train(trainer, iterations):
+    trainer.strategy.setup(trainer.state)
+    for _ in range(iterations):
+        trainer.step()
+
+
+def test_no_failure_with_failures_drawn_equals_probability_zero():
+    cfg = tiny_config()
+    a = make_trainer(cfg, "no_failure", StageFailureInjector(4, 0.5, seed=1))
+    b = make_trainer(cfg, "no_failure", StageFailureInjector(4, 0.0, seed=1))
+    train(a, 6)
+    train(b, 6)
+    assert a.counts["failures"] > 0 and b.counts["failures"] == 0
+    assert all(torch.equal(x, y) for x, y in zip(params_of(a), params_of(b), strict=True))
+
+
+def test_every_strategy_sees_the_same_failures(tmp_path):
+    cfg = tiny_config()
+    events = {}
+    for setting in ["no_failure", "copy", "checkfree"]:
+        sink = MetricsSink(tmp_path / f"{setting}.jsonl")
+        train(make_trainer(cfg, setting, StageFailureInjector(4, 0.3, seed=7), sink=sink), 8)
+        sink.close()
+        events[setting] = [(r["iteration"], r["stage"]) for r in read_metrics(tmp_path / f"{setting}.jsonl")
+                           if r["kind"] == "failure"]
+    assert len(events["copy"]) >= 3
+    assert events["no_failure"] == events["copy"] == events["checkfree"]
+
+
+def test_failed_stage_is_recovered_and_logged(tmp_path):
+    cfg = tiny_config()
+    sink = MetricsSink(tmp_path / "m.jsonl")
+    t = make_trainer(cfg, "checkfree", ScriptedFailures({2: [2, 3]}), sink=sink)
+    train(t, 4)
+    sink.close()
+    recs = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "recovery"]
+    assert [(r["iteration"], r["stage"], r["sources"]) for r in recs] == [(2, 2, [1, 4]), (2, 3, [1, 4])]
+    assert all(r["consecutive"] for r in recs)
+    assert all(torch.isfinite(p).all() for p in params_of(t))
+
+
+def test_resume_equals_uninterrupted_run_bitwise(tmp_path):
+    cfg = tiny_config(max_iterations=8, checkpoint_interval=4, eval_interval=100)
+    failures = ScriptedFailures({2: [1], 5: [3], 6: [0]})
+    full = make_trainer(cfg, "checkfree_plus", failures, swaps=True, checkpoint_dir=tmp_path / "a")
+    full.train()
+
+    first = make_trainer(cfg, "checkfree_plus", failures, swaps=True, checkpoint_dir=tmp_path / "b")
+    first.strategy.setup(first.state)
+    for _ in range(4):
+        first.step()
+    path = first.save_checkpoint()
+    assert path.name == "iter_0000004"
+
+    resumed = make_trainer(cfg, "checkfree_plus", failures, swaps=True, seed=123,  # other init: must be overwritten
+                           checkpoint_dir=tmp_path / "c")
+    resumed.resume(path)
+    assert resumed.state.iteration == 4 and resumed.state.effective_iteration == 4
+    resumed.train()
+    assert all(torch.equal(x, y) for x, y in zip(params_of(full), params_of(resumed), strict=True))
+    for o1, o2 in zip(full.state.optimizers, resumed.state.optimizers, strict=True):
+        for p1, p2 in zip(o1.param_groups[0]["params"], o2.param_groups[0]["params"], strict=True):
+            assert torch.equal(o1.state[p1]["exp_avg_sq"], o2.state[p2]["exp_avg_sq"])
+
+
+def test_gpt_learning_rate_schedule():
+    cfg = tiny_config(architecture="GPT", lr=1.0, warmup_iterations=10, max_iterations=110)
+    assert learning_rate(cfg, 0) == pytest.approx(0.1)
+    assert learning_rate(cfg, 9) == pytest.approx(1.0)
+    assert learning_rate(cfg, 110) == pytest.approx(0.1)
+    assert learning_rate(tiny_config(lr=0.5), 1000) == 0.5  # LLaMa: constant
+
+
+def test_validation_loss_is_mean_cross_entropy():
+    t = make_trainer(tiny_config())
+    val, ppl = t.evaluate()
+    assert abs(val - torch.log(torch.tensor(300.0)).item()) < 0.5  # untrained: ≈ ln(vocabulary)
+    assert ppl == pytest.approx(torch.exp(torch.tensor(val)).item(), rel=1e-6)
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_leaves_parseable_metrics(tmp_path):
+    """A run killed with SIGKILL mid-training leaves a metrics.jsonl in which every line parses."""
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, CHECKFREE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "checkfree", "simulate", "--setting", "checkfree", "--no-swaps", "--config",
+           "tiny_config.json", "--run-dir", str(run_dir), "--max-iterations", "100000", "--failure-probability",
+           "0.2", "--no-progress", "--set", "dmodel=32", "--set", "num_heads=2", "--set", "seq_l=32",
+           "--set", "batch_size=2", "--set", "mb_count=1", "--set", "log_interval=1"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        metrics = run_dir / "metrics.jsonl"
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:
+            if metrics.exists() and metrics.read_text().count('"kind":"recovery"') >= 2:
+                break
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        else:
+            pytest.fail("the run never logged two recoveries")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    lines = metrics.read_text().splitlines()
+    assert len(lines) > 5
+    kinds = {json.loads(line)["kind"] for line in lines}  # every line parses
+    assert {"train", "failure", "recovery", "eval"} <= kinds
+    assert not list(tmp_path.glob("*.log")) and not (tmp_path / "log0.txt").exists()  # nothing in the cwd
