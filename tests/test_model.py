@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from checkfree.model import assemble_hf_model, build_hf_model, split_model, stage_parameter_counts
 from checkfree.pipeline import forward_loss
+
 from helpers import tiny_config
 
 

@@ -15,6 +15,7 @@ from checkfree.recovery.neighbours import (
     zero_mlp_output,
 )
 from checkfree.training_state import TrainingState, make_adam
+
 from helpers import tiny_config
 
 L = {"w": torch.tensor([[1.0, 2.0]]), "b": torch.tensor([0.0])}

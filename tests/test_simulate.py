@@ -14,6 +14,7 @@ import torch
 from checkfree.failures import StageFailureInjector
 from checkfree.metrics import MetricsSink, read_metrics
 from checkfree.simulate import learning_rate
+
 from helpers import ScriptedFailures, make_trainer, params_of, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
