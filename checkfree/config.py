@@ -73,7 +73,7 @@ class Config:
     """Iterations between validations (paper: 500)."""
     log_interval: int = 10
     """Iterations between console lines."""
-    checkpoint_interval: int = 0
+    checkpoint_interval: int = 500
     """Iterations between run checkpoints used to resume (START_ITER > 0); 0 = only at the end."""
     keep_checkpoints: int = 2
     """How many run checkpoints to keep."""
