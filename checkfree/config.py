@@ -96,6 +96,16 @@ class Config:
     """GPT only: linear warm-up iterations before cosine decay to 0.1·lr (paper §6)."""
     init_std: float = 0.02
     """Standard deviation of the N(0, std) initialisation."""
+    checkpoint_every: int = 0
+    """K of the checkpoint baselines (``checkpoint``/``one``): iterations between their checkpoints; 0 = by model
+    size as in the paper (SPEC §5): 50 below 200 M parameters, 100 below 1 B, 40 above."""
+    save_mode: str = "async"
+    """How the checkpoint baselines save: "sync" (blocking write to disk), "async" (snapshot during
+    forward/backward, background flush, DataStates-LLM) or "memory" (RAM only, Gemini)."""
+    snapshot_every: int = 0
+    """``ec_snapshot``: iterations between in-memory snapshots (REFT); 0 = the same default as checkpoint_every."""
+    redundant_measure_every: int = 10
+    """``redundant``: iterations between timings of the extra forward of the next stage (Bamboo); 0 = never."""
 
     @property
     def tokenizer_name(self) -> str:
@@ -124,9 +134,11 @@ class Config:
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _INT_KEYS = {"validation", "dmodel", "num_heads", "n_layers_per_stage", "n_stages", "seq_l", "batch_size",
              "mb_count", "max_iterations", "eval_interval", "log_interval", "checkpoint_interval",
-             "keep_checkpoints", "seed", "data_seed", "vocab_size", "warmup_iterations"}
+             "keep_checkpoints", "seed", "data_seed", "vocab_size", "warmup_iterations", "checkpoint_every",
+             "snapshot_every", "redundant_measure_every"}
 _FLOAT_KEYS = {"lr_scale", "lr", "grad_clip", "init_std"}
-_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode"}
+_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode", "save_mode"}
+SAVE_MODES = ("sync", "async", "memory")
 
 
 def _check_type(key: str, value: Any, source: str) -> Any:
@@ -159,7 +171,8 @@ def _validate(cfg: Config, source: str) -> None:
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive integer.")
-    for key in ("max_iterations", "checkpoint_interval", "warmup_iterations"):
+    for key in ("max_iterations", "checkpoint_interval", "warmup_iterations", "checkpoint_every", "snapshot_every",
+                "redundant_measure_every"):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
     for key in ("lr", "lr_scale", "grad_clip", "init_std"):
@@ -176,6 +189,8 @@ def _validate(cfg: Config, source: str) -> None:
     if cfg.grad_norm_mode not in GRAD_NORM_MODES:
         raise ConfigError(f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of "
                           f"{list(GRAD_NORM_MODES)}.")
+    if cfg.save_mode not in SAVE_MODES:
+        raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
     for key, p in cfg.failure_probabilities.items():

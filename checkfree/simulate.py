@@ -9,6 +9,9 @@ Each data-parallel rank (a torchrun process) holds one replica of every stage. P
     all-reduce(avg) gradients per stage ; ω_s = ‖∇_s‖ ; clip each stage to grad_clip ; Adam step per stage
     strategy.after_step(state) ; metrics ; validation every eval_interval ; run checkpoint every N
 
+Strategies that keep state also get ``begin_iteration`` (before failed stages are lost) and
+``before_optimizer_step`` (after backward, before any parameter changes) to take snapshots.
+
 ``iteration`` (wall clock) only grows; ``effective_iteration`` (data position and LR schedule) can roll back when a
 checkpoint strategy restores an old state, and the run ends when it reaches max_iterations.
 """
@@ -86,12 +89,15 @@ class Trainer:
         self.first_eval: dict[str, float] = {}
         if swaps:
             stage_order(1, cfg.n_stages, True)  # raises early for S < 4
+        strategy.bind(ctx)
 
     # ------------------------------------------------------------------ one iteration
     def step(self) -> float:
         """Run one iteration (failures, recovery, forward/backward of every microbatch, step); returns the loss."""
         st, cfg = self.state, self.cfg
-        self._handle_failures(self.failures.draw(st.iteration))
+        failed = self.failures.draw(st.iteration)
+        self.strategy.begin_iteration(st, failed)
+        self._handle_failures(failed)
         lr = learning_rate(cfg, st.effective_iteration)
         for s, opt in enumerate(st.optimizers):
             for g in opt.param_groups:
@@ -151,6 +157,7 @@ class Trainer:
                     offset += g.numel()
             dist.all_reduce(loss_sum, group=ctx.group)
             loss_sum /= ctx.world_size
+        self.strategy.before_optimizer_step(st)
         for s, (stage, opt) in enumerate(zip(st.stages, st.optimizers, strict=True)):
             norm = grad_norm(stage)  # ω of the DP-averaged gradient, before clipping (paper §4.1)
             st.grad_norms[s] = norm
@@ -188,9 +195,11 @@ class Trainer:
         snap = checkpointing.capture(self.state, self.cfg.n_layers_per_stage, self.config_json,
                                      strategy=self.strategy.name)
         path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
+        seconds = round(time.perf_counter() - t0, 4)
         self.ctx.sink.write("checkpoint", iteration=self.state.iteration,
                             effective_iteration=self.state.effective_iteration, path=str(path),
-                            bytes=snap.nbytes, seconds=round(time.perf_counter() - t0, 4), purpose="resume")
+                            bytes=snap.nbytes, seconds=seconds, stall_seconds=seconds, mode="sync",
+                            purpose="resume")
         return path
 
     def resume(self, path: Path) -> None:
@@ -238,6 +247,7 @@ class Trainer:
                 log.info("iter %6d | val_loss %.4f | perplexity %.2f", st.iteration, val, ppl)
             if cfg.checkpoint_interval and it % cfg.checkpoint_interval == 0 and it != cfg.max_iterations:
                 self.save_checkpoint()
+        self.strategy.finish(st)
         self.save_checkpoint()
         return {
             "replicas_consistent": self.replicas_consistent(),

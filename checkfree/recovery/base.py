@@ -62,8 +62,23 @@ class RecoveryStrategy:
         self.cfg = cfg
         self.seed = seed
 
+    def bind(self, ctx: Any) -> None:
+        """Called once by the trainer with its run context (metrics sink, checkpoint directory, rank, group).
+
+        Strategies that keep state write their own records ("rollback", "checkpoint", "snapshot") through
+        ``ctx.sink``. The default keeps it as ``self.ctx``.
+        """
+        self.ctx = ctx
+
     def setup(self, state: TrainingState) -> None:
         """Called once before the first iteration (after a resume too)."""
+
+    def begin_iteration(self, state: TrainingState, failed: list[int]) -> None:
+        """Called at the start of every iteration, before the stages in ``failed`` are lost (snapshots due now)."""
+
+    def before_optimizer_step(self, state: TrainingState) -> None:
+        """Called after forward/backward and the gradient all-reduce, before any optimizer step (parameters and
+        optimizer state are still those of the iteration's start: an asynchronous snapshot must end here)."""
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         """Rebuild the stages in ``failed`` (already destroyed when ``loses_state``); one record per stage."""
@@ -71,6 +86,9 @@ class RecoveryStrategy:
 
     def after_step(self, state: TrainingState) -> None:
         """Called after every optimizer step (snapshots, replicas, copies)."""
+
+    def finish(self, state: TrainingState) -> None:
+        """Called once after the last iteration (wait for background saves)."""
 
     def stats(self) -> dict[str, Any]:
         """Costs this strategy measured (bytes, seconds) for summary.json."""
