@@ -10,17 +10,16 @@ of the medians is printed. Not a test: it prints what it measured.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from checkfree.config import load_config
-from checkfree.data import BatchSource, DataSpec, prepare_corpus
+from checkfree.data import BatchSource, prepare_corpus
 from checkfree.failures import StageFailureInjector
+from checkfree.launch import data_spec
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_hf_model, split_model
 from checkfree.recovery import make_strategy
@@ -34,10 +33,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved blocks of each loop")
     args = ap.parse_args()
     cfg = load_config(args.config)
-    cache = Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree"))
-    corpus = prepare_corpus(DataSpec(dataset=cfg.dataset, tokenizer=cfg.tokenizer_name, vocab_size=cfg.vocab_size,
-                                     seq_len=cfg.seq_l, validation_sequences=cfg.validation * cfg.batch_size,
-                                     seed=cfg.data_seed, cache_dir=cache.resolve()))
+    corpus = prepare_corpus(data_spec(cfg))
     batches = BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, seed=cfg.data_seed)
 
     stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed), cfg)

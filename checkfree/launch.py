@@ -156,16 +156,26 @@ def _close_logging() -> None:
         h.close()
 
 
-def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
-    from checkfree.data import BatchSource, DataSpec, prepare_corpus, validation_batches
+def default_cache_dir() -> Path:
+    """Token and tokenizer cache: $CHECKFREE_CACHE, else ~/.cache/checkfree."""
+    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
 
-    cache = opts.cache_dir or Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree"))
-    needed = cfg.tokens_per_iteration * world * max(1, cfg.max_iterations)
-    spec = DataSpec(dataset=cfg.dataset, tokenizer=cfg.tokenizer_name, vocab_size=cfg.vocab_size, seq_len=cfg.seq_l,
-                    validation_sequences=cfg.validation * cfg.batch_size,
+
+def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
+    """The :class:`checkfree.data.DataSpec` of a config (hub datasets stream just enough tokens for the run)."""
+    from checkfree.data import DataSpec
+
+    needed = cfg.tokens_per_iteration * world_size * max(1, cfg.max_iterations)
+    return DataSpec(dataset=cfg.dataset, tokenizer=cfg.tokenizer_name, vocab_size=cfg.vocab_size,
+                    seq_len=cfg.seq_l, validation_sequences=cfg.validation * cfg.batch_size,
                     max_train_tokens=cfg.max_train_tokens or (needed if cfg.dataset in HUB_DATASET_NAMES else None),
-                    seed=cfg.data_seed,
-                    cache_dir=Path(cache).resolve())
+                    seed=cfg.data_seed, cache_dir=Path(cache_dir or default_cache_dir()).resolve())
+
+
+def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
+    from checkfree.data import BatchSource, prepare_corpus, validation_batches
+
+    spec = data_spec(cfg, world, opts.cache_dir)
     if rank == 0:
         corpus = prepare_corpus(spec)
     if world > 1:
