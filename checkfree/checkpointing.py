@@ -1,20 +1,27 @@
 """Universal run checkpoints: per-layer safetensors + a JSON of metadata, atomic, checksummed.
 
-Layout of one checkpoint directory ``<root>/iter_0000100/``::
+Layout of one checkpoint directory ``<root>/iter_0000100/`` (named by the effective iteration)::
 
-    meta.json               format, iterations, config, layer → stage map, per-file sha256 and size, …
+    meta.json               format, iterations, config, world size, layer → stage map, per-file sha256 and size
+    meta.sha256             sha256 of meta.json's bytes (so a flipped byte in the metadata is caught too)
     stage0.safetensors      embedding + final norm + head: "param/<name>", "exp_avg/<name>", "exp_avg_sq/<name>",
-                            "step/<name>"
+                            "step/<name>" (Adam state per parameter, absent before the first step)
     layer_0000.safetensors  global transformer block 0, same key scheme with the block-local name
     …
-    extra.safetensors       RNG state and strategy tensors
+    extra.safetensors       RNG state ("rng/torch", "rng/cuda") and strategy tensors
 
-Because blocks are stored by their index in the unsplit model, a checkpoint of 4 stages × 3 layers resumes into
-6 stages × 2 layers (or another data-parallel world size: every rank holds the same replica).
+Because blocks are stored by their index in the unsplit model (DeepSpeed UCP's idea), a checkpoint of 4 stages ×
+3 layers resumes into 6 stages × 2 layers, and under another data-parallel world size (every rank holds the same
+replica; the data position is the effective iteration).
 
 Writes go to a temporary directory that is renamed into place after every file is fsync'ed, so a crash (even
-SIGKILL) mid-save leaves the previous checkpoints intact. Loading verifies every checksum before touching the model
-and refuses a truncated or corrupt checkpoint with one sentence naming the file.
+SIGKILL) mid-save leaves the previous checkpoints intact. Loading verifies every checksum, name and shape before
+touching the model and refuses a truncated or corrupt checkpoint with one sentence naming the file: a checkpoint
+is loaded whole or not at all.
+
+A :class:`Snapshot` can also be taken *by reference* (``capture(..., copy=False)``) and copied later with
+:func:`materialize`: parameters and Adam state do not change between an iteration's start and its optimizer step,
+so the copy can run while forward/backward do (DataStates-LLM's lazy snapshot).
 """
 
 from __future__ import annotations
@@ -30,15 +37,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
 
-FORMAT = "checkfree-universal-v1"
+FORMAT = "checkfree-universal-v2"
+META_SUM = "meta.sha256"
 _DIR_RE = re.compile(r"^iter_(\d{7,})$")
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
+_OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
 class CheckpointError(RuntimeError):
@@ -47,7 +57,10 @@ class CheckpointError(RuntimeError):
 
 @dataclass
 class Snapshot:
-    """An in-memory copy of everything a checkpoint holds (taken between optimizer steps)."""
+    """An in-memory copy of everything a checkpoint holds (taken between optimizer steps).
+
+    ``files`` maps a file stem ("stage0", "layer_0003", "extra") to its tensors; ``meta`` is meta.json's content.
+    """
 
     iteration: int
     effective_iteration: int
@@ -56,50 +69,71 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of tensor data (what a save writes, metadata aside)."""
         return sum(t.numel() * t.element_size() for f in self.files.values() for t in f.values())
 
 
-def _optimizer_tensors(opt: torch.optim.Optimizer, names: list[str]) -> dict[str, dict[str, torch.Tensor]]:
-    """Adam state per parameter name: {"exp_avg": …, "exp_avg_sq": …, "step": …} (empty before a step)."""
-    params = [p for g in opt.param_groups for p in g["params"]]
-    out = {}
-    for name, p in zip(names, params, strict=True):
-        st = opt.state.get(p)
-        if st:
-            out[name] = {k: (v if torch.is_tensor(v) else torch.tensor(float(v))) for k, v in st.items()}
-    return out
+def _file_of(stage: int, name: str, n_layers_per_stage: int) -> tuple[str, str]:
+    """(file stem, name inside the file) of parameter ``name`` of stage ``stage``."""
+    if stage == 0:
+        return "stage0", name
+    m = _LAYER_RE.match(name)
+    if m is None:
+        raise CheckpointError(f"stage {stage} parameter {name!r} is not inside a block 'layers.<i>.'; the "
+                              "universal layout cannot place it.")
+    return f"layer_{(stage - 1) * n_layers_per_stage + int(m.group(1)):04d}", m.group(2)
 
 
 def capture(state: TrainingState, n_layers_per_stage: int, config: dict[str, Any],
-            extra: dict[str, torch.Tensor] | None = None, strategy: str = "") -> Snapshot:
-    """Copy the training state into a :class:`Snapshot` (tensors cloned to CPU, so training may go on)."""
+            extra: dict[str, torch.Tensor] | None = None, strategy: str = "", *, copy: bool = True,
+            iteration: int | None = None, effective_iteration: int | None = None,
+            world_size: int = 1) -> Snapshot:
+    """Take the training state into a :class:`Snapshot`.
+
+    Args:
+        copy: True clones every tensor to CPU (training may go on at once). False keeps references to the live
+            parameters and Adam state: call :func:`materialize` before the next optimizer step.
+        iteration, effective_iteration: the positions to record (default: the state's).
+        world_size: data-parallel replicas of the run (recorded only; a resume may use another).
+    """
     files: dict[str, dict[str, torch.Tensor]] = {}
     layer_stage: dict[str, int] = {}
+    take = (lambda t: t.detach().to("cpu", copy=True)) if copy else (lambda t: t.detach())
     for s, (stage, opt) in enumerate(zip(state.stages, state.optimizers, strict=True)):
-        names = [n for n, _ in stage.named_parameters()]
-        opt_state = _optimizer_tensors(opt, names)
-        for name, p in stage.named_parameters():
-            if s == 0:
-                fname, local = "stage0", name
-            else:
-                m = _LAYER_RE.match(name)
-                g = (s - 1) * n_layers_per_stage + int(m.group(1))
-                fname, local = f"layer_{g:04d}", m.group(2)
-                layer_stage[str(g)] = s
+        params = [p for g in opt.param_groups for p in g["params"]]
+        for (name, p), q in zip(stage.named_parameters(), params, strict=True):
+            if p is not q:
+                raise CheckpointError(f"stage {s}'s optimizer does not hold its parameters in named_parameters "
+                                      "order; build it with make_adam(stage, lr).")
+            fname, local = _file_of(s, name, n_layers_per_stage)
+            if fname != "stage0":
+                layer_stage[str(int(fname.removeprefix("layer_")))] = s
             f = files.setdefault(fname, {})
-            f[f"param/{local}"] = p.detach().to("cpu", copy=True)
-            for k, v in opt_state.get(name, {}).items():
-                f[f"{k}/{local}"] = v.detach().to("cpu", copy=True).reshape(v.shape)
-    extra_tensors = {"rng/torch": torch.get_rng_state()}
-    extra_tensors.update(extra or {})
-    files["extra"] = {k: v.detach().to("cpu", copy=True) for k, v in extra_tensors.items()}
+            f[f"param/{local}"] = take(p)
+            for k, v in opt.state.get(p, {}).items():
+                if k in _OPT_KEYS:
+                    f[f"{k}/{local}"] = take(v if torch.is_tensor(v) else torch.tensor(float(v)))
+    rng = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["rng/cuda"] = torch.cuda.get_rng_state()
+    files["extra"] = {**rng, **{k: take(v) for k, v in (extra or {}).items()}}
+    it = state.iteration if iteration is None else iteration
+    eff = state.effective_iteration if effective_iteration is None else effective_iteration
     meta = {
-        "format": FORMAT, "iteration": state.iteration, "effective_iteration": state.effective_iteration,
+        "format": FORMAT, "iteration": it, "effective_iteration": eff, "world_size": world_size,
         "n_stages": state.n_stages, "n_layers_per_stage": n_layers_per_stage, "layer_stage": layer_stage,
         "lr_multipliers": list(state.lr_multipliers), "grad_norms": list(state.grad_norms),
         "strategy": strategy, "config": config,
     }
-    return Snapshot(state.iteration, state.effective_iteration, files, meta)
+    return Snapshot(it, eff, files, meta)
+
+
+def materialize(snapshot: Snapshot) -> Snapshot:
+    """Replace every tensor of a by-reference snapshot by a CPU copy (in place); returns ``snapshot``."""
+    for f in snapshot.files.values():
+        for k, t in f.items():
+            f[k] = t.to("cpu", copy=True)
+    return snapshot
 
 
 def _sha256(path: Path) -> str:
@@ -125,8 +159,10 @@ def checkpoint_name(iteration: int) -> str:
 def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
     """Write ``snapshot`` atomically as ``root/iter_<effective iteration>`` and keep the newest ``keep``.
 
-    Returns the checkpoint directory. The directory appears only once complete (tmp dir + fsync + rename).
+    Returns the checkpoint directory. It appears only once complete (temporary directory, fsync, rename). An
+    existing checkpoint of the same name (a re-save after a rollback) is moved aside first and deleted after.
     """
+    root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(snapshot.effective_iteration)
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
@@ -139,23 +175,24 @@ def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
         _fsync(path)
         checksums[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
-    meta = dict(snapshot.meta, files=checksums)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-    _fsync(tmp / "meta.json")
-    if final.exists():  # re-saving the same effective iteration after a rollback
-        shutil.rmtree(final)
+    meta_bytes = json.dumps(dict(snapshot.meta, files=checksums), indent=1).encode()
+    (tmp / "meta.json").write_bytes(meta_bytes)
+    (tmp / META_SUM).write_text(hashlib.sha256(meta_bytes).hexdigest() + "\n")
+    for name in ("meta.json", META_SUM):
+        _fsync(tmp / name)
+    trash = root / f".trash-{final.name}-{os.getpid()}"
+    if final.exists():
+        os.rename(final, trash)
     os.rename(tmp, final)
-    dir_fd = os.open(root, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    _fsync(root)
+    shutil.rmtree(trash, ignore_errors=True)
     prune(root, keep)
     return final
 
 
 def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest first (temporary directories are ignored)."""
+    """Complete checkpoints under ``root``, oldest (lowest effective iteration) first; temporaries ignored."""
+    root = Path(root)
     if not root.is_dir():
         return []
     found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _DIR_RE.match(p.name)) and p.is_dir()]
@@ -163,31 +200,48 @@ def list_checkpoints(root: Path) -> list[Path]:
 
 
 def prune(root: Path, keep: int) -> None:
-    """Delete all but the newest ``keep`` checkpoints and any stale temporary directories."""
+    """Delete all but the newest ``keep`` checkpoints and stale temporary directories of other processes."""
+    root = Path(root)
     for p in list_checkpoints(root)[:-keep] if keep > 0 else []:
         shutil.rmtree(p, ignore_errors=True)
-    for p in root.glob(".tmp-*"):
-        if not p.name.endswith(f"-{os.getpid()}"):
-            shutil.rmtree(p, ignore_errors=True)
+    for pattern in (".tmp-*", ".trash-*"):
+        for p in root.glob(pattern):
+            if not p.name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    meta_path, sum_path = path / "meta.json", path / META_SUM
+    if not meta_path.is_file():
+        raise CheckpointError(f"checkpoint {path} has no meta.json; expected a directory written by checkfree "
+                              "(an interrupted save never leaves one under its final name).")
+    raw = meta_path.read_bytes()
+    if not sum_path.is_file():
+        raise CheckpointError(f"checkpoint file {sum_path} is missing; the metadata cannot be verified.")
+    if hashlib.sha256(raw).hexdigest() != sum_path.read_text().strip():
+        raise CheckpointError(f"checkpoint file {meta_path} fails its sha256 check ({sum_path}): it is corrupt.")
+    try:
+        meta = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"checkpoint file {meta_path} is not valid JSON: it is corrupt.") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        got = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"checkpoint {path} has format {got!r}; expected {FORMAT!r}.")
+    missing = [k for k in ("iteration", "effective_iteration", "n_stages", "n_layers_per_stage", "files")
+               if k not in meta]
+    if missing:
+        raise CheckpointError(f"checkpoint file {meta_path} lacks the keys {missing}: it is corrupt.")
+    return meta
 
 
 def read_checkpoint(path: Path) -> Snapshot:
-    """Read and verify a checkpoint directory (every file's size and sha256) into memory.
+    """Read and verify a checkpoint directory (meta.json and every file's size and sha256) into memory.
 
     Raises:
         CheckpointError: missing directory or meta.json, unknown format, a file missing, truncated or corrupt.
     """
     path = Path(path)
-    meta_path = path / "meta.json"
-    if not meta_path.is_file():
-        raise CheckpointError(f"checkpoint {path} has no meta.json; expected a directory written by checkfree "
-                              "(an interrupted save never leaves one under its final name).")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
-        raise CheckpointError(f"checkpoint {meta_path} is not valid JSON; the checkpoint is corrupt.") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {meta.get('format')!r}; expected {FORMAT!r}.")
+    meta = _read_meta(path)
     files = {}
     for name, info in meta["files"].items():
         f = path / name
@@ -198,23 +252,58 @@ def read_checkpoint(path: Path) -> Snapshot:
                                   "it is truncated or corrupt.")
         if _sha256(f) != info["sha256"]:
             raise CheckpointError(f"checkpoint file {f} fails its sha256 check: it is corrupt.")
-        files[name.removesuffix(".safetensors")] = load_file(str(f))
+        try:
+            files[name.removesuffix(".safetensors")] = load_file(str(f))
+        except SafetensorError as e:
+            raise CheckpointError(f"checkpoint file {f} is not a readable safetensors file ({e}).") from None
     return Snapshot(meta["iteration"], meta["effective_iteration"], files, meta)
 
 
-def _load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], locals_: list[str]) -> None:
-    """Adam state from "<key>/<local name>" tensors; parameters are in ``named_parameters`` order."""
+def _stage_plan(snapshot: Snapshot, state: TrainingState, s: int, n_layers_per_stage: int
+                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[int, dict[str, torch.Tensor]]]:
+    """Checked (parameter, saved tensor) pairs and Adam state by parameter index for stage ``s``.
+
+    Raises:
+        CheckpointError: a file, tensor or shape the model needs is missing or differs.
+    """
+    pairs, opt_state = [], {}
+    for idx, (name, p) in enumerate(state.stages[s].named_parameters()):
+        fname, local = _file_of(s, name, n_layers_per_stage)
+        src = snapshot.files.get(fname)
+        if src is None:
+            raise CheckpointError(f"checkpoint has no {fname}.safetensors, which stage {s} parameter {name!r} "
+                                  "needs.")
+        t = src.get(f"param/{local}")
+        if t is None or t.shape != p.shape:
+            raise CheckpointError(f"checkpoint tensor for stage {s} parameter {name!r} is missing or has shape "
+                                  f"{None if t is None else tuple(t.shape)}; expected {tuple(p.shape)}.")
+        pairs.append((p, t))
+        if f"step/{local}" in src:
+            saved = {k: src.get(f"{k}/{local}") for k in _OPT_KEYS}
+            if any(v is None for v in saved.values()) or saved["exp_avg"].shape != p.shape:
+                raise CheckpointError(f"checkpoint Adam state for stage {s} parameter {name!r} is incomplete or "
+                                      f"misshapen in {fname}.safetensors.")
+            opt_state[idx] = saved
+    return pairs, opt_state
+
+
+def _apply(state: TrainingState, s: int, pairs: list, opt_state: dict[int, dict[str, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for p, t in pairs:
+            p.copy_(t)
+    opt = state.optimizers[s]
     sd = opt.state_dict()
-    sd["state"] = {idx: {k: tensors[f"{k}/{local}"].clone() for k in ("step", "exp_avg", "exp_avg_sq")}
-                   for idx, local in enumerate(locals_) if f"step/{local}" in tensors}
+    sd["state"] = {idx: {k: v.clone() for k, v in st.items()} for idx, st in opt_state.items()}
     opt.load_state_dict(sd)
 
 
 def restore(snapshot: Snapshot, state: TrainingState, n_layers_per_stage: int) -> bool:
-    """Load ``snapshot`` into ``state``, which may use another stage layout with the same total layers.
+    """Load ``snapshot`` into ``state`` (weights, Adam state, positions, RNG), possibly into another stage layout
+    with the same total layers. Nothing is changed unless every tensor fits.
 
-    Returns True when the layout is the checkpoint's own (per-stage LR multipliers and gradient norms are then
-    restored too; otherwise they restart at 1.0, the paper's value before any iteration).
+    Sets ``state.iteration`` and ``state.effective_iteration`` from the snapshot (a rollback puts the wall-clock
+    iteration back itself). Returns True when the layout is the checkpoint's own (per-stage LR multipliers and
+    gradient norms are then restored too; otherwise they restart at 1.0, the paper's value before any iteration).
 
     Raises:
         CheckpointError: the checkpoint's layers or shapes do not fit the model.
@@ -224,32 +313,9 @@ def restore(snapshot: Snapshot, state: TrainingState, n_layers_per_stage: int) -
     if total != state.n_stages * n_layers_per_stage:
         raise CheckpointError(f"checkpoint has {total} transformer layers; the model has "
                               f"{state.n_stages} × {n_layers_per_stage} = {state.n_stages * n_layers_per_stage}.")
-    with torch.no_grad():
-        for s, stage in enumerate(state.stages):
-            names = [n for n, _ in stage.named_parameters()]
-            locals_, sources = [], []
-            for n in names:
-                if s == 0:
-                    locals_.append(n)
-                    sources.append(snapshot.files["stage0"])
-                else:
-                    m = _LAYER_RE.match(n)
-                    g = (s - 1) * n_layers_per_stage + int(m.group(1))
-                    locals_.append(m.group(2))
-                    sources.append(snapshot.files[f"layer_{g:04d}"])
-            for (n, p), local, src in zip(stage.named_parameters(), locals_, sources, strict=True):
-                t = src.get(f"param/{local}")
-                if t is None or t.shape != p.shape:
-                    raise CheckpointError(f"checkpoint tensor for stage {s} parameter {n!r} is missing or has "
-                                          f"shape {None if t is None else tuple(t.shape)}; expected "
-                                          f"{tuple(p.shape)}.")
-                p.copy_(t)
-            merged: dict[str, torch.Tensor] = {}
-            for local, src in zip(locals_, sources, strict=True):
-                for k in ("step", "exp_avg", "exp_avg_sq"):
-                    if f"{k}/{local}" in src:
-                        merged[f"{k}/{local}"] = src[f"{k}/{local}"]
-            _load_optimizer(state.optimizers[s], merged, locals_)
+    plans = [_stage_plan(snapshot, state, s, n_layers_per_stage) for s in range(len(state.stages))]
+    for s, (pairs, opt_state) in enumerate(plans):
+        _apply(state, s, pairs, opt_state)
     state.iteration = snapshot.iteration
     state.effective_iteration = snapshot.effective_iteration
     same_layout = meta["n_stages"] == state.n_stages
@@ -259,6 +325,28 @@ def restore(snapshot: Snapshot, state: TrainingState, n_layers_per_stage: int) -
     for s, opt in enumerate(state.optimizers):
         for g in opt.param_groups:
             g["lr"] = state.base_lr * state.lr_multipliers[s]
-    if "rng/torch" in snapshot.files.get("extra", {}):
-        torch.set_rng_state(snapshot.files["extra"]["rng/torch"])
+    extra = snapshot.files.get("extra", {})
+    if "rng/torch" in extra:
+        torch.set_rng_state(extra["rng/torch"])
+    if "rng/cuda" in extra and torch.cuda.is_available():
+        torch.cuda.set_rng_state(extra["rng/cuda"])
     return same_layout
+
+
+def restore_stage(snapshot: Snapshot, state: TrainingState, stage: int, n_layers_per_stage: int) -> None:
+    """Load only stage ``stage`` (weights, Adam state, LR multiplier) from a snapshot of the same layout.
+
+    The other stages, the positions and the RNG are left alone (the ``one`` baseline, SPEC §4).
+
+    Raises:
+        CheckpointError: the snapshot has another layout or the stage's tensors do not fit.
+    """
+    meta = snapshot.meta
+    if (meta["n_stages"], meta["n_layers_per_stage"]) != (state.n_stages, n_layers_per_stage):
+        raise CheckpointError(f"checkpoint layout {meta['n_stages']} × {meta['n_layers_per_stage']} differs from "
+                              f"the model's {state.n_stages} × {n_layers_per_stage}; one stage cannot be restored.")
+    pairs, opt_state = _stage_plan(snapshot, state, stage, n_layers_per_stage)
+    _apply(state, stage, pairs, opt_state)
+    state.lr_multipliers[stage] = meta["lr_multipliers"][stage]
+    for g in state.optimizers[stage].param_groups:
+        g["lr"] = state.base_lr * state.lr_multipliers[stage]

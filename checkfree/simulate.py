@@ -193,7 +193,7 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         snap = checkpointing.capture(self.state, self.cfg.n_layers_per_stage, self.config_json,
-                                     strategy=self.strategy.name)
+                                     strategy=self.strategy.name, world_size=self.ctx.world_size)
         path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
         seconds = round(time.perf_counter() - t0, 4)
         self.ctx.sink.write("checkpoint", iteration=self.state.iteration,
