@@ -1,0 +1,281 @@
+"""From loaded runs to numbers: comparison groups, the timing model per config, time to target, verdicts.
+
+A *comparison group* holds the runs that saw the same failures: same config, per-iteration failure probability,
+failure seed and world size (SPEC §1: the injector draws identical failures for every strategy of a seed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkfree.report.runs import Run, SwarmRun
+from checkfree.timing import (
+    Crossing,
+    RunTimeline,
+    TimingModel,
+    crossing_iteration,
+    hourly_rate,
+    implied_iteration_seconds,
+    stage_parameter_count,
+)
+
+AUTO_TARGET_FRACTION = 0.75
+"""``--target-loss auto``: the no-failure run's validation loss at this fraction of its iterations."""
+
+
+@dataclass
+class TimingOptions:
+    """The report's command-line choices for the timing model (None = resolve from the runs)."""
+
+    iteration_seconds: float | None = None
+    forward_seconds: float | None = None
+    recovery_seconds: float | None = None
+
+
+@dataclass
+class Row:
+    """One run's line of the report table, with everything computed."""
+
+    run: Run
+    timeline: RunTimeline
+    crossing: Crossing
+    hours_to_target: float | None
+    hours_total: float
+    speedup_vs_checkpoint: float | None = None
+    speedup_note: str = ""
+
+
+@dataclass
+class Group:
+    key: tuple[Any, ...]
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def config(self) -> str:
+        return str(self.key[0])
+
+    @property
+    def rate(self) -> float:
+        rates = {r.run.rate for r in self.rows if math.isfinite(r.run.rate)}
+        return rates.pop() if len(rates) == 1 else math.nan
+
+    @property
+    def p_iter(self) -> float:
+        return float(self.key[1]) if isinstance(self.key[1], float) else math.nan
+
+    @property
+    def title(self) -> str:
+        rate = f"{self.rate:g} %/h" if math.isfinite(self.rate) else "mixed rates"
+        return (f"{self.config}, {rate} (p_iter {self.p_iter:g}), failure seed {self.key[2]}, "
+                f"world size {self.key[3]}")
+
+    def by_strategy(self, label: str) -> Row | None:
+        for r in self.rows:
+            if r.run.label == label:
+                return r
+        return None
+
+
+def group_key(run: Run) -> tuple[Any, ...]:
+    p = run.p_iter
+    return (run.config_name, round(p, 10) if math.isfinite(p) else "?", run.failure_seed, run.world_size,
+            str(run.options.get("failure_schedule") or ""))
+
+
+def _formula_inputs(run: Run, forward_seconds: float | None) -> dict[str, Any] | None:
+    c = run.config
+    try:
+        inputs = {"n_stages": int(c["n_stages"]), "batch_size": int(c["batch_size"]), "dmodel": int(c["dmodel"]),
+                  "seq_l": int(c["seq_l"]), "world_size": run.world_size,
+                  "stage_parameters": stage_parameter_count(str(c.get("architecture", "LLaMa")), int(c["dmodel"]),
+                                                            int(c["n_layers_per_stage"]))}
+    except (KeyError, TypeError, ValueError):
+        return None
+    if forward_seconds is not None:
+        inputs["forward_seconds"] = forward_seconds
+    return inputs
+
+
+def swarm_measurements(swarms: list[SwarmRun]) -> tuple[float | None, float | None]:
+    """Mean iteration seconds over the swarm runs' iterations and mean recovery latency (None when absent)."""
+    times = [t for s in swarms for t in s.iteration_times]
+    means = [m for s in swarms if (m := s.mean_iteration_seconds) is not None]
+    it = sum(times) / len(times) if times else (sum(means) / len(means) if means else None)
+    lat = [x for s in swarms for x in s.recovery_latencies]
+    return it, (sum(lat) / len(lat) if lat else None)
+
+
+def timing_models(runs: list[Run], swarms: list[SwarmRun], opts: TimingOptions) -> dict[str, TimingModel]:
+    """One timing model per config: every strategy of a config is timed with the same T_iter.
+
+    The measured compute seconds are the median over the config's non-redundant runs of each run's median
+    iteration seconds (the shared machine is noisy; the median resists it).
+    """
+    swarm_it, swarm_rec = swarm_measurements(swarms)
+    models: dict[str, TimingModel] = {}
+    for config in sorted({r.config_name for r in runs}):
+        members = [r for r in runs if r.config_name == config]
+        medians = [m for r in members if r.strategy != "redundant" and (m := r.costs().median_compute_seconds)]
+        if not medians:
+            medians = [m for r in members if (m := r.costs().median_compute_seconds)]
+        compute = statistics.median(medians) if medians else None
+        inputs = next((i for r in members if (i := _formula_inputs(r, opts.forward_seconds))), None)
+        models[config] = TimingModel.resolve(
+            explicit_iteration_seconds=opts.iteration_seconds, swarm_iteration_seconds=swarm_it,
+            formula_inputs=inputs, compute_seconds=compute, explicit_recovery_seconds=opts.recovery_seconds,
+            swarm_recovery_seconds=swarm_rec)
+    return models
+
+
+def auto_target(runs: list[Run], fraction: float = AUTO_TARGET_FRACTION) -> tuple[float, str]:
+    """Target loss for ``--target-loss auto``: the first no-failure run (no swaps preferred) at ``fraction``.
+
+    Raises:
+        ValueError: no no_failure run was given.
+    """
+    refs = sorted((r for r in runs if r.strategy == "no_failure"), key=lambda r: (r.swaps, r.name))
+    if not refs:
+        raise ValueError("--target-loss auto needs a no_failure run among the run directories; give a number.")
+    ref = refs[0]
+    evals = sorted(ref.evals)
+    goal = fraction * max(it for it, _ in evals)
+    it, loss = next((it, loss) for it, loss in evals if it >= goal)
+    return loss, (f"auto: validation loss of the no-failure run {ref.name} at iteration {it} "
+                  f"({fraction:.0%} of its {max(i for i, _ in evals)} iterations)")
+
+
+def analyse(runs: list[Run], models: dict[str, TimingModel], target: float) -> list[Group]:
+    """Rows with time to target, grouped by identical failures, with speed-ups versus ``checkpoint``."""
+    groups: dict[tuple[Any, ...], Group] = {}
+    for run in runs:
+        tl = models[run.config_name].timeline(run.costs())
+        cross = crossing_iteration(run.evals, target)
+        hours = tl.hours_at(cross.iteration) if cross.reached else None
+        row = Row(run, tl, cross, hours, tl.hours_at(run.iterations))
+        groups.setdefault(group_key(run), Group(group_key(run))).rows.append(row)
+    out = []
+    for g in sorted(groups.values(), key=lambda g: (g.config, g.rate if math.isfinite(g.rate) else 1e9, str(g.key))):
+        g.rows.sort(key=lambda r: (STRATEGY_ORDER.get(r.run.strategy, 99), r.run.swaps, r.run.name))
+        ref = g.by_strategy("checkpoint")
+        for row in g.rows:
+            if ref is None:
+                row.speedup_note = "no checkpoint run on these failures"
+            elif ref.hours_to_target is None:
+                row.speedup_note = "checkpoint never reached the target"
+            elif row.hours_to_target is None:
+                row.speedup_note = "never reached the target"
+            else:
+                row.speedup_vs_checkpoint = ref.hours_to_target / row.hours_to_target if row.hours_to_target else None
+        out.append(g)
+    return out
+
+
+STRATEGY_ORDER = {name: i for i, name in enumerate(
+    ["no_failure", "random", "copy", "zero", "average", "checkfree", "checkfree_plus", "checkpoint", "one",
+     "redundant", "ec_snapshot"])}
+
+
+def rate_context(group: Group, model: TimingModel) -> str:
+    """The nominal %/h next to what p_iter means at the modelled iteration time (SPEC §1 conversion)."""
+    p = group.p_iter
+    if not (isinstance(p, float) and 0 < p < 1):
+        return ""
+    implied = hourly_rate(p, model.iteration_seconds)
+    text = f"p_iter {p:g} per stage per iteration is {implied:.3g} %/h at the modelled {model.iteration_seconds:.4g} s"
+    if math.isfinite(group.rate) and 0 < group.rate < 100:
+        text += (f"; the nominal {group.rate:g} %/h corresponds to "
+                 f"{implied_iteration_seconds(group.rate, p):.4g} s per iteration")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- verdicts
+@dataclass
+class Verdict:
+    claim: str
+    holds: bool | None
+    """None: the runs needed to judge were not given."""
+    evidence: str
+
+
+def _fmt_loss(row: Row | None) -> str:
+    return "missing" if row is None else f"{row.run.final_eval['val_loss']:.4f}"
+
+
+def _fmt_hours(row: Row | None) -> str:
+    if row is None:
+        return "missing"
+    return "never reached" if row.hours_to_target is None else f"{row.hours_to_target:.4g} h"
+
+
+def _hours(row: Row) -> float:
+    return math.inf if row.hours_to_target is None else row.hours_to_target
+
+
+def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
+    """Paper Fig. 2 at ``rate``: final validation loss random ≫ copy > average > CheckFree."""
+    out = []
+    for g in (g for g in groups if g.rate == rate):
+        rows = [g.by_strategy(s) for s in ("random", "copy", "average")]
+        rows.append(g.by_strategy("checkfree") or g.by_strategy("checkfree_plus"))
+        names = ["random", "copy", "average", rows[3].run.strategy if rows[3] else "checkfree"]
+        evidence = ", ".join(f"{n} {_fmt_loss(r)}" for n, r in zip(names, rows, strict=True))
+        claim = f"Fig. 2 ({g.title}): final validation loss random ≫ copy > average > {names[3]}"
+        if any(r is None for r in rows):
+            out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+            continue
+        losses = [r.run.final_eval["val_loss"] for r in rows]
+        holds = all(a > b for a, b in zip(losses, losses[1:], strict=False))
+        gaps = (f"; gap random−copy {losses[0] - losses[1]:.4f} vs copy−{names[3]} {losses[1] - losses[3]:.4f} "
+                "(≫ read as: the first gap is the larger)")
+        much = losses[0] - losses[1] > losses[1] - losses[3]
+        out.append(Verdict(claim, holds and much, evidence + gaps))
+    return out
+
+
+def table2_verdicts(groups: list[Group]) -> list[Verdict]:
+    """Paper Table 2: hours to target CheckFree+ < CheckFree < checkpointing at 5–10 %/h; redundant wins at 16."""
+    out = []
+    for g in groups:
+        rows = {s: g.by_strategy(s) for s in ("checkfree_plus", "checkfree", "checkpoint", "redundant")}
+        evidence = ", ".join(f"{s} {_fmt_hours(r)}" for s, r in rows.items())
+        if g.rate in (5.0, 10.0):
+            claim = f"Table 2 ({g.title}): hours to target CheckFree+ < CheckFree < checkpointing"
+            need = [rows["checkfree_plus"], rows["checkfree"], rows["checkpoint"]]
+            if any(r is None for r in need):
+                out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+                continue
+            h = [_hours(r) for r in need]
+            holds = h[0] < h[1] < h[2] if math.isfinite(h[0]) or math.isfinite(h[1]) or math.isfinite(h[2]) else None
+            out.append(Verdict(claim, holds, evidence))
+        elif g.rate == 16.0:
+            claim = f"Table 2 ({g.title}): redundant computation has the shortest time to target"
+            if any(r is None for r in rows.values()):
+                out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+                continue
+            h = {s: _hours(r) for s, r in rows.items()}
+            others = [v for s, v in h.items() if s != "redundant"]
+            holds = None if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others)) else \
+                all(h["redundant"] < v for v in others)
+            out.append(Verdict(claim, holds, evidence))
+    return out
+
+
+def fig4c_verdict(runs: list[Run]) -> list[Verdict]:
+    """Paper Fig. 4c: with no failures, swapping (CheckFree+ execution) slows convergence slightly."""
+    out = []
+    refs = [r for r in runs if r.strategy == "no_failure"]
+    pairs: dict[tuple[Any, ...], dict[bool, Run]] = {}
+    for r in refs:
+        pairs.setdefault((r.config_name, r.config.get("seed"), r.world_size, r.iterations), {})[r.swaps] = r
+    for key, pair in sorted(pairs.items(), key=lambda kv: str(kv[0])):
+        claim = f"Fig. 4c ({key[0]}, seed {key[1]}): with no failures, swaps give a slightly higher validation loss"
+        if len(pair) < 2:
+            out.append(Verdict(claim, None, "needs no_failure runs both with and without swaps"))
+            continue
+        a, b = pair[False].final_eval["val_loss"], pair[True].final_eval["val_loss"]
+        out.append(Verdict(claim, b > a, f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
+                                         f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}"))
+    return out

@@ -1,0 +1,109 @@
+"""PNG plots of the report (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from checkfree.report.analysis import Group, Row  # noqa: E402
+from checkfree.report.runs import Run  # noqa: E402
+
+_COLOURS = {"no_failure": "black", "random": "tab:red", "copy": "tab:orange", "zero": "tab:brown",
+            "average": "tab:olive", "checkfree": "tab:green", "checkfree_plus": "tab:blue",
+            "checkpoint": "tab:purple", "one": "tab:pink", "redundant": "tab:gray", "ec_snapshot": "tab:cyan"}
+
+
+def slug(text: str) -> str:
+    """A file-name-safe version of ``text``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80] or "group"
+
+
+def _style(run: Run) -> dict:
+    colour = _COLOURS.get(run.strategy, None)
+    return {"color": colour, "linestyle": "--" if run.swaps and run.strategy != "checkfree_plus" else "-",
+            "label": run.label, "linewidth": 1.4}
+
+
+def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.8 * rows), squeeze=False)
+    flat = [a for row in axes for a in row]
+    for a in flat[n:]:
+        a.set_visible(False)
+    return fig, flat[:n]
+
+
+def _finite(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    return [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
+
+
+def validation_plots(groups: list[Group], references: dict[tuple, Run], target: float, out: Path) -> list[Path]:
+    """Validation loss against wall-clock iterations and against simulated hours: one panel per group."""
+    paths = []
+    for axis in ("iterations", "hours"):
+        fig, axes = _grid(len(groups))
+        for ax, g in zip(axes, groups, strict=True):
+            rows: list[Row] = list(g.rows)
+            for row in rows:
+                pts = sorted(row.run.evals)
+                xs = [it if axis == "iterations" else row.timeline.hours_at(it) for it, _ in pts]
+                data = _finite(list(zip(xs, [v for _, v in pts], strict=True)))
+                if data:
+                    ax.plot(*zip(*data, strict=True), **_style(row.run))
+            ref = references.get(g.key[:1] + g.key[2:4])
+            if ref is not None and not any(r.run.strategy == "no_failure" for r in rows) and axis == "iterations":
+                data = _finite(sorted(ref.evals))
+                ax.plot(*zip(*data, strict=True), color="black", linestyle=":", linewidth=1.0,
+                        label="no_failure (reference run)")
+            ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label=f"target {target:.3f}")
+            ax.set_title(g.title, fontsize=8)
+            ax.set_xlabel("wall-clock iteration" if axis == "iterations" else "simulated hours")
+            ax.set_ylabel("validation loss (nats)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        path = out / f"val_loss_vs_{axis}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def training_plot(group: Group, out: Path) -> Path:
+    """Training loss of each run in ``group`` with failure (red ×), recovery (green ▲) and rollback markers."""
+    fig, axes = _grid(len(group.rows))
+    for ax, row in zip(axes, group.rows, strict=True):
+        run = row.run
+        train = sorted((int(r["iteration"]), float(r["loss"])) for r in run.kind("train")
+                       if isinstance(r.get("loss"), int | float) and math.isfinite(r["loss"]))
+        loss_at = dict(train)
+        if train:
+            ax.plot(*zip(*train, strict=True), color=_COLOURS.get(run.strategy), linewidth=0.8)
+        top = max((v for _, v in train), default=1.0)
+        for kind, style in (("failure", dict(marker="x", color="red", s=36, label="failure")),
+                            ("recovery", dict(marker="^", color="green", s=18, label="recovery")),
+                            ("rollback", dict(marker="v", color="purple", s=30, label="rollback"))):
+            pts = [(int(r["iteration"]), loss_at.get(int(r["iteration"]), top)) for r in run.kind(kind)
+                   if "iteration" in r]
+            if pts:
+                ax.scatter(*zip(*pts, strict=True), zorder=3, **style)
+        ax.set_title(f"{run.label}: {run.count('failures')} failures, {run.count('recoveries')} recoveries",
+                     fontsize=8)
+        ax.set_xlabel("wall-clock iteration")
+        ax.set_ylabel("training loss")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=6)
+    fig.suptitle(group.title, fontsize=9)
+    fig.tight_layout()
+    path = out / f"train_loss_{slug(group.title)}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
