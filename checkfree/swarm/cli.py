@@ -1,0 +1,154 @@
+"""``python -m checkfree swarm run | table``: the decentralized throughput experiment (SPEC §8).
+
+    python -m checkfree swarm run --setting ours --rate 16 --config configs/swarm_paper.json
+    python -m checkfree swarm run --setting checkpoint --rate 16 --config configs/swarm_tiny.json \\
+        --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
+    python -m checkfree swarm table runs/sw-*          # the summary table of several runs
+
+communication/run_throughput.sh START END SETTING RATE [options] is a thin launcher over ``swarm run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("checkfree.swarm")
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("swarm", help="decentralized swarm: real node processes over an emulated WAN",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cmds = p.add_subparsers(dest="swarm_command", required=True)
+    r = cmds.add_parser("run", help="start the swarm's nodes on this machine and train (SPEC §8)",
+                        description="Start nodes START..END-1 (one stage replica each) plus, for checkpoint, the "
+                                    "storage node; replay the crash schedule; write runs/<name>/throughput.json.")
+    r.add_argument("--setting", required=True, choices=["no_failure", "checkpoint", "ours", "ours-plus"],
+                   help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
+                        "ours: CheckFree; ours-plus: CheckFree+ (swaps on odd microbatches)")
+    r.add_argument("--rate", default="16", help="failure rate in %%/h: selects failure_p_configs/RATE.json "
+                                                "unless --schedule is given")
+    r.add_argument("--config", default="swarm_paper.json",
+                   help="swarm topology config (working directory first, then configs/)")
+    r.add_argument("--schedule", type=Path, help="crash schedule in the authors' format (node id -> "
+                                                 "[crash iterations..., sentinel]); default failure_p_configs/RATE.json")
+    r.add_argument("--no-schedule", action="store_true", help="no crashes at all")
+    r.add_argument("--start", type=int, default=0, help="first node id this machine starts (START)")
+    r.add_argument("--end", type=int, help="one past the last node id this machine starts (END; default: all)")
+    r.add_argument("--iterations", type=int, default=500, help="committed iterations to train")
+    r.add_argument("--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>)")
+    r.add_argument("--bind-host", default="127.0.0.1",
+                   help="interface the supervisor and nodes listen on (0.0.0.0 for a multi-machine swarm)")
+    r.add_argument("--advertise-host", help="host name other machines dial (with --bind-host 0.0.0.0)")
+    r.add_argument("--port", type=int, default=0, help="supervisor (bootstrap) port; 0 = any free port")
+    r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
+    r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
+    r.add_argument("--replicas", type=int, help="override replicas per stage")
+    r.add_argument("--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes")
+    r.add_argument("--cache-dir", type=Path, help="data cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any swarm config key, e.g. --set in_flight=3 (JSON value)")
+    r.add_argument("--dry-run", action="store_true", help="print the topology and the node commands; start nothing")
+    r.set_defaults(func=cmd_run)
+    t = cmds.add_parser("table", help="print the summary table of finished runs")
+    t.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding throughput.json")
+    t.set_defaults(func=cmd_table)
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"time_scale": args.time_scale, "checkpoint_interval": args.checkpoint_interval,
+                           "replicas": args.replicas, "data": args.data}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r} is malformed; expected KEY=VALUE.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _schedule(args: argparse.Namespace) -> tuple[dict[int, list[int]], str | None]:
+    from checkfree.failures import load_node_schedule
+
+    if args.no_schedule:
+        return {}, None
+    path = args.schedule or Path("failure_p_configs") / f"{args.rate}.json"
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[2] / path
+    return load_node_schedule(path), str(path)
+
+
+def _vocab_size(cfg, cache_dir: Path | None) -> int:
+    """The model vocabulary: the corpus tokenizer's (built once here, so nodes only map the cache)."""
+    if cfg.data == "synthetic":
+        return cfg.model.vocab_size
+    from checkfree.data import DataSpec, prepare_corpus
+    from checkfree.swarm.pipeline_driver import default_cache_dir
+
+    m = cfg.model
+    spec = DataSpec(dataset=m.dataset, tokenizer=m.tokenizer_name, vocab_size=m.vocab_size, seq_len=m.seq_l,
+                    validation_sequences=m.validation * m.batch_size, max_train_tokens=m.max_train_tokens,
+                    seed=m.data_seed, cache_dir=cache_dir or default_cache_dir())
+    corpus = prepare_corpus(spec)
+    log.info("data: %s", corpus.describe())
+    return corpus.vocab_size
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from checkfree.swarm.config import load_swarm_config
+    from checkfree.swarm.hosts import LocalHost
+    from checkfree.swarm.results import summary_table
+    from checkfree.swarm.strategies import make_recovery
+    from checkfree.swarm.supervisor import Supervisor
+
+    cfg = load_swarm_config(args.config, _overrides(args))
+    strategy = make_recovery(args.setting)
+    if strategy.swaps and cfg.n_stages < 4:
+        raise ValueError(f"ours-plus needs at least 4 transformer stages for its swaps; the config has "
+                         f"{cfg.n_stages}.")
+    schedule, schedule_path = _schedule(args)
+    run_dir = args.run_dir or Path("runs") / f"swarm-{args.setting}-{args.rate}"
+    end = cfg.n_nodes if args.end is None else args.end
+    if args.dry_run:
+        host = LocalHost(run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir)
+        print(f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
+              f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
+              f"setting {args.setting}, schedule {schedule_path}, run dir {run_dir}")
+        for n in range(args.start, end):
+            print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(run_dir / "supervisor.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("checkfree").addHandler(handler)
+    (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
+    sup = Supervisor(cfg, args.setting, schedule, args.iterations, run_dir, _vocab_size(cfg, args.cache_dir),
+                     start=args.start, end=end, bind_host=args.bind_host, port=args.port,
+                     advertise_host=args.advertise_host, cache_dir=args.cache_dir)
+    log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    sup.write_config()
+    results = sup.run()
+    print(summary_table([results]))
+    print(f"bytes sent by message type: {json.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}")
+    print(f"results: {run_dir / 'throughput.json'}")
+    return 0
+
+
+def cmd_table(args: argparse.Namespace) -> int:
+    from checkfree.swarm.results import summary_table
+
+    runs = []
+    for d in args.run_dirs:
+        path = d / "throughput.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist; expected a finished swarm run directory.")
+        runs.append(json.loads(path.read_text()))
+    print(summary_table(runs))
+    return 0

@@ -1,0 +1,218 @@
+"""The swarm's topology config: stages, replicas, microbatches, WAN, timeouts (SPEC §8).
+
+A swarm config is a small JSON file (``configs/swarm_tiny.json``, ``configs/swarm_paper.json``)::
+
+    {"model_config": "tiny_config.json", "replicas": 2, "microbatches": 4, "in_flight": 2,
+     "locations": null, "storage_location": "Iowa", "checkpoint_interval": 10, "time_scale": 1.0}
+
+Node ids (SPEC §8): the swarm has ``S + 1`` stages (stage 0 = embedding, head, data and loss; transformer
+stages 1..S from the model config's ``n_stages``) and ``replicas`` nodes per stage, ids ``0 ..
+(S+1)·R − 1``; node ``n`` holds stage ``n // R`` and is replica ``n % R`` of it. Each stage-0 node drives
+one pipeline (pipeline ``p`` = replica index ``p``). The storage node of the ``checkpoint`` setting has id
+``(S+1)·R``; replacements take fresh ids above it. Node ``n`` sits at ``locations[n % len(locations)]``
+(default: the paper's seven-location geo set); a replacement inherits its predecessor's location.
+Nothing here is specific to 7 × 3: any S ≥ 1 and R ≥ 1 work (``ours-plus`` needs S ≥ 4).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import InitVar, dataclass
+from pathlib import Path
+from typing import Any
+
+from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
+from checkfree.swarm.topology import LocationTable, load_locations, location_of
+
+SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus")
+"""The ``SETTING`` argument of run_throughput.sh (SPEC §8, issue)."""
+DATA_SOURCES = ("corpus", "synthetic")
+
+
+@dataclass
+class SwarmConfig:
+    """One swarm topology (every field has a one-line meaning; times in seconds)."""
+
+    model_config: str = "tiny_config.json"
+    """Model config (the authors' JSON format), resolved against the working directory, then configs/."""
+    replicas: int = 2
+    """Nodes per stage R (stage 0 included: R pipelines)."""
+    microbatches: int | None = None
+    """Microbatches per pipeline per iteration (None = the model config's mb_count)."""
+    in_flight: int = 2
+    """At most this many microbatches of one pipeline between embed and its last backward."""
+    locations: list[str] | None = None
+    """Geo set: node n sits at locations[n % len]; None = the table's default_geo (SPEC §8)."""
+    locations_file: str | None = None
+    """Latency/bandwidth table (JSON); None = the one shipped in checkfree/swarm/locations.json."""
+    storage_location: str = "Iowa"
+    """Location of the checkpoint storage node."""
+    checkpoint_interval: int = 100
+    """``checkpoint`` setting: every stage's weights and Adam state go to storage every K iterations."""
+    time_scale: float = 1.0
+    """Multiplies every emulated WAN delay (1 = real time, 0 = no emulation)."""
+    crash_point: float = 0.5
+    """A scheduled crash fires this fraction of the last iteration's time after the iteration begins."""
+    heartbeat_interval: float = 0.5
+    """Seconds between heartbeats on every link."""
+    peer_timeout: float = 5.0
+    """A peer silent this long is dead (heartbeat failure detection)."""
+    microbatch_timeout: float = 60.0
+    """A stage-0 node reports a stall when a microbatch has not come back within this time."""
+    iteration_timeout: float = 300.0
+    """An attempt of an iteration that has not committed in this time is aborted and redone."""
+    recovery_timeout: float = 180.0
+    """A replacement that does not serve within this time (process start included) is killed and retried."""
+    request_timeout: float = 60.0
+    """A weights request unanswered in this time is sent to another source."""
+    max_attempts: int = 5
+    """Attempts per iteration (and tries per replacement) before the run stops with an error."""
+    data: str = "corpus"
+    """Stage-0 batches: "corpus" (checkfree.data, the model config's dataset) or "synthetic" (tests)."""
+    seed: int | None = None
+    """Model init seed (None = the model config's seed); replicas of a stage start identical."""
+    model_json: InitVar[dict[str, Any] | None] = None
+    """The model config inline (as sent to nodes); None = load ``model_config``."""
+
+    def __post_init__(self, model_json: dict[str, Any] | None) -> None:
+        self.model: Config = (config_from_dict(model_json, "swarm model config") if model_json is not None
+                              else load_config(self.model_config))
+        self._validate()
+
+    # ------------------------------------------------------------------ derived topology
+
+    @property
+    def n_stages(self) -> int:
+        """Transformer stages S (stage 0 is extra)."""
+        return self.model.n_stages
+
+    @property
+    def mb_count(self) -> int:
+        """Microbatches per pipeline per iteration."""
+        return self.microbatches or self.model.mb_count
+
+    @property
+    def n_nodes(self) -> int:
+        """Nodes of the initial swarm: (S + 1) · R."""
+        return (self.n_stages + 1) * self.replicas
+
+    @property
+    def storage_id(self) -> int:
+        """Node id of the checkpoint storage node."""
+        return self.n_nodes
+
+    @property
+    def first_replacement_id(self) -> int:
+        return self.n_nodes + 1
+
+    @property
+    def init_seed(self) -> int:
+        return self.model.seed if self.seed is None else self.seed
+
+    def stage_of(self, node: int) -> int:
+        """Stage of an initial node id (``node // R``)."""
+        return node // self.replicas
+
+    def geo(self, table: LocationTable | None = None) -> tuple[str, ...]:
+        table = table or self.location_table()
+        return tuple(self.locations) if self.locations else table.default_geo
+
+    def location_of(self, node: int, table: LocationTable | None = None) -> str:
+        """Location of an initial node id (SPEC §8: id mod number of locations)."""
+        return location_of(node, self.geo(table))
+
+    def location_table(self) -> LocationTable:
+        return load_locations(self.locations_file)
+
+    def tokens_per_iteration(self) -> int:
+        """Training tokens per iteration over all pipelines."""
+        return self.replicas * self.mb_count * self.model.batch_size * self.model.seq_l
+
+    def to_json(self) -> dict[str, Any]:
+        """The resolved config (model config inlined under ``model``), as sent to nodes in WELCOME."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["model"] = self.model.to_json()
+        return d
+
+    def _validate(self) -> None:
+        for key in ("replicas", "in_flight", "checkpoint_interval", "max_attempts"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 1.")
+        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 1):
+            raise ConfigError(f"swarm config: 'microbatches' is {self.microbatches!r}; expected an integer >= 1.")
+        for key in ("heartbeat_interval", "peer_timeout", "microbatch_timeout", "iteration_timeout",
+                    "recovery_timeout", "request_timeout"):
+            value = getattr(self, key)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected seconds > 0.")
+        if not isinstance(self.time_scale, int | float) or not 0 <= self.time_scale < math.inf:
+            raise ConfigError(f"swarm config: 'time_scale' is {self.time_scale!r}; expected a number >= 0.")
+        if not 0 <= self.crash_point <= 10:
+            raise ConfigError(f"swarm config: 'crash_point' is {self.crash_point!r}; expected a fraction in [0, 10].")
+        if self.data not in DATA_SOURCES:
+            raise ConfigError(f"swarm config: 'data' is {self.data!r}; expected one of {list(DATA_SOURCES)}.")
+        table = self.location_table()
+        for name in [*(self.locations or []), self.storage_location]:
+            if name not in table.names:
+                raise ConfigError(f"swarm config: location {name!r} is not in the table; expected one of "
+                                  f"{sorted(table.names)}.")
+        if self.peer_timeout <= 2 * self.heartbeat_interval:
+            raise ConfigError(f"swarm config: 'peer_timeout' {self.peer_timeout} s is not above twice "
+                              f"'heartbeat_interval' {self.heartbeat_interval} s; live peers would look dead.")
+
+
+_FIELDS = {f.name for f in dataclasses.fields(SwarmConfig)}
+
+
+def swarm_config_from_dict(raw: dict[str, Any], source: str = "swarm config") -> SwarmConfig:
+    """Build a validated :class:`SwarmConfig` (unknown keys are an error; ``model`` is ignored).
+
+    Raises:
+        ConfigError: a key is unknown or a value is invalid. FileNotFoundError: the model config is missing.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}.")
+    unknown = sorted(set(raw) - _FIELDS - {"model", "description"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r}; expected some of {sorted(_FIELDS)}.")
+    return SwarmConfig(**{k: v for k, v in raw.items() if k in _FIELDS}, model_json=raw.get("model"))
+
+
+def load_swarm_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SwarmConfig:
+    """Load a swarm config file (working directory first, then configs/) and apply ``overrides``.
+
+    Raises:
+        FileNotFoundError, ConfigError: one sentence naming the file or value.
+    """
+    resolved = resolve_config_path(path)
+    try:
+        raw = json.loads(resolved.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"swarm config {resolved} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"swarm config {resolved}: expected a JSON object.")
+    raw.pop("model", None)
+    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return swarm_config_from_dict(raw, str(resolved))
+
+
+def route(pipeline: int, members: dict[int, list[int]], n_stages: int, order: list[int]) -> list[int] | None:
+    """Node ids one microbatch of ``pipeline`` visits: [stage-0 node, node of order[0], node of order[1], …].
+
+    ``members`` maps stage → its serving node ids sorted by replica slot. The node of stage s is the one at
+    the pipeline's replica index if that slot serves, else another serving replica (round-robin); ``None``
+    when the pipeline's stage-0 node or a whole stage is missing.
+    """
+    stage0 = members.get(0, [])
+    if pipeline >= len(stage0):
+        return None
+    path = [stage0[pipeline]]
+    for s in order:
+        nodes = members.get(s, [])
+        if not nodes:
+            return None
+        path.append(nodes[pipeline % len(nodes)])
+    return path

@@ -1,0 +1,164 @@
+"""Node processes on this machine: start them, SIGKILL them by pid, reap everything.
+
+Two ways to start a node, both a separate OS process running ``checkfree.swarm.node.main``:
+
+* ``fork`` (default): from a multiprocessing *forkserver* that has imported torch, transformers and the
+  node code once (a warm standby). A node then starts in milliseconds instead of the 3–8 s an import
+  costs on a loaded 2-core machine, so the measured crash → serving latency is detection + join + weight
+  transfer, not Python start-up (report it as such).
+* ``exec``: ``subprocess.Popen([python, -m, checkfree.swarm.node, ...])`` (the command printed by dry runs).
+
+One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr). Nothing is written to the working
+directory. Only processes this object started are ever signalled, by their pid (never by name). An
+``atexit`` hook kills whatever is still running if the supervisor itself dies of an exception.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_FORKSERVER: mp.context.BaseContext | None = None
+
+
+def _forkserver() -> mp.context.BaseContext:
+    global _FORKSERVER
+    if _FORKSERVER is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["checkfree.swarm.node", "checkfree.swarm.storage"])
+        _FORKSERVER = ctx
+    return _FORKSERVER
+
+
+def _node_entry(argv: list[str], log_path: str) -> None:
+    """Child side of a forked node: stdout/stderr to its log, then the node's main."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    from checkfree.swarm.node import main
+
+    sys.exit(main(argv))
+
+
+class _Forked:
+    """The Popen-like face of a forked node: pid, poll(), wait(timeout)."""
+
+    def __init__(self, proc: mp.process.BaseProcess) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float) -> int:
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired("node", timeout)
+        return self.proc.exitcode
+
+
+class LocalHost:
+    """Starts and kills this machine's node processes.
+
+    Args:
+        run_dir: where node logs go. bootstrap: the supervisor's address. bind_host/advertise_host: passed
+        to nodes. cache_dir: data cache for stage-0 nodes. python: interpreter (default: this one).
+    """
+
+    def __init__(self, run_dir: Path, bootstrap: str, bind_host: str = "127.0.0.1",
+                 advertise_host: str | None = None, cache_dir: Path | None = None,
+                 python: str = sys.executable, mode: str = "fork") -> None:
+        if mode not in ("fork", "exec"):
+            raise ValueError(f"process start mode is {mode!r}; expected 'fork' or 'exec'.")
+        self.run_dir, self.bootstrap, self.bind_host = Path(run_dir), bootstrap, bind_host
+        self.advertise_host, self.cache_dir, self.python, self.mode = advertise_host, cache_dir, python, mode
+        self.procs: dict[int, subprocess.Popen | _Forked] = {}
+        self._logs: dict[int, object] = {}
+        atexit.register(self.reap_all)
+
+    def command(self, node: int, stage: int, location: str, replacement: bool) -> list[str]:
+        """The command line that starts node ``node``."""
+        cmd = [self.python, "-m", "checkfree.swarm.node", "--id", str(node), "--stage", str(stage),
+               "--location", location, "--bootstrap", self.bootstrap, "--bind-host", self.bind_host]
+        if self.advertise_host:
+            cmd += ["--advertise-host", self.advertise_host]
+        if self.cache_dir is not None:
+            cmd += ["--cache-dir", str(self.cache_dir)]
+        if replacement:
+            cmd.append("--replacement")
+        return cmd
+
+    def spawn(self, node: int, stage: int, location: str, replacement: bool) -> int:
+        """Start node ``node``; returns its pid."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = self.command(node, stage, location, replacement)
+        log_path = self.run_dir / f"node{node}.log"
+        if self.mode == "fork":
+            child = _forkserver().Process(target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False,
+                                          name=f"node{node}")
+            child.start()
+            proc: subprocess.Popen | _Forked = _Forked(child)
+        else:
+            logf = open(log_path, "ab")  # noqa: SIM115 (closed in reap_all)
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+            env.setdefault("OMP_NUM_THREADS", "1")
+            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                    cwd=self.run_dir)
+            self._logs[node] = logf
+        self.procs[node] = proc
+        log.info("host: started node %d (stage %d, %s%s), pid %d", node, stage, location,
+                 ", replacement" if replacement else "", proc.pid)
+        return proc.pid
+
+    def exited(self, node: int) -> int | None:
+        """Exit code of a node that has exited, None while it runs (or if it is not ours)."""
+        proc = self.procs.get(node)
+        return None if proc is None else proc.poll()
+
+    def kill(self, node: int) -> None:
+        """SIGKILL node ``node`` by pid and reap it (a real crash: no goodbye, no flushing)."""
+        proc = self.procs.get(node)
+        if proc is None or proc.poll() is not None:
+            return
+        os.kill(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            log.error("host: node %d (pid %d) survived SIGKILL for 10 s", node, proc.pid)
+
+    def wait_all(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds in total for every node to exit by itself."""
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+
+    def reap_all(self) -> None:
+        """SIGKILL every node still running (by pid), wait for each, close the logs. Idempotent."""
+        for node, proc in self.procs.items():
+            if proc.poll() is None:
+                log.warning("host: killing node %d (pid %d) at shutdown", node, proc.pid)
+                os.kill(proc.pid, signal.SIGKILL)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                log.error("host: node %d (pid %d) could not be reaped", node, proc.pid)
+        for f in self._logs.values():
+            f.close()
+        self._logs.clear()

@@ -1,0 +1,136 @@
+"""A node fetching its stage over the network: a replacement's recovery, or a checkpoint rollback.
+
+:class:`Recovery` executes a :class:`~checkfree.swarm.strategies.RecoveryPlan`: one WEIGHTS_REQUEST per source
+stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
+seconds; an error answer or a missed deadline moves the request to the next candidate, and after
+``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
+and starts another replacement). The answers are combined with the shared recovery math
+(checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
+with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2). Neighbour rules get a fresh
+Adam at lr × lr_scale; replica and storage copies load the source's Adam moments, step and lr.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from checkfree.pipeline import checkfree_weight
+from checkfree.recovery.neighbours import copy_state, weighted_average
+from checkfree.swarm import weights as W
+from checkfree.swarm.protocol import Message, MessageType
+from checkfree.swarm.strategies import RecoveryPlan
+
+if TYPE_CHECKING:
+    from checkfree.swarm.node import Node
+
+log = logging.getLogger(__name__)
+
+
+class Recovery:
+    """Fetch and combine a stage's weights per ``plan``; calls ``node.recovered(record)`` when done."""
+
+    def __init__(self, node: Node, plan: RecoveryPlan, checkpoint_version: int = 0) -> None:
+        self.node, self.plan, self.checkpoint_version = node, plan, checkpoint_version
+        self.requests: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+
+    def start(self) -> None:
+        node = self.node
+        log.info("node %d: recovering stage %d by rule %s from stages %s%s", node.id, node.stage, self.plan.rule,
+                 self.plan.stages, f" ({self.plan.fallback})" if self.plan.fallback else "")
+        for i, stage in enumerate(self.plan.stages):
+            if self.plan.rule == "storage":
+                candidates = [node.storage_id]
+            else:
+                candidates = list(node.members.get(stage, []))
+            if not candidates:
+                node.give_up(f"no serving node of stage {stage} to recover from")
+                return
+            self.requests.append({"stage": stage, "candidates": candidates, "tries": 0, "response": None})
+            self._send(i)
+
+    def _send(self, i: int) -> None:
+        req, node = self.requests[i], self.node
+        req["target"] = req["candidates"][req["tries"] % len(req["candidates"])]
+        req["id"] = f"{node.id}:{i}:{req['tries']}"
+        req["deadline"] = time.monotonic() + node.cfg.request_timeout
+        req["tries"] += 1
+        node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta={
+            "stage": req["stage"], "optimizer": self.plan.with_optimizer, "request": req["id"],
+            "address": node.address, "location": node.location, "version": self.checkpoint_version})
+
+    def _retry(self, i: int, why: str) -> None:
+        req = self.requests[i]
+        if req["tries"] >= self.node.cfg.max_attempts * len(req["candidates"]):
+            self.node.give_up(f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}")
+            return
+        log.warning("node %d: request %s to %d failed (%s); asking the next candidate", self.node.id, req["id"],
+                    req["target"], why)
+        self._send(i)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for i, req in enumerate(self.requests):
+            if req["response"] is None and now > req["deadline"]:
+                self._retry(i, f"no answer within {self.node.cfg.request_timeout:.0f} s")
+                if self.node.task is not self:
+                    return
+
+    def on_response(self, msg: Message) -> None:
+        for i, req in enumerate(self.requests):
+            if req.get("id") == msg.meta.get("request") and req["response"] is None and msg.sender == req["target"]:
+                if "error" in msg.meta:
+                    self._retry(i, str(msg.meta["error"]))
+                    return
+                req["response"] = msg
+                if all(r["response"] is not None for r in self.requests):
+                    self._finish()
+                return
+        log.info("node %d: ignored an unrequested WEIGHTS_RESPONSE from %d", self.node.id, msg.sender)
+
+    def _load(self) -> dict[str, Any]:
+        """Apply the plan to the answers; returns the recovery record."""
+        node, plan, cfg = self.node, self.plan, self.node.model_cfg
+        answers = [r["response"] for r in self.requests]
+        states = [W.split(m.tensors, "w") for m in answers]
+        for m, state in zip(answers, states, strict=True):
+            W.check_state(node.module, state, f"node {m.sender}")
+        omegas = None
+        if plan.rule == "checkfree":
+            omegas = [checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
+                      for m in answers]
+            new = weighted_average(states[0], states[1], omegas[0], omegas[1])
+        else:
+            new = copy_state(states[0])
+        node.module.load_state_dict(new)
+        if plan.with_optimizer:
+            src = answers[0]
+            W.load_optimizer(node.module, node.opt, src.tensors, int(src.meta["step"]), float(src.meta["lr"]))
+            node.grad_norm = float(src.meta["grad_norm"])
+        else:
+            node.opt = W.make_optimizer(node.module, cfg.lr * cfg.lr_scale)
+            node.grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
+        node.version = max(int(m.meta["version"]) for m in answers)
+        return {"rule": plan.rule, "sources": [m.sender for m in answers], "source_stages": plan.stages,
+                "omegas": omegas, "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
+                "fallback": plan.fallback, "lr": W.current_lr(node.opt), "version": node.version,
+                "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
+                "fetch_s": time.monotonic() - self.t0}
+
+    def _finish(self) -> None:
+        record = self._load()
+        log.info("node %d: recovered stage %d: %s", self.node.id, self.node.stage, record)
+        self.node.recovered(record)
+
+
+class Rollback(Recovery):
+    """Checkpoint baseline: reload this stage's weights and Adam state of ``version`` from storage."""
+
+    def __init__(self, node: Node, version: int) -> None:
+        super().__init__(node, RecoveryPlan("storage", [node.stage], with_optimizer=True), version)
+
+    def _finish(self) -> None:
+        record = self._load()
+        self.node.restored(record)
