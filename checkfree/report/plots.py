@@ -77,7 +77,7 @@ def validation_plots(groups: list[Group], references: dict[tuple, Run], target: 
 
 
 def training_plot(group: Group, out: Path) -> Path:
-    """Training loss of each run in ``group`` with failure (red ×), recovery (green ▲) and rollback markers."""
+    """Training loss of each run in ``group`` with failure (red dashed line), recovery (green ▲) and rollback (▼)."""
     fig, axes = _grid(len(group.rows))
     for ax, row in zip(axes, group.rows, strict=True):
         run = row.run
@@ -87,8 +87,9 @@ def training_plot(group: Group, out: Path) -> Path:
         if train:
             ax.plot(*zip(*train, strict=True), color=_COLOURS.get(run.strategy), linewidth=0.8)
         top = max((v for _, v in train), default=1.0)
-        for kind, style in (("failure", dict(marker="x", color="red", s=36, label="failure")),
-                            ("recovery", dict(marker="^", color="green", s=18, label="recovery")),
+        for i, it in enumerate(sorted({int(r["iteration"]) for r in run.kind("failure") if "iteration" in r})):
+            ax.axvline(it, color="red", linewidth=0.7, alpha=0.6, linestyle="--", label="failure" if i == 0 else None)
+        for kind, style in (("recovery", dict(marker="^", color="green", s=18, label="recovery")),
                             ("rollback", dict(marker="v", color="purple", s=30, label="rollback"))):
             pts = [(int(r["iteration"]), loss_at.get(int(r["iteration"]), top)) for r in run.kind(kind)
                    if "iteration" in r]

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The paper's comparisons at CPU scale: every recovery strategy at 5, 10 and 16 %/h on the same failures (same
+# seed), plus the no-failure pair without/with CheckFree+ swaps (paper Fig. 4c); then the report, which states
+# whether the paper's orderings hold here (Fig. 2, Table 2, Fig. 4c) and shows the numbers where they do not.
+#
+# usage: benchmarks/paper_comparison.sh                  # full: small_config.json, ~2.5 h on 2 idle cores
+#        SMOKE=1 benchmarks/paper_comparison.sh          # minutes: tiny_config.json, 12 iterations per run
+#
+# Environment (defaults in brackets):
+#   CONFIG [small_config.json]   ITERATIONS [120]   EVAL_INTERVAL [20]   RATES ["5 10 16"]   SEED [0]
+#   STRATEGIES [random copy zero average checkfree checkfree_plus checkpoint one redundant ec_snapshot]
+#   OUT [runs/paper_comparison]  TARGET [auto = the no-failure run's validation loss at 75 % of training]
+#   SKIP_EXISTING [1: a run whose summary.json exists is not run again, so an interrupted benchmark resumes]
+#   REPORT_ARGS [extra arguments for `python -m checkfree report`, e.g. "--iteration-seconds 91.32"]
+#
+# Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time. On 2 idle
+# cores the small config trains at ≈1.8 s per iteration (its 1000 iterations take ≈30 min), so one run of 120
+# iterations + 7 validations + start-up ≈ 4–5 min and the whole benchmark ≈ 2.5 h (checkpoint/one redo rolled-back
+# iterations; redundant times an extra forward). Shared or busy cores stretch this proportionally.
+#
+# The run length is fixed before any result is seen (long enough for several failures at 16 %/h: 4 stages ×
+# 120 iterations × p 0.008 ≈ 4 expected); nothing here is tuned to make an ordering come out.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py="$root/.venv/bin/python"
+[ -x "$py" ] || py=python3
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ -n "${SMOKE:-}" ] && [ "${SMOKE}" != 0 ]; then
+  : "${CONFIG:=tiny_config.json}" "${ITERATIONS:=12}" "${EVAL_INTERVAL:=4}" "${OUT:=runs/paper_comparison_smoke}"
+fi
+CONFIG=${CONFIG:-small_config.json}
+ITERATIONS=${ITERATIONS:-120}
+EVAL_INTERVAL=${EVAL_INTERVAL:-20}
+RATES=${RATES:-"5 10 16"}
+SEED=${SEED:-0}
+STRATEGIES=${STRATEGIES:-"random copy zero average checkfree checkfree_plus checkpoint one redundant ec_snapshot"}
+OUT=${OUT:-runs/paper_comparison}
+TARGET=${TARGET:-auto}
+SKIP_EXISTING=${SKIP_EXISTING:-1}
+REPORT_ARGS=${REPORT_ARGS:-}
+
+for v in ITERATIONS EVAL_INTERVAL SEED; do
+  case "${!v}" in ''|*[!0-9]*) echo "$v is '${!v}'; expected a non-negative integer." >&2; exit 2;; esac
+done
+mkdir -p "$OUT/runs" "$OUT/logs"
+progress="$OUT/progress.log"
+stem=$(basename "$CONFIG" .json)
+note() { echo "$(date '+%F %T') $*" | tee -a "$progress"; }
+note "paper_comparison: config $CONFIG, $ITERATIONS iterations, eval every $EVAL_INTERVAL, rates $RATES, seed $SEED"
+
+# run NAME LAUNCHER SETTING RATE: one simulator run; a failed run is logged and the benchmark goes on.
+run() {
+  local name=$1 launcher=$2 setting=$3 rate=$4 dir="$OUT/runs/$1"
+  if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
+  rm -rf "$dir"
+  local t0=$SECONDS
+  "$root/simulate_training/$launcher" "$setting" 1 "$rate" "$CONFIG" 0 --max-iterations "$ITERATIONS" \
+    --eval-interval "$EVAL_INTERVAL" --seed "$SEED" --no-progress --run-dir "$dir" > "$OUT/logs/$name.log" 2>&1
+  local rc=$?
+  note "$name: exit $rc after $((SECONDS - t0)) s"
+}
+
+# Fig. 4c: no failures act, without and with swaps (the no-swap run is also every rate's reference curve).
+first_rate=${RATES%% *}
+run "$stem-nofail-noswap" run_2.sh no_failure "$first_rate"
+run "$stem-nofail-swap" run.sh no_failure "$first_rate"
+for rate in $RATES; do
+  for s in $STRATEGIES; do
+    case "$s" in
+      checkfree_plus) run "$stem-r$rate-$s" run.sh ours-grad-avg "$rate" ;;   # CheckFree+ = swaps on
+      checkfree) run "$stem-r$rate-$s" run_2.sh ours-grad-avg "$rate" ;;      # CheckFree = swaps off
+      *) run "$stem-r$rate-$s" run_2.sh "$s" "$rate" ;;
+    esac
+  done
+done
+
+note "report → $OUT/report"
+# shellcheck disable=SC2086  # REPORT_ARGS is a list of words
+"$py" -m checkfree report "$OUT/runs" --target-loss "$TARGET" --out "$OUT/report" $REPORT_ARGS 2>&1 \
+  | tee -a "$progress"
+note "done: $OUT/report/report.md"
