@@ -1,0 +1,139 @@
+"""Live swarms on 127.0.0.1: real node processes, a SIGKILL mid-iteration, hostile bytes at a serving node.
+
+Tiny model (d 32, vocab 300, 3 transformer stages x 1 layer), synthetic batches, no WAN delay: the tests
+exercise the processes, the protocol and the recovery, not the speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import zmq
+
+from checkfree.pipeline import checkfree_weight
+from checkfree.recovery.neighbours import weighted_average
+from checkfree.swarm import weights as W
+from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
+from checkfree.swarm.supervisor import Supervisor
+
+MODEL = {"dataset": "Shakespeare", "architecture": "LLaMa", "validation": 2, "dmodel": 32, "num_heads": 2,
+         "n_layers_per_stage": 1, "n_stages": 3, "seq_l": 16, "batch_size": 4, "mb_count": 2, "lr_scale": 1.1,
+         "max_iterations": 10, "lr": 3e-3, "vocab_size": 300, "seed": 0}
+
+
+def _config(tmp_path: Path, replicas: int, **extra: object):
+    (tmp_path / "model.json").write_text(json.dumps(MODEL))
+    return swarm_config_from_dict({
+        "model_config": str(tmp_path / "model.json"), "replicas": replicas, "microbatches": 4, "in_flight": 2,
+        "time_scale": 0.02, "data": "synthetic", "heartbeat_interval": 0.2, "peer_timeout": 5.0,
+        "microbatch_timeout": 30, "iteration_timeout": 60, "recovery_timeout": 60, "request_timeout": 15,
+        **extra})
+
+
+def _state(msg: Message) -> dict[str, torch.Tensor]:
+    return W.split(msg.tensors, "w")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, replicas=2, crash_point=0.3)
+    # nodes 4 and 5 = both replicas of stage 2 (a whole-stage failure); node 3 = one replica of stage 1
+    schedule = {4: [2], 5: [2], 3: [4]}
+    checks: list[str] = []
+
+    def on_recovered(sup: Supervisor, crashes: list[dict]) -> None:
+        for crash in crashes:
+            new = sup.fetch_weights(crash["replacement_node"], crash["stage"])
+            sources = [sup.fetch_weights(n, s) for n, s in zip(crash["sources"], crash["source_stages"], strict=True)]
+            if crash["rule"] == "checkfree":
+                omegas = [checkfree_weight(float(m.meta["grad_norm"]), 1.0, "paper") for m in sources]
+                assert crash["omegas"] == pytest.approx(omegas, rel=0, abs=0)
+                assert all(w != 1.0 for w in omegas)  # real gradient norms of completed iterations
+                want = weighted_average(_state(sources[0]), _state(sources[1]), *omegas)
+                got = _state(new)
+                assert all(torch.equal(got[k], want[k]) for k in want), "not the CheckFree combination"
+                assert new.meta["lr"] == pytest.approx(MODEL["lr"] * MODEL["lr_scale"])
+                checks.append("checkfree")
+            else:
+                assert crash["rule"] == "replica"
+                got, want = _state(new), _state(sources[0])
+                assert all(torch.equal(got[k], want[k]) for k in want)
+                checks.append("replica")
+
+    sup = Supervisor(cfg, "ours", schedule, iterations=7, run_dir=tmp_path / "run", vocab_size=300,
+                     on_recovered=on_recovered)
+    out = sup.run()
+    assert sorted(checks) == ["checkfree", "checkfree", "replica"]
+    assert out["iterations_completed"] == 7 and out["crashes_count"] == 3 and out["recovered_count"] == 3
+    assert out["aborted_attempts"] == 2  # both crashes hit an iteration in flight; it was redone
+    assert [r["iteration"] for r in out["iterations"]] == list(range(7))  # nothing lost, nothing twice
+    assert {c["stage"] for c in out["crashes"]} == {1, 2} and {c["rule"] for c in out["crashes"]} == {"checkfree",
+                                                                                                       "replica"}
+    assert all(math.isfinite(loss) for _, loss in out["loss_curve"])
+    assert out["bytes_sent_by_type"]["WEIGHTS_RESPONSE"] > 0 and out["bytes_sent_by_type"]["GRADIENTS"] > 0
+    logs = sorted(p.name for p in (tmp_path / "run").glob("node*.log"))
+    assert len(logs) == 8 + 3 and (tmp_path / "run" / "throughput.json").is_file()
+
+
+def _hostile() -> dict[str, list[bytes]]:
+    good = [bytes(f) for f in encode(Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0},
+                                             {"activations": torch.zeros(1, 16, 32)}))]
+    return {
+        "pickle payload": [pickle.dumps({"evil": 1})],
+        "truncated frame": [good[0][:17]] + good[1:],
+        "length 2**63": good[:2] + [good[2][:-8] + (2**63).to_bytes(8, "little")] + good[3:],
+        "wrong dtype": good[:2] + [bytes([200]) + good[2][1:]] + good[3:],
+        "wrong shape": good[:2] + [good[2][:-16] + (5).to_bytes(8, "little", signed=True) + good[2][-8:]]
+        + good[3:],
+        "unknown type": [HEADER.pack(MAGIC, VERSION, 77, 0, 99, 1, 0, len(good[1]), 1)] + good[1:],
+    }
+
+
+def _nonsense() -> list[list[bytes]]:
+    """Well-formed on the wire, nonsense to a node: caught by the node, not the transport."""
+    msgs = [
+        Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}),  # no epoch
+        Message(MessageType.CONTROL, 99, meta={"command": "shutdown"}),  # commands come from the supervisor only
+        Message(MessageType.GRADIENTS, 99, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
+    ]
+    return [[bytes(f) for f in encode(m)] for m in msgs]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, replicas=1, time_scale=0.2)
+    sup = Supervisor(cfg, "ours", {}, iterations=12, run_dir=tmp_path / "run", vocab_size=300)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
+    thread.start()
+    target = 2  # the stage-2 node, in the middle of every microbatch's route
+    deadline = time.monotonic() + 120
+    while sup.node_address(target) is None or not sup.results.rows:
+        assert time.monotonic() < deadline and thread.is_alive(), "the swarm did not start"
+        time.sleep(0.05)
+    raw = zmq.Context.instance().socket(zmq.PUSH)
+    raw.setsockopt(zmq.LINGER, 0)
+    raw.connect(sup.node_address(target))
+    try:
+        sent_at = len(sup.results.rows)
+        for frames in [*_hostile().values(), *_nonsense()]:
+            raw.send_multipart(frames)
+        thread.join(timeout=150)
+    finally:
+        raw.close(0)
+    assert not thread.is_alive() and result, "the run did not finish"
+    assert sent_at < 12 and result["iterations_completed"] == 12
+    final = sup.results.reports[target]
+    assert final["dropped_malformed"] == len(_hostile())
+    assert final["bad_messages"] == len(_nonsense())
+    assert all(math.isfinite(loss) for _, loss in result["loss_curve"])
