@@ -79,7 +79,8 @@ def _row(res, name):
 
 def test_report_rows_time_to_target_and_speedups(tmp_path):
     dirs = comparison(tmp_path / "runs")
-    res = build_report(dirs, 5.0, tmp_path / "out", TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0))
+    res = build_report(dirs, 5.0, tmp_path / "out", TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0),
+                       plots=False)
     assert len(res.groups) == 1 and len(res.groups[0].rows) == 5
     cf, cfp, ckpt, red = (_row(res, n) for n in ("cf", "cfp", "ckpt", "red"))
     # checkfree crosses between 20 (5.5) and 30 (4.5): 25; 25 iterations · 100 s + 2 recoveries · 30 s
@@ -99,7 +100,7 @@ def test_report_rows_time_to_target_and_speedups(tmp_path):
 
 def test_report_verdicts_follow_the_numbers(tmp_path):
     res = build_report(comparison(tmp_path / "runs"), 5.0, tmp_path / "out",
-                       TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0))
+                       TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0), plots=False)
     t2 = [v for v in res.verdicts if v.claim.startswith("Table 2")]
     assert len(t2) == 1 and "redundant" in t2[0].claim
     assert t2[0].holds is False  # redundant never reached the target: the paper's 16 %/h ordering fails here
@@ -137,7 +138,8 @@ def test_partial_and_malformed_directories_are_reported_not_fatal(tmp_path):
     noeval = make_run(root, "noeval", "copy", [(0, 8.0)])
     (noeval / "metrics.jsonl").write_text('{"kind": "train", "iteration": 0, "loss": 1.0}\n{"kind": "tr')
     (root / "file.txt").write_text("x")
-    res = build_report([root, root / "file.txt"], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0))
+    res = build_report([root, root / "file.txt"], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0),
+                       plots=False)
     assert sorted(r.name for r in res.runs) == ["good", "partial"]
     skipped = {p.name: why for p, why in res.skipped}
     assert set(skipped) == {"empty", "badjson", "badsummary", "noeval", "file.txt"}
@@ -156,7 +158,7 @@ def test_nothing_usable_is_one_clear_error(tmp_path, capsys):
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no usable run directory"):
-        build_report([tmp_path / "empty"], 5.0, tmp_path / "out")
+        build_report([tmp_path / "empty"], 5.0, tmp_path / "out", plots=False)
     rc = main(["report", str(tmp_path / "empty"), "--target-loss", "5", "--out", str(tmp_path / "out")])
     assert rc == 2
     assert "no usable run directory" in capsys.readouterr().err
@@ -190,7 +192,7 @@ def test_auto_target_and_swarm_timing(tmp_path):
     (sw / "throughput.json").write_text(json.dumps({
         "setting": "ours", "iteration_seconds": [10.0, 12.0, 14.0], "iterations_completed": 3,
         "recoveries": [{"node": 4, "stage": 1, "sources": [3, 5], "latency_seconds": 6.0, "bytes": 100}]}))
-    res = build_report([root], "auto", tmp_path / "out")
+    res = build_report([root], "auto", tmp_path / "out", plots=False)
     assert res.target == 4.0  # the no-failure loss at 75 % of its 40 iterations (iteration 30)
     m = res.groups[0].rows[0].timeline
     assert m.iteration_seconds == pytest.approx(12.0)  # the swarm's mean iteration time
@@ -208,11 +210,11 @@ def test_fig4c_and_fig2_verdicts(tmp_path):
     make_run(root, "copy", "copy", [(0, 8.0), (40, 4.6)])
     make_run(root, "avg", "average", [(0, 8.0), (40, 4.4)])
     make_run(root, "cf", "checkfree", [(0, 8.0), (40, 4.3)])
-    res = build_report([root], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0))
+    res = build_report([root], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0), plots=False)
     by = {v.claim.split(" (")[0]: v for v in res.verdicts}
     assert by["Fig. 4c"].holds is True and "+0.1000" in by["Fig. 4c"].evidence
     assert by["Fig. 2"].holds is True
     (root / "avg" / "summary.json").unlink()  # partial: rate from options.json, p from config["16"]
     res = build_report([root / n for n in ("rnd", "copy", "avg", "cf")], 5.0, tmp_path / "out2",
-                       TimingOptions(iteration_seconds=10.0))
+                       TimingOptions(iteration_seconds=10.0), plots=False)
     assert len(res.groups) == 1 and [v.holds for v in res.verdicts if v.claim.startswith("Fig. 2")] == [True]

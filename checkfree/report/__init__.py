@@ -46,15 +46,16 @@ class ReportResult:
 
 
 def build_report(run_dirs: list[Path], target_loss: float | str, out: Path,
-                 timing: TimingOptions | None = None) -> ReportResult:
+                 timing: TimingOptions | None = None, plots: bool = True) -> ReportResult:
     """Read ``run_dirs``, write ``out/report.md`` and its PNGs.
 
     Args:
         target_loss: validation loss (nats) to reach, or "auto" (see :func:`analysis.auto_target`).
+        plots: write the PNGs (the tables alone are much faster).
     Raises:
         ValueError: no usable simulator run or swarm run among ``run_dirs``, or "auto" without a no_failure run.
     """
-    from checkfree.report import markdown, plots
+    from checkfree.report import markdown
 
     runs, swarms, skipped = load_runs([Path(p) for p in run_dirs])
     if not runs and not swarms:
@@ -71,13 +72,15 @@ def build_report(run_dirs: list[Path], target_loss: float | str, out: Path,
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
     out.mkdir(parents=True, exist_ok=True)
     pngs: list[Path] = []
-    if groups:
+    if groups and plots:
+        from checkfree.report import plots as plotting
+
         refs = {}
         for r in runs:
             if r.strategy == "no_failure" and not r.swaps:
                 refs.setdefault((r.config_name, r.failure_seed, r.world_size), r)
-        pngs += plots.validation_plots(groups, refs, target, out)
-        pngs += [plots.training_plot(g, out) for g in groups]
+        pngs += plotting.validation_plots(groups, refs, target, out)
+        pngs += [plotting.training_plot(g, out) for g in groups]
     text = markdown.render(groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
