@@ -106,7 +106,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.results import summary_table
     from checkfree.swarm.strategies import make_recovery
-    from checkfree.swarm.supervisor import Supervisor
+    from checkfree.swarm.supervisor import Supervisor, SwarmError
 
     cfg = load_swarm_config(args.config, _overrides(args))
     strategy = make_recovery(args.setting)
@@ -134,7 +134,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                      advertise_host=args.advertise_host, cache_dir=args.cache_dir)
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     sup.write_config()
-    results = sup.run()
+    try:
+        results = sup.run()
+    except SwarmError as exc:
+        log.error("swarm run failed: %s (logs in %s)", exc, run_dir)
+        return 1
     print(summary_table([results]))
     print(f"bytes sent by message type: {json.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}")
     print(f"results: {run_dir / 'throughput.json'}")

@@ -332,10 +332,10 @@ class Node:
     def _commit(self, meta: dict[str, Any]) -> None:
         if meta["epoch"] != self.epoch:
             return
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        self.step_s += time.perf_counter() - t0
+        self.step_s += time.thread_time() - t0  # CPU seconds
         self.version, self.grad_norm = meta["iteration"] + 1, self.pending_norm
         if self.id in meta.get("checkpoint_senders", []):
             self.send_checkpoint()
@@ -348,7 +348,7 @@ class Node:
         stats = self.transport.stats
         return {"sent_bytes": stats["sent_bytes"], "sent_messages": stats["sent_messages"],
                 "dropped_malformed": stats["dropped_malformed"], "bad_messages": self.bad_messages,
-                "compute": {**self.worker.compute, "step_s": self.step_s}, "version": self.version}
+                "compute": {**self.worker.compute, "step_cpu_s": self.step_s}, "version": self.version}
 
     # ------------------------------------------------------------------ weights and checkpoints
 

@@ -40,6 +40,7 @@ class Results:
         self.aborts = 0
         self.rollback_bytes = 0
         self.current_iteration = -1
+        self.vocab_size: int | None = None
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -112,7 +113,7 @@ class Results:
             "loss_curve": [[r["iteration"], r["loss"]] for r in self.rows],
             "iterations": self.rows, "node_compute": self.compute(),
             "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
-            "config": self.cfg.to_json(),
+            "vocab_size": self.vocab_size, "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "throughput.json").write_text(json.dumps(out, indent=1))

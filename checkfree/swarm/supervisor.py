@@ -118,6 +118,7 @@ class Supervisor:
         self.stored: dict[int, set[int]] = {}
         self.inbox: dict[str, dict[int, dict[str, Any]]] = {}
         self.results = Results(cfg, setting, iterations)
+        self.results.vocab_size = vocab_size
 
     # ------------------------------------------------------------------ public
 
@@ -369,6 +370,8 @@ class Supervisor:
                 phase = "commit"
             elif phase == "commit" and set(alive) <= set(got.get("committed", {})):
                 self.results.iteration(it, epoch, got["iteration_end"], got["ready"], members)
+                row = self.results.rows[-1]
+                log.info("supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"])
                 return True
             if got.get("stalled"):
                 return self._retry(epoch, it, f"stalled: {next(iter(got['stalled'].values()))['reason']}")

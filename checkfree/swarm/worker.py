@@ -71,7 +71,8 @@ def make_batches(cfg: Config, data: str, rank: int, world: int, vocab_size: int,
 class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 
-    ``compute`` accumulates seconds spent in forward, backward and step (for benchmarks/bench_swarm.py).
+    ``compute`` accumulates wall and CPU seconds (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
+    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py).
     """
 
     def __init__(self, module: nn.Module, stage: int) -> None:
@@ -80,7 +81,9 @@ class StageWorker:
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
-        self.compute = {"forward_s": 0.0, "backward_s": 0.0, "forward_n": 0, "backward_n": 0}
+        self.compute = {"forward_s": 0.0, "backward_s": 0.0, "forward_cpu_s": 0.0, "backward_cpu_s": 0.0,
+                        "forward_n": 0, "backward_n": 0}
+        self._cpu0 = 0.0
 
     def reset(self) -> None:
         """Drop every saved activation and accumulated gradient (an aborted or finished attempt)."""
@@ -90,7 +93,7 @@ class StageWorker:
 
     def forward(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
         """Transformer stage: (B, T, d) → (B, T, d); keeps the graph for the backward."""
-        t0 = time.perf_counter()
+        t0 = self._start()
         x = x.requires_grad_()
         with torch.enable_grad():
             y = self.module(x)
@@ -103,7 +106,7 @@ class StageWorker:
         saved = self.saved.pop(key, None)
         if saved is None:
             return None
-        t0 = time.perf_counter()
+        t0 = self._start()
         x, y = saved
         y.backward(grad)
         self.microbatches += 1
@@ -114,7 +117,7 @@ class StageWorker:
 
     def embed(self, key: tuple[int, int], ids: torch.Tensor) -> torch.Tensor:
         """Stage 0: input ids (B, T) → hidden (B, T, d); keeps the graph."""
-        t0 = time.perf_counter()
+        t0 = self._start()
         with torch.enable_grad():
             h = self.module.embed(ids)
         self.saved[key] = (ids, h)
@@ -123,7 +126,7 @@ class StageWorker:
 
     def head_loss(self, h: torch.Tensor, labels: torch.Tensor, mb_count: int) -> tuple[float, torch.Tensor]:
         """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count."""
-        t0 = time.perf_counter()
+        t0 = self._start()
         h = h.requires_grad_()
         with torch.enable_grad():
             logits = self.module.head(h)  # (B, T, V)
@@ -137,7 +140,7 @@ class StageWorker:
         saved = self.saved.pop(key, None)
         if saved is None:
             return False
-        t0 = time.perf_counter()
+        t0 = self._start()
         saved[1].backward(grad)
         self.microbatches += 1
         self._count("backward", t0)
@@ -145,4 +148,10 @@ class StageWorker:
 
     def _count(self, what: str, t0: float) -> None:
         self.compute[f"{what}_s"] += time.perf_counter() - t0
+        cpu = time.thread_time()
+        self.compute[f"{what}_cpu_s"] += cpu - self._cpu0
         self.compute[f"{what}_n"] += 1
+
+    def _start(self) -> float:
+        self._cpu0 = time.thread_time()
+        return time.perf_counter()

@@ -1,0 +1,152 @@
+"""Swarm efficiency: measured no-failure iteration time / a bound from compute + emulated transfers (target <= 1.2).
+
+Runs a no-failure swarm (default configs/swarm_tiny.json: 5 stages x 2 replicas at the paper's geo
+locations, real WAN time) and reads back, from its throughput.json, the iteration times and every node's
+measured compute (CPU seconds per microbatch forward / backward, per optimizer step: the cost on a free core, which the
+wall time on a shared 2-core machine would overstate). The bound replays one
+iteration as a discrete-event schedule with exactly those compute times and the netem link model
+(latency + bytes / bandwidth, FIFO per directed node pair): every node is a serial worker, each pipeline
+keeps at most ``in_flight`` microbatches out, then the replicas of each stage exchange gradients and step.
+It assumes one free core per node and no software overhead, so it is what this protocol could reach on
+this network; the ratio measured / bound is the implementation's overhead (Python, ZeroMQ, scheduling on
+a shared 2-core machine). Iterations 0-1 (warm-up) are left out of the measured mean.
+
+    .venv/bin/python benchmarks/bench_swarm.py [--config configs/swarm_tiny.json] [--iterations 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import math
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from checkfree.pipeline import stage_order
+from checkfree.swarm.config import SwarmConfig, load_swarm_config, route
+from checkfree.swarm.netem import NetEm
+
+HEADER_BYTES = 400
+"""Wire overhead of a FORWARD/BACKWARD message beyond its tensor (header, meta with the route), bytes."""
+
+
+def _per_op(compute: dict[str, float], what: str) -> float:
+    """CPU seconds per op (the cost on a free core); wall seconds for runs recorded before CPU timing."""
+    n = compute.get(f"{what}_n", 0)
+    return compute.get(f"{what}_cpu_s", compute[f"{what}_s"]) / n if n else 0.0
+
+
+def iteration_bound(cfg: SwarmConfig, compute: dict[int, dict[str, float]], grad_bytes: dict[int, int],
+                    swaps: bool = False) -> dict[str, float]:
+    """Seconds of one iteration on an ideal machine with this network and these compute times."""
+    net = NetEm(cfg.location_table(), cfg.geo(), time_scale=1.0, clock=lambda: 0.0)
+    m = cfg.model
+    act = m.batch_size * m.seq_l * m.dmodel * 4 + HEADER_BYTES
+    members = {s: [s * cfg.replicas + r for r in range(cfg.replicas)] for s in range(cfg.n_stages + 1)}
+    fwd = {n: _per_op(c, "forward") for n, c in compute.items()}
+    bwd = {n: _per_op(c, "backward") for n, c in compute.items()}
+    free: dict[int, float] = {}  # node -> when its worker is free
+    events: list = []
+    seq = itertools.count()
+    done: dict[int, float] = {}
+
+    def run_on(node: int, at: float, seconds: float) -> float:
+        start = max(at, free.get(node, 0.0))
+        free[node] = start + seconds
+        return free[node]
+
+    def send(src: int, dst: int, at: float, then) -> None:
+        heapq.heappush(events, (net.reserve(src, dst, act, at), next(seq), then))
+
+    def start_mb(p: int, mb: int, at: float) -> None:
+        path = route(p, members, cfg.n_stages, stage_order(mb, cfg.n_stages, swaps))
+        t = run_on(path[0], at, fwd[path[0]])
+        send(path[0], path[1], t, lambda t, path=path, mb=mb, p=p: forward(p, mb, path, 1, t))
+
+    def forward(p: int, mb: int, path: list[int], pos: int, at: float) -> None:
+        if pos == len(path):  # head + loss on stage 0 (counted as one of its two backward ops)
+            t = run_on(path[0], at, bwd[path[0]])
+            send(path[0], path[-1], t, lambda t: backward(p, mb, path, len(path) - 1, t))
+            return
+        t = run_on(path[pos], at, fwd[path[pos]])
+        nxt = path[(pos + 1) % len(path)]
+        send(path[pos], nxt, t, lambda t: forward(p, mb, path, pos + 1, t))
+
+    def backward(p: int, mb: int, path: list[int], pos: int, at: float) -> None:
+        t = run_on(path[pos], at, bwd[path[pos]])
+        if pos == 0:
+            done[p] = t
+            nxt = next_mb[p]
+            if nxt < cfg.mb_count:
+                next_mb[p] += 1
+                start_mb(p, nxt, t)
+            return
+        send(path[pos], path[pos - 1], t, lambda t: backward(p, mb, path, pos - 1, t))
+
+    next_mb = dict.fromkeys(range(cfg.replicas), 0)
+    for p in range(cfg.replicas):
+        for mb in range(min(cfg.in_flight, cfg.mb_count)):
+            next_mb[p] += 1
+            start_mb(p, mb, 0.0)
+    while events:
+        t, _, then = heapq.heappop(events)
+        then(t)
+    pipeline_s = max(done.values())
+    dp_s = 0.0
+    for s, ids in members.items():
+        for a, b in itertools.permutations(ids, 2):
+            dp_s = max(dp_s, net.link(a, b).spec.transfer_time(grad_bytes[s]))
+    step_s = max(c.get("step_cpu_s", c.get("step_s", 0.0)) / max(1, c.get("iterations", 1)) for c in compute.values())
+    return {"pipeline_s": pipeline_s, "dp_exchange_s": dp_s, "step_s": step_s,
+            "bound_s": pipeline_s + dp_s + step_s}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="swarm_tiny.json", help="swarm config (configs/)")
+    parser.add_argument("--iterations", type=int, default=20, help="no-failure iterations to time")
+    parser.add_argument("--from-run", type=Path, help="use an existing no_failure run directory instead of running")
+    args = parser.parse_args(argv)
+    cfg = load_swarm_config(args.config)
+    if args.from_run is None:
+        from checkfree.swarm.cli import _vocab_size
+        from checkfree.swarm.supervisor import Supervisor
+
+        run_dir = Path(tempfile.mkdtemp(prefix="bench_swarm_"))
+        Supervisor(cfg, "no_failure", {}, args.iterations, run_dir, _vocab_size(cfg, None)).run()
+    else:
+        run_dir = args.from_run
+    res = json.loads((run_dir / "throughput.json").read_text())
+    executed = len(res["iterations"])
+    compute = {int(n): {**c, "iterations": executed} for n, c in res["node_compute"].items()}
+    from checkfree.swarm.worker import build_stage
+
+    grad_bytes = {s: sum(p.numel() * 4 + 80 for p in build_stage(cfg.model, s, res_vocab(res), 0).parameters())
+                  for s in (0, 1)}
+    grad_bytes.update({s: grad_bytes[1] for s in range(2, cfg.n_stages + 1)})
+    bound = iteration_bound(cfg, compute, grad_bytes)
+    walls = [r["wall_s"] for r in res["iterations"][2:]] or [r["wall_s"] for r in res["iterations"]]
+    measured = statistics.mean(walls)
+    fwd = statistics.median(_per_op(c, "forward") for c in compute.values())
+    print(f"swarm: {cfg.n_nodes} nodes ({cfg.n_stages + 1} stages x {cfg.replicas}), {cfg.mb_count} microbatches, "
+          f"{cfg.in_flight} in flight, time_scale {cfg.time_scale}, run {run_dir}")
+    print(f"measured compute: median forward {fwd * 1e3:.1f} ms per microbatch per node, step "
+          f"{bound['step_s'] * 1e3:.1f} ms")
+    print(f"bound: pipeline {bound['pipeline_s']:.3f} s + DP gradient exchange {bound['dp_exchange_s']:.3f} s + "
+          f"step {bound['step_s']:.3f} s = {bound['bound_s']:.3f} s")
+    print(f"measured no-failure iteration time (mean of {len(walls)}): {measured:.3f} s")
+    ratio = measured / bound["bound_s"] if bound["bound_s"] > 0 else math.inf
+    print(f"iteration time / bound = {ratio:.2f} (target <= 1.2)")
+    return 0
+
+
+def res_vocab(res: dict) -> int:
+    return int(res.get("vocab_size") or res["config"]["model"]["vocab_size"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
