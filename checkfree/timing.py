@@ -142,17 +142,20 @@ def implied_iteration_seconds(rate_percent_per_hour: float, p_iter: float) -> fl
 
 
 def redundant_ratio(forward_seconds_per_microbatch: float | None, mb_count: int,
-                    compute_seconds: float | None) -> tuple[float, str]:
+                    compute_seconds: float | None, n_stages: int = 1) -> tuple[float, str]:
     """Iteration-time ratio of redundant computation and where it came from.
 
-    Measured: ``1 + mb_count · redundant forward seconds per microbatch / compute seconds per iteration`` (every
-    stage also runs its successor's forward on each microbatch). Otherwise the paper's 151.04 / 91.32.
+    Measured: ``1 + S · mb_count · f / C`` with f the redundant forward seconds per microbatch of the slowest
+    stage (Bamboo: every stage also runs its successor's forward on each microbatch) and C the measured compute
+    seconds of one iteration through all stages, one after the other, as the simulator runs them. In a balanced
+    pipeline the S stages work in parallel, so the extra work S·mb·f over the total C is each stage's extra time
+    over its own. Otherwise the paper's 151.04 s / 91.32 s (which also includes Bamboo's halved microbatches).
     """
     if (forward_seconds_per_microbatch is not None and compute_seconds and compute_seconds > 0
             and forward_seconds_per_microbatch >= 0):
-        ratio = 1.0 + mb_count * forward_seconds_per_microbatch / compute_seconds
-        return ratio, (f"measured: {mb_count} × {forward_seconds_per_microbatch:.4g} s redundant forward / "
-                       f"{compute_seconds:.4g} s compute")
+        ratio = 1.0 + n_stages * mb_count * forward_seconds_per_microbatch / compute_seconds
+        return ratio, (f"measured: {n_stages} stages × {mb_count} microbatches × {forward_seconds_per_microbatch:.4g} s "
+                       f"redundant forward / {compute_seconds:.4g} s compute per iteration")
     return PAPER_REDUNDANT_RATIO, (f"paper: {PAPER_REDUNDANT_ITERATION_SECONDS} s / {PAPER_ITERATION_SECONDS} s "
                                    "(no measured redundant forward time)")
 
@@ -173,6 +176,8 @@ class RunCosts:
 
     strategy: str
     mb_count: int = 1
+    n_stages: int = 1
+    """Transformer stages S (for the redundant-computation ratio)."""
     iterations: int = 0
     """Wall-clock iterations run (rolled-back iterations included)."""
     compute_seconds: list[float] = field(default_factory=list)
@@ -199,11 +204,11 @@ class RunCosts:
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], summary: Mapping[str, Any] | None = None,
-                     mb_count: int = 1) -> RunCosts:
+                     mb_count: int = 1, n_stages: int = 1) -> RunCosts:
         """Collect the costs from metrics records (the metrics contract; missing fields count as 0)."""
         summary = summary or {}
         stats = summary.get("strategy_stats") or {}
-        costs = cls(strategy=str(summary.get("strategy", "")), mb_count=mb_count)
+        costs = cls(strategy=str(summary.get("strategy", "")), mb_count=mb_count, n_stages=n_stages)
         max_iter = -1
         for r in records:
             kind, it = r.get("kind"), int(_num(r.get("iteration"), -1))
@@ -334,7 +339,8 @@ class TimingModel:
         ratio, ratio_src = 1.0, ""
         if costs.strategy == "redundant":
             ratio, ratio_src = redundant_ratio(costs.redundant_forward_seconds_per_microbatch, costs.mb_count,
-                                               self.baseline_compute_seconds or costs.median_compute_seconds)
+                                               self.baseline_compute_seconds or costs.median_compute_seconds,
+                                               costs.n_stages)
         events = [(float(i), self.recovery_seconds, "recovery") for i, _ in costs.recoveries]
         events += [(float(i), s, "save_stall") for i, s in costs.save_stalls]
         events += [(float(i), s, "snapshot_stall") for i, s in costs.snapshot_stalls]

@@ -78,7 +78,7 @@ def test_implied_iteration_seconds_inverts_the_failures_conversion():
 
 # ------------------------------------------------------------------------------------------ the clock
 def _costs(strategy="checkfree", **kw) -> RunCosts:
-    return RunCosts(strategy=strategy, mb_count=4, iterations=30, **kw)
+    return RunCosts(strategy=strategy, mb_count=4, n_stages=4, iterations=30, **kw)
 
 
 def test_timeline_adds_recoveries_and_stalls_before_the_position():
@@ -101,8 +101,8 @@ def test_redundant_pays_the_paper_ratio_or_the_measured_one():
     assert paper.iteration_seconds == pytest.approx(151.04)
     assert "paper" in paper.ratio_source
     model.baseline_compute_seconds = 1.0
-    measured = model.timeline(_costs("redundant", redundant_forward_seconds_per_microbatch=0.05))
-    assert measured.ratio == pytest.approx(1.2)  # 1 + 4 microbatches · 0.05 s / 1 s
+    measured = model.timeline(_costs("redundant", redundant_forward_seconds_per_microbatch=0.0125))
+    assert measured.ratio == pytest.approx(1.2)  # 1 + 4 stages · 4 microbatches · 0.0125 s / 1 s
     assert "measured" in measured.ratio_source
     assert model.timeline(_costs("checkfree")).iteration_seconds == pytest.approx(91.32)
     assert redundant_ratio(None, 4, 1.0)[0] == pytest.approx(PAPER_REDUNDANT_RATIO)

@@ -160,7 +160,8 @@ class Run:
 
     def costs(self) -> RunCosts:
         summary = dict(self.summary, strategy=self.strategy, iterations=self.iterations)
-        return RunCosts.from_records(self.records, summary, mb_count=self.mb_count)
+        return RunCosts.from_records(self.records, summary, mb_count=self.mb_count,
+                                     n_stages=int(self.config.get("n_stages", 1) or 1))
 
 
 @dataclass
