@@ -137,3 +137,21 @@ def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) 
     assert final["dropped_malformed"] == len(_hostile())
     assert final["bad_messages"] == len(_nonsense())
     assert all(math.isfinite(loss) for _, loss in result["loss_curve"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path) -> None:
+    from checkfree.swarm.launcher import run_launcher
+
+    cfg = _config(tmp_path, replicas=1)
+    # this "machine" hosts nodes 0-1; the launcher (the other "machine") hosts 2-3, and node 2 crashes there
+    sup = Supervisor(cfg, "ours", {2: [2]}, iterations=5, run_dir=tmp_path / "a", vocab_size=300, start=0, end=2)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
+    thread.start()
+    assert run_launcher(sup.address, 2, 4, tmp_path / "b") == 0
+    thread.join(timeout=60)
+    assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
+    assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["sources"] == [1, 3]
+    assert sorted(p.name for p in (tmp_path / "b").glob("node*.log")) == ["node2.log", "node3.log", "node5.log"]

@@ -46,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="interface the supervisor and nodes listen on (0.0.0.0 for a multi-machine swarm)")
     r.add_argument("--advertise-host", help="host name other machines dial (with --bind-host 0.0.0.0)")
     r.add_argument("--port", type=int, default=0, help="supervisor (bootstrap) port; 0 = any free port")
+    r.add_argument("--bootstrap", help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
+                                       "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)")
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
     r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
     r.add_argument("--replicas", type=int, help="override replicas per stage")
@@ -125,6 +127,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
+    if args.bootstrap:
+        from checkfree.swarm.launcher import run_launcher
+
+        return run_launcher(args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host,
+                            args.cache_dir)
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("checkfree").addHandler(handler)

@@ -42,6 +42,7 @@ from typing import Any
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.launcher import LAUNCHER_STAGE
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.results import Results
 from checkfree.swarm.strategies import make_recovery
@@ -70,6 +71,8 @@ class Slot:
         self.tries = 0
         self.deadline = float("inf")
         self.crash: dict[str, Any] | None = None
+        self.launcher: int | None = None
+        """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
 
 
 class Supervisor:
@@ -111,6 +114,8 @@ class Supervisor:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
         self.host = LocalHost(self.run_dir, self.address, bind_host, advertise_host, cache_dir)
         self.by_node: dict[int, Slot] = {}
+        self.launchers: set[int] = set()
+        self.t_created = time.monotonic()
         self.next_id = cfg.first_replacement_id
         self.epoch = 0
         self.deaths = 0
@@ -199,6 +204,12 @@ class Supervisor:
         if msg.type == MessageType.JOIN:
             self._on_join(msg)
             return
+        if msg.sender in self.launchers:
+            if msg.type == MessageType.CONTROL and msg.meta["command"] == "exited":
+                slot = self.by_node.get(int(msg.meta["node"]))
+                if slot is not None and slot.occupant == msg.meta["node"]:
+                    self._mark_dead(slot, f"process exited with code {msg.meta.get('code')}")
+            return
         slot = self.by_node.get(msg.sender)
         if slot is None or slot.occupant != msg.sender:
             log.info("supervisor: ignored a %s from unknown node %d", msg.type.name, msg.sender)
@@ -220,8 +231,22 @@ class Supervisor:
                     slot.version = int(msg.meta["version"])
                 self.inbox.setdefault(command, {})[msg.sender] = msg.meta
 
+    def _on_launcher(self, msg: Message) -> None:
+        """Another machine's launcher offers to host slots; start their initial nodes there."""
+        slots = [n for n in msg.meta.get("slots", []) if isinstance(n, int) and 0 <= n < self.cfg.n_nodes
+                 and not self.slots[n].local and self.slots[n].launcher is None]
+        self.launchers.add(msg.sender)
+        self.transport.connect(msg.sender, msg.meta["address"])
+        log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
+        for n in slots:
+            self.slots[n].launcher = msg.sender
+            self._spawn(self.slots[n], replacement=False)
+
     def _on_join(self, msg: Message) -> None:
         node, meta = msg.sender, msg.meta
+        if meta["stage"] == LAUNCHER_STAGE:
+            self._on_launcher(msg)
+            return
         slot = self.by_node.get(node)
         if slot is None and node < self.cfg.n_nodes and not self.slots[node].local:
             slot = self.slots[node]  # started by another machine's launcher
@@ -264,12 +289,20 @@ class Supervisor:
         slot.address, slot.serving, slot.dead = None, False, False
         slot.deadline = time.monotonic() + self.cfg.recovery_timeout
         self.by_node[slot.occupant] = slot
-        self.host.spawn(slot.occupant, slot.stage, slot.location, replacement)
+        if slot.local:
+            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement)
+        elif slot.launcher is not None:
+            self._send(slot.launcher, MessageType.CONTROL, {"command": "spawn", "node": slot.occupant,
+                                                            "stage": slot.stage, "location": slot.location,
+                                                            "replacement": replacement})
         if slot.crash is not None:
             slot.crash.update(replacement_node=slot.occupant, t_spawn=self.results.now())
 
     def _kill(self, slot: Slot, why: str) -> None:
-        self.host.kill(slot.occupant)
+        if slot.local:
+            self.host.kill(slot.occupant)
+        elif slot.launcher is not None:
+            self._send(slot.launcher, MessageType.CONTROL, {"command": "kill", "node": slot.occupant})
         self._mark_dead(slot, why)
 
     def _mark_dead(self, slot: Slot, why: str) -> None:
@@ -296,7 +329,7 @@ class Supervisor:
                 self._mark_dead(slot, f"process exited with code {exited}")
             elif slot.address is not None and slot.occupant in silent:
                 self._mark_dead(slot, f"silent for {self.cfg.peer_timeout:.1f} s")
-            elif not slot.serving and time.monotonic() > slot.deadline:
+            elif not slot.serving and time.monotonic() > slot.deadline and (slot.local or slot.launcher):
                 self._kill(slot, f"not serving within {self.cfg.recovery_timeout:.0f} s")
             elif slot.occupant in self.inbox.get("recovery_failed", {}):
                 self.inbox["recovery_failed"].pop(slot.occupant)
@@ -309,8 +342,12 @@ class Supervisor:
         while True:
             self._poll(0.02)
             self._check_deaths()
+            orphans = [s.slot for s in self.slots if not s.local and s.launcher is None]
+            if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
+                raise SwarmError(f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
+                                 f"them with run_throughput.sh START END ... --bootstrap {self.address}.")
             for slot in self._all_slots():
-                if slot.dead and slot.local:
+                if slot.dead and (slot.local or slot.launcher is not None):
                     if initial:
                         slot.crash = None  # an initial node that failed to start: a plain retry
                     self._spawn(slot, replacement=not initial and slot is not self.storage)
@@ -450,6 +487,8 @@ class Supervisor:
         if missing:
             log.warning("supervisor: no final stats from nodes %s", sorted(missing))
         self.results.finals = self.inbox.get("final", {})
+        for launcher in self.launchers:
+            self._send(launcher, MessageType.CONTROL, {"command": "shutdown"})
         self.host.wait_all(timeout=10.0)
 
     def write_config(self) -> None:
