@@ -100,12 +100,11 @@ def _formula_inputs(run: Run, forward_seconds: float | None) -> dict[str, Any] |
 
 
 def swarm_measurements(swarms: list[SwarmRun]) -> tuple[float | None, float | None]:
-    """Mean iteration seconds over the swarm runs' iterations and mean recovery latency (None when absent)."""
-    times = [t for s in swarms for t in s.iteration_times]
-    means = [m for s in swarms if (m := s.mean_iteration_seconds) is not None]
-    it = sum(times) / len(times) if times else (sum(means) / len(means) if means else None)
+    """Steady iteration seconds (mean over swarm runs, crash iterations left out since recoveries are added
+    separately) and mean crash → serving latency over every recovery; None when absent."""
+    steady = [m for s in swarms if (m := s.steady_iteration_seconds) is not None]
     lat = [x for s in swarms for x in s.recovery_latencies]
-    return it, (sum(lat) / len(lat) if lat else None)
+    return (sum(steady) / len(steady) if steady else None), (sum(lat) / len(lat) if lat else None)
 
 
 def timing_models(runs: list[Run], swarms: list[SwarmRun], opts: TimingOptions) -> dict[str, TimingModel]:

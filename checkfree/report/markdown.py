@@ -17,6 +17,13 @@ from checkfree.timing import (
 )
 
 
+def _num(value: object) -> float:
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+
+
 def _f(value: float, spec: str = ".4f") -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, spec)
 
@@ -103,19 +110,22 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
     body = []
     for s in swarms:
         times, lat = s.iteration_times, s.recovery_latencies
-        mean = s.mean_iteration_seconds
+        mean, steady = s.mean_iteration_seconds, s.steady_iteration_seconds
         total_bytes = sum(s.bytes_by_type.values())
         body.append([s.name, s.setting, str(s.rate if s.rate is not None else "—"), str(s.iterations or "—"),
-                     _f(mean, ".3f"), _f(statistics.median(times), ".3f") if times else "—",
+                     _f(mean, ".3f"), _f(steady, ".3f"), _f(statistics.median(times), ".3f") if times else "—",
                      _f(s.tokens_per_second, ".1f") if s.tokens_per_second is not None else "—",
                      str(len(s.recoveries)), _f(sum(lat) / len(lat), ".2f") if lat else "—",
                      _f(max(lat), ".2f") if lat else "—", f"{total_bytes / 2**20:.1f}" if total_bytes else "—"])
     lines = ["## Swarm runs (throughput experiment)", ""]
-    lines += _table(["run", "setting", "rate", "iterations", "mean iteration s", "median iteration s", "tokens/s",
+    lines += _table(["run", "setting", "rate", "iterations", "mean iteration s", "steady iteration s",
+                     "median iteration s", "tokens/s",
                      "crashes/recoveries", "mean crash→serving s", "max crash→serving s", "MiB sent"], body)
     lines.append("")
     for s in swarms:
-        detail = [f"{r.get('node', '?')}/stage {r.get('stage', '?')} from {r.get('sources', r.get('source_peers', '?'))}"
+        detail = [f"node {r.get('node', '?')} (stage {r.get('stage', '?')}, iteration {r.get('iteration', '?')}) "
+                  f"→ {r.get('rule', '?')} from {r.get('sources', r.get('source_peers', '?'))}, "
+                  f"{_f(_num(r.get('latency_s', r.get('latency_seconds'))), '.2f')} s, {r.get('bytes', '?')} B"
                   for r in s.recoveries]
         if detail:
             lines.append(f"- {s.name} recoveries: " + "; ".join(detail))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -192,22 +193,40 @@ class SwarmRun:
 
     @property
     def iteration_times(self) -> list[float]:
+        """Per-iteration wall seconds (crash and recovery iterations included)."""
         raw = self._first("iteration_seconds", "iteration_times", "iteration_wall_seconds",
                           "per_iteration_seconds", "iteration_times_s")
+        if raw is None and isinstance(self.data.get("iterations"), list):
+            raw = self.data["iterations"]  # checkfree.swarm.results: rows with "wall_s"
         if isinstance(raw, dict):
             raw = list(raw.values())
         if isinstance(raw, list):
-            return [v for v in (_num(x.get("seconds") if isinstance(x, dict) else x) for x in raw)
-                    if math.isfinite(v) and v > 0]
+            values = (_num(next((x[k] for k in ("wall_s", "seconds", "wall_seconds") if k in x), None))
+                      if isinstance(x, dict) else _num(x) for x in raw)
+            return [v for v in values if math.isfinite(v) and v > 0]
         return []
 
     @property
     def mean_iteration_seconds(self) -> float | None:
+        """Mean of all iterations' wall seconds (recoveries included)."""
+        v = _num(self._first("mean_iteration_s", "mean_iteration_seconds", "iteration_time"))
+        if math.isfinite(v) and v > 0:
+            return v
+        times = self.iteration_times
+        return sum(times) / len(times) if times else None
+
+    @property
+    def steady_iteration_seconds(self) -> float | None:
+        """Iteration time without crash/recovery iterations (the timing model adds recoveries separately):
+        ``mean_iteration_s_without_crashes``, else the median per-iteration time, else the mean."""
+        v = _num(self._first("mean_iteration_s_without_crashes", "steady_iteration_seconds"))
+        if math.isfinite(v) and v > 0:
+            return v
         times = self.iteration_times
         if times:
-            return sum(times) / len(times)
-        v = _num(self._first("mean_iteration_seconds", "iteration_time", "mean_iteration_time"))
-        return v if math.isfinite(v) and v > 0 else None
+            return statistics.median(times)
+        v = _num(self._first("median_iteration_s"))
+        return v if math.isfinite(v) and v > 0 else self.mean_iteration_seconds
 
     @property
     def iterations(self) -> Any:
@@ -216,7 +235,7 @@ class SwarmRun:
 
     @property
     def tokens_per_second(self) -> float | None:
-        v = _num(self._first("tokens_per_second", "tokens_per_s", "tokens/s", "throughput_tokens_per_s"))
+        v = _num(self._first("tokens_per_s", "tokens_per_second", "tokens/s", "throughput_tokens_per_s"))
         return v if math.isfinite(v) else None
 
     @property
@@ -228,7 +247,7 @@ class SwarmRun:
     def recovery_latencies(self) -> list[float]:
         out = []
         for r in self.recoveries:
-            for k in ("latency_seconds", "crash_to_serving_seconds", "recovery_seconds", "seconds", "latency"):
+            for k in ("latency_s", "latency_seconds", "crash_to_serving_seconds", "recovery_seconds", "seconds"):
                 v = _num(r.get(k))
                 if math.isfinite(v):
                     out.append(v)
@@ -237,14 +256,14 @@ class SwarmRun:
 
     @property
     def bytes_by_type(self) -> dict[str, float]:
-        raw = self._first("bytes_by_type", "bytes_by_message_type", "bytes")
+        raw = self._first("bytes_sent_by_type", "bytes_by_type", "bytes_by_message_type", "bytes")
         if isinstance(raw, dict):
             return {str(k): _num(v) for k, v in raw.items() if math.isfinite(_num(v))}
         return {}
 
     def check(self) -> None:
         """Fill :attr:`missing` with the quantities the report looks for and could not find."""
-        checks = {"per-iteration wall times": self.mean_iteration_seconds is not None,
+        checks = {"per-iteration wall times": bool(self.iteration_times) or self.mean_iteration_seconds is not None,
                   "iterations completed": self.iterations is not None,
                   "tokens/s": self.tokens_per_second is not None,
                   "crashes/recoveries": self._first("recoveries", "crashes", "recovery") is not None,
