@@ -46,7 +46,7 @@ from checkfree.swarm.netem import NetEm
 from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery, Rollback
-from checkfree.swarm.strategies import make_recovery
+from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
 from checkfree.swarm.transport import Transport, TransportError
 from checkfree.swarm.worker import StageWorker, build_stage
 
@@ -116,8 +116,13 @@ class Node:
                 return 3
             self._setup(welcome.meta)
             if self.replacement:
-                self.task = Recovery(self, self.strategy.plan(self.stage, self._lost_stages(), self.cfg.n_stages),
-                                     welcome.meta.get("checkpoint_version", 0))
+                try:
+                    plan = self.strategy.plan(self.stage, self._lost_stages(), self.cfg.n_stages)
+                except RecoveryImpossible as exc:
+                    self.give_up(str(exc))
+                    time.sleep(0.5)  # let the report leave
+                    return 4
+                self.task = Recovery(self, plan, welcome.meta.get("checkpoint_version", 0))
                 self.task.start()
             else:
                 self._serve({"rule": "initial"})

@@ -45,7 +45,7 @@ from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_STAGE
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.results import Results
-from checkfree.swarm.strategies import make_recovery
+from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
 from checkfree.swarm.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -359,6 +359,11 @@ class Supervisor:
         if all(s.serving for s in self._all_slots()):
             return it
         lost = {s for s in range(self.cfg.n_stages + 1) if not self._members()[s]}
+        for stage in sorted(lost):
+            try:
+                self.strategy.plan(stage, lost, self.cfg.n_stages)
+            except RecoveryImpossible as exc:
+                raise SwarmError(str(exc)) from None
         pending = [dict(s.crash) for s in self.slots if s.crash is not None]
         self._wait_serving()
         if lost and self.strategy.rollback_on_stage_loss:
