@@ -1,6 +1,11 @@
 """Recovery strategies, picked by name from a registry (see :mod:`checkfree.recovery.base`)."""
 
-from checkfree.recovery import neighbours  # noqa: F401  (registers the neighbour-based strategies)
+from checkfree.recovery import (  # noqa: F401  (importing registers the strategies)
+    checkpoint,
+    ec_snapshot,
+    neighbours,
+    redundant,
+)
 from checkfree.recovery.base import (
     ALIASES,
     REGISTRY,
