@@ -157,10 +157,11 @@ def test_async_snapshot_never_sees_a_half_updated_state(tmp_path, monkeypatch):
     assert most[0] == 1
 
 
-def test_disk_modes_need_a_checkpoint_directory():
-    t = make_trainer(tiny_config(save_mode="sync"), "checkpoint")
-    with pytest.raises(ValueError, match="save mode 'sync' writes to disk"):
-        t.strategy.setup(t.state)
+def test_disk_modes_without_a_run_directory_use_a_temporary_one():
+    t = make_trainer(tiny_config(save_mode="sync", max_iterations=4), "checkpoint", ScriptedFailures({3: [1]}))
+    t.train()
+    root = t.strategy.writer.root
+    assert t.strategy.stats()["iterations_lost"] == 3 and not root.exists()
 
 
 def test_redundant_restores_the_pre_failure_state_exactly(tmp_path):

@@ -17,6 +17,7 @@ Only rank 0 writes to disk; every rank reads the same directory on a rollback (s
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,21 +49,25 @@ class SnapshotWriter:
 
     Args:
         mode: "sync" | "async" | "memory".
-        root: checkpoint directory for the disk modes (the universal format, loadable with ``--resume-from``).
+        root: checkpoint directory for the disk modes (the universal format, loadable with ``--resume-from``);
+            None: a temporary directory, deleted by :meth:`close` (library use without a run directory).
         keep: checkpoints kept on disk.
         sink: metrics sink (``write(kind, **fields)``).
         writes: False on ranks that do not write to disk (they skip disk-mode captures entirely).
 
     Raises:
-        ValueError: unknown mode, or a disk mode without ``root``.
+        ValueError: unknown mode.
     """
 
     def __init__(self, mode: str, root: Path | None, keep: int, sink: Any, writes: bool = True):
         if mode not in SAVE_MODES:
             raise ValueError(f"save mode {mode!r} is unknown; expected one of {list(SAVE_MODES)}.")
+        self._tmp: tempfile.TemporaryDirectory | None = None
         if mode != "memory" and root is None:
-            raise ValueError(f"save mode {mode!r} writes to disk but the run has no checkpoint directory; use "
-                             "save_mode 'memory' or give the trainer a checkpoint_dir.")
+            self._tmp = tempfile.TemporaryDirectory(prefix="checkfree-checkpoints-")
+            root = Path(self._tmp.name)
+            log.warning("save mode %s without a checkpoint directory: writing to %s (deleted at the end)", mode,
+                        root)
         self.mode, self.root, self.keep, self.sink, self.writes = mode, root, max(1, keep), sink, writes
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint")
         self._pending: _Save | None = None  # capture or flush in flight
@@ -193,6 +198,8 @@ class SnapshotWriter:
         """Finish any save in flight and stop the background threads."""
         self.wait()
         self._pool.shutdown(wait=True)
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     def stats(self) -> dict[str, Any]:
         """Save costs for summary.json."""
