@@ -166,7 +166,7 @@ def export_run(run_dir: Path, out: Path, checkpoint: Path | None = None, tokeniz
             raise ValueError(f"the exported model's logits differ from the staged model's by {diff:.3g} "
                              f"(> {VERIFY_TOLERANCE}); the export in {out} is wrong.")
     (out / PROVENANCE_FILE).write_text(json.dumps(info, indent=1, default=str))
-    log.info("exported %s (checkpoint %s, iteration %d) to %s", run_dir, Path(ckpt).name, snapshot.iteration, out)
+    log.debug("exported %s (checkpoint %s, iteration %d) to %s", run_dir, Path(ckpt).name, snapshot.iteration, out)
     return info
 
 
@@ -226,7 +226,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.set_defaults(func=cmd_generate)
 
 
+def _quiet_transformers() -> None:
+    """No weight-loading progress bars on the console (the CLI owns the output)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def cmd_export(args: argparse.Namespace) -> int:
+    _quiet_transformers()
     info = export_run(args.run_dir, args.out, args.checkpoint, args.tokenizer, args.verify)
     diff = info.get("verify_max_abs_logit_diff")
     print(f"exported {args.run_dir} (iteration {info['iteration']}) to {args.out}"
@@ -235,5 +243,6 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    _quiet_transformers()
     print(generate(args.model_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed))
     return 0

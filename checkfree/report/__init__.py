@@ -84,7 +84,7 @@ def build_report(run_dirs: list[Path], target_loss: float | str, out: Path,
     text = markdown.render(groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
-    log.info("report: %s (%d runs, %d swarm runs, %d skipped, %d plots)", report, len(runs), len(swarms),
+    log.debug("report: %s (%d runs, %d swarm runs, %d skipped, %d plots)", report, len(runs), len(swarms),
              len(skipped), len(pngs))
     return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target)
 
