@@ -16,7 +16,9 @@
 # Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time. On 2 idle
 # cores the small config trains at ≈1.8 s per iteration (its 1000 iterations take ≈30 min), so one run of 120
 # iterations + 7 validations + start-up ≈ 4–5 min and the whole benchmark ≈ 2.5 h (checkpoint/one redo rolled-back
-# iterations; redundant times an extra forward). Shared or busy cores stretch this proportionally.
+# iterations; redundant times an extra forward). Shared or busy cores stretch this proportionally. On a shared
+# machine run it with OMP_NUM_THREADS=1: measured here on the tiny config under a load of ≈8 on 2 cores, one thread
+# trained at ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
 #
 # The run length is fixed before any result is seen (long enough for several failures at 16 %/h: 4 stages ×
 # 120 iterations × p 0.008 ≈ 4 expected); nothing here is tuned to make an ordering come out.
