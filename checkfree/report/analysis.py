@@ -183,7 +183,7 @@ def rate_context(group: Group, model: TimingModel) -> str:
     if not (isinstance(p, float) and 0 < p < 1):
         return ""
     implied = hourly_rate(p, model.iteration_seconds)
-    text = f"p_iter {p:g} per stage per iteration is {implied:.3g} %/h at the modelled {model.iteration_seconds:.4g} s"
+    text = f"p_iter {p:g} per stage per iteration is {implied:.4g} %/h at the modelled {model.iteration_seconds:.4g} s"
     if math.isfinite(group.rate) and 0 < group.rate < 100:
         text += (f"; the nominal {group.rate:g} %/h corresponds to "
                  f"{implied_iteration_seconds(group.rate, p):.4g} s per iteration")
