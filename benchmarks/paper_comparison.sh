@@ -3,25 +3,27 @@
 # seed), plus the no-failure pair without/with CheckFree+ swaps (paper Fig. 4c); then the report, which states
 # whether the paper's orderings hold here (Fig. 2, Table 2, Fig. 4c) and shows the numbers where they do not.
 #
-# usage: benchmarks/paper_comparison.sh                  # full: small_config.json, ~2.5 h on 2 idle cores
+# usage: benchmarks/paper_comparison.sh                  # full: small_config.json, 32 runs of 100 iterations
 #        SMOKE=1 benchmarks/paper_comparison.sh          # minutes: tiny_config.json, 12 iterations per run
 #
 # Environment (defaults in brackets):
-#   CONFIG [small_config.json]   ITERATIONS [120]   EVAL_INTERVAL [20]   RATES ["5 10 16"]   SEED [0]
+#   CONFIG [small_config.json]   ITERATIONS [100]   EVAL_INTERVAL [20]   RATES ["5 10 16"]   SEED [0]
 #   STRATEGIES [random copy zero average checkfree checkfree_plus checkpoint one redundant ec_snapshot]
 #   OUT [runs/paper_comparison]  TARGET [auto = the no-failure run's validation loss at 75 % of training]
 #   SKIP_EXISTING [1: a run whose summary.json exists is not run again, so an interrupted benchmark resumes]
 #   REPORT_ARGS [extra arguments for `python -m checkfree report`, e.g. "--iteration-seconds 91.32"]
 #
-# Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time. On 2 idle
-# cores the small config trains at ≈1.8 s per iteration (its 1000 iterations take ≈30 min), so one run of 120
-# iterations + 7 validations + start-up ≈ 4–5 min and the whole benchmark ≈ 2.5 h (checkpoint/one redo rolled-back
-# iterations; redundant times an extra forward). Shared or busy cores stretch this proportionally. On a shared
-# machine run it with OMP_NUM_THREADS=1: measured here on the tiny config under a load of ≈8 on 2 cores, one thread
-# trained at ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
+# Length: with seed 0 the small config's failure draws (p_iter 0.002 / 0.004 / 0.008 per stage) give 2, 3 and 7
+# stage failures in 100 iterations at 5, 10 and 16 %/h (first at iteration 7, so the curves separate early); the
+# length was fixed from the failure schedule before any result was seen, and nothing here is tuned to make an
+# ordering come out.
 #
-# The run length is fixed before any result is seen (long enough for several failures at 16 %/h: 4 stages ×
-# 120 iterations × p 0.008 ≈ 4 expected); nothing here is tuned to make an ordering come out.
+# Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time; each run costs
+# ≈ 100 × t_iter + 6 validations (16 batches) + ≈20 s start-up, and checkpoint/one redo rolled-back iterations.
+# At the ≈1.8 s per iteration of 2 idle cores (the small config's 1000 iterations in ≈30 min) the whole benchmark
+# takes ≈2–2.5 h. Measured on this shared machine (load ≈7 on 2 cores, OMP_NUM_THREADS=1): ≈19 s per iteration,
+# i.e. ≈17 h. On a shared machine run it with OMP_NUM_THREADS=1: on the tiny config under that load, one thread
+# trained at ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -33,7 +35,7 @@ if [ -n "${SMOKE:-}" ] && [ "${SMOKE}" != 0 ]; then
   : "${CONFIG:=tiny_config.json}" "${ITERATIONS:=12}" "${EVAL_INTERVAL:=4}" "${OUT:=runs/paper_comparison_smoke}"
 fi
 CONFIG=${CONFIG:-small_config.json}
-ITERATIONS=${ITERATIONS:-120}
+ITERATIONS=${ITERATIONS:-100}
 EVAL_INTERVAL=${EVAL_INTERVAL:-20}
 RATES=${RATES:-"5 10 16"}
 SEED=${SEED:-0}
