@@ -201,6 +201,7 @@ def test_auto_target_and_swarm_timing(tmp_path):
     assert m.iteration_seconds == pytest.approx(12.0)  # the swarm's median iteration time (crash spike left out)
     text = res.report.read_text()
     assert "swarm measured: 12 s" in text and "swarm measured: 6 s per stage" in text
+    assert "Swarm runs averaged for T_iter (steady iterations, crashes left out): swarm (12 s)" in text
     assert "## Swarm runs" in text and "node 4 (stage 1, iteration 2) → checkfree from [3, 5], 6.00 s" in text
     assert "throughput.json lacks tokens/s, bytes by message type" in text
 

@@ -79,7 +79,7 @@ def cost_table(group: Group) -> list[str]:
                    "extra memory MiB"], body)
 
 
-def timing_section(models: dict[str, TimingModel]) -> list[str]:
+def timing_section(models: dict[str, TimingModel], swarms: list[SwarmRun] | None = None) -> list[str]:
     f = IterationTimeFormula()
     lines = ["## Timing model", "",
              "Simulated hours = wall-clock iterations × seconds per iteration + recovery seconds per recovered stage + "
@@ -90,6 +90,11 @@ def timing_section(models: dict[str, TimingModel]) -> list[str]:
     for config, m in models.items():
         lines += [f"- **{config}**: T_iter = {m.iteration_seconds:.4g} s — {m.iteration_source}.",
                   f"  Recovery: {m.recovery_seconds:.4g} s per stage — {m.recovery_source}."]
+    used = [f"{s.name} ({_f(s.steady_iteration_seconds, '.4g')} s)" for s in swarms or []
+            if s.steady_iteration_seconds is not None]
+    if used and any("swarm" in m.iteration_source for m in models.values()):
+        lines += ["", f"Swarm runs averaged for T_iter (steady iterations, crashes left out): {', '.join(used)}. "
+                  "When they trained another model than the simulator runs, give --iteration-seconds instead."]
     lines += ["", f"Formula constants (SPEC §5, the authors' estimate): backward factor {f.backward_factor}, waves "
               f"{f.waves}, {f.bytes_per_element:g} bytes per element, activations {f.activation_bandwidth_gib_s} "
               f"GiB/s, data parallel {f.dp_bandwidth_gib_s} GiB/s. Paper: {PAPER_ITERATION_SECONDS} s per iteration "
@@ -143,7 +148,7 @@ def render(groups: list[Group], models: dict[str, TimingModel], target: float, t
     lines = ["# CheckFree run report", "",
              f"{len(runs)} simulator run(s), {len(swarms)} swarm run(s), {len(skipped)} directory(ies) skipped. "
              f"Target validation loss **{target:.4f}** ({target_source}).", ""]
-    lines += timing_section(models)
+    lines += timing_section(models, swarms)
     for g in groups:
         m = models[g.config]
         lines += [f"## {g.title}", ""]
