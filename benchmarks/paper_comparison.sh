@@ -19,11 +19,13 @@
 # ordering come out.
 #
 # Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time; each run costs
-# ≈ 100 × t_iter + 6 validations (16 batches) + ≈20 s start-up, and checkpoint/one redo rolled-back iterations.
-# At the ≈1.8 s per iteration of 2 idle cores (the small config's 1000 iterations in ≈30 min) the whole benchmark
-# takes ≈2–2.5 h. Measured on this shared machine (load ≈7 on 2 cores, OMP_NUM_THREADS=1): ≈19 s per iteration,
-# i.e. ≈17 h. On a shared machine run it with OMP_NUM_THREADS=1: on the tiny config under that load, one thread
-# trained at ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
+# ≈ 100 × t_iter + 6 validations (16 batches each) + ≈20 s start-up; checkpoint/one also redo rolled-back
+# iterations. Measured on this 2-core machine: t_iter ≈ 7.5 s for the small config with OMP_NUM_THREADS=1 under a
+# light shared load (≈2.5), i.e. ≈13 min per run and ≈7 h in all; ≈19 s per iteration (≈17 h) under a load of ≈7.
+# Idle cores with two threads should be faster, but not the 2–3 h first aimed at: that would need ≈35 iterations,
+# too few failures (1–2 per run) for the curves to separate, so the length stays at 100; use ITERATIONS to trade.
+# On a shared machine run it with OMP_NUM_THREADS=1: on the tiny config under a load of ≈7, one thread trained at
+# ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
