@@ -7,8 +7,10 @@
 #        SMOKE=1 benchmarks/paper_comparison.sh          # minutes: tiny_config.json, 12 iterations per run
 #
 # Environment (defaults in brackets):
-#   CONFIG [small_config.json]   ITERATIONS [100]   EVAL_INTERVAL [20]   RATES ["5 10 16"]   SEED [0]
-#   STRATEGIES [random copy zero average checkfree checkfree_plus checkpoint one redundant ec_snapshot]
+#   CONFIG [small_config.json]   ITERATIONS [100]   EVAL_INTERVAL [20]   RATES ["16 10 5"]   SEED [0]
+#   STRATEGIES [random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot]
+#   (ordered so that the runs the paper's orderings need come first: a report of a benchmark still running,
+#   `python -m checkfree report OUT/runs --target-loss auto --out DIR`, judges what it can)
 #   OUT [runs/paper_comparison]  TARGET [auto = the no-failure run's validation loss at 75 % of training]
 #   SKIP_EXISTING [1: a run whose summary.json exists is not run again, so an interrupted benchmark resumes]
 #   REPORT_ARGS [extra arguments for `python -m checkfree report`, e.g. "--iteration-seconds 91.32"]
@@ -39,9 +41,9 @@ fi
 CONFIG=${CONFIG:-small_config.json}
 ITERATIONS=${ITERATIONS:-100}
 EVAL_INTERVAL=${EVAL_INTERVAL:-20}
-RATES=${RATES:-"5 10 16"}
+RATES=${RATES:-"16 10 5"}
 SEED=${SEED:-0}
-STRATEGIES=${STRATEGIES:-"random copy zero average checkfree checkfree_plus checkpoint one redundant ec_snapshot"}
+STRATEGIES=${STRATEGIES:-"random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot"}
 OUT=${OUT:-runs/paper_comparison}
 TARGET=${TARGET:-auto}
 SKIP_EXISTING=${SKIP_EXISTING:-1}
