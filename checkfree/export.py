@@ -197,11 +197,12 @@ def generate(model_dir: Path, prompt: str, max_new_tokens: int = 60, temperature
     if limit:
         ids = ids[:, -max(1, limit - max_new_tokens):]  # keep within the trained context
         max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
-    torch.manual_seed(seed)  # the CLI owns this process; generate() samples from the global generator
     sample = temperature > 0
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                         do_sample=sample, temperature=temperature if sample else None,
-                         top_k=top_k if sample else None, pad_token_id=tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):  # generate() samples from the global generator: seed a fork of it
+        torch.manual_seed(seed)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                             do_sample=sample, temperature=temperature if sample else None,
+                             top_k=top_k if sample else None, pad_token_id=tok.eos_token_id)
     return tok.decode(out[0], skip_special_tokens=True)
 
 
