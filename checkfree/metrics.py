@@ -4,7 +4,7 @@ Each record is written with a single ``write`` of a complete line and flushed, s
 leaves a file in which every line parses (at worst the last record is missing).
 
 Kinds written by the simulator (README: Outputs): "train", "eval", "failure", "recovery", "rollback",
-"checkpoint", "resume".
+"checkpoint", "snapshot", "resume".
 """
 
 from __future__ import annotations

@@ -237,7 +237,8 @@ class Trainer:
             last_loss = self.step()
             it = st.effective_iteration
             if self.ctx.progress is not None:
-                self.ctx.progress.update(1)
+                self.ctx.progress.n = it  # the training position: it goes back after a rollback
+                self.ctx.progress.refresh()
                 self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
             if it % cfg.log_interval == 0 or it == cfg.max_iterations:
                 log.info("iter %6d | loss %.4f | failures %d | recoveries %d", st.iteration, last_loss,
