@@ -21,13 +21,10 @@
 # ordering come out.
 #
 # Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time; each run costs
-# ≈ 100 × t_iter + 6 validations (16 batches each) + ≈20 s start-up; checkpoint/one also redo rolled-back
-# iterations. Measured on this 2-core machine: t_iter ≈ 7.5 s for the small config with OMP_NUM_THREADS=1 under a
-# light shared load (≈2.5), i.e. ≈13 min per run and ≈7 h in all; ≈19 s per iteration (≈17 h) under a load of ≈7.
-# Idle cores with two threads should be faster, but not the 2–3 h first aimed at: that would need ≈35 iterations,
-# too few failures (1–2 per run) for the curves to separate, so the length stays at 100; use ITERATIONS to trade.
-# On a shared machine run it with OMP_NUM_THREADS=1: on the tiny config under a load of ≈7, one thread trained at
-# ≈3 s per iteration and two threads at ≈20 s (oversubscribed threads wait on each other).
+# ≈ 100 × t_iter + 6 validations + ≈ 15 s start-up; checkpoint/one also redo rolled-back iterations. Measured on 2
+# idle cores: t_iter ≈ 1.85 s for the small config (d 256, 4 × 2 layers, 8 × 4 × 128 tokens), i.e. ≈ 4 min per run and
+# ≈ 2.2 h in all. On shared cores it is several times slower; run it with OMP_NUM_THREADS=1 there (on the tiny config
+# under a load of ≈ 7, one thread trained at ≈ 3 s per iteration and two threads at ≈ 20 s).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
