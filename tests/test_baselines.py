@@ -20,15 +20,6 @@ from helpers import ScriptedFailures, make_trainer, tiny_config
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one intra-op thread (two threads spin-wait on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def full_state(trainer, stages=None) -> list[torch.Tensor]:
     """Every parameter and Adam tensor (step included) of the given stages, cloned."""
     st = trainer.state

@@ -22,15 +22,6 @@ ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one intra-op thread (two threads spin-wait on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def trained(cfg, steps: int, **kw):
     t = make_trainer(cfg, "no_failure", ScriptedFailures(), **kw)
     for _ in range(steps):
