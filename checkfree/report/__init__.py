@@ -104,8 +104,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                    help="run directories (a directory of run directories stands for all of them)")
-    p.add_argument("--target-loss", required=True, type=_target,
-                   help="validation loss (nats) to reach, or 'auto' = the no_failure run's loss at 75%% of training")
+    p.add_argument("--target-loss", default="auto", type=_target,
+                   help="validation loss (nats) to reach, or 'auto' (default) = the no_failure run's loss at 75%% "
+                        "of training")
     p.add_argument("--out", required=True, type=Path, help="output directory for report.md and the PNGs")
     p.add_argument("--iteration-seconds", type=float,
                    help="T_iter (s) for every strategy (default: swarm measured, else the SPEC §5 formula)")
