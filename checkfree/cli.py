@@ -73,7 +73,8 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
-def _parse_sets(items: list[str]) -> dict:
+def parse_sets(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` items → {key: JSON value (or the raw string)}; raises ValueError when malformed."""
     import json
 
     out = {}
@@ -92,7 +93,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from checkfree.launch import SimulateOptions, plan_lines, run_simulation
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "set")}
-    opts = SimulateOptions(**fields, extra=_parse_sets(args.set))
+    opts = SimulateOptions(**fields, extra=parse_sets(args.set))
     if opts.dry_run:
         for line in plan_lines(opts):
             print(line)

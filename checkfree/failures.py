@@ -45,13 +45,7 @@ def _check_probability(probability: float, what: str = "per-iteration failure pr
         raise ValueError(f"{what} {probability!r} is invalid: expected a number in [0, 1).")
 
 
-def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: float) -> float:
-    """Probability that one stage fails during one iteration (SPEC §1).
-
-    ``p_iter = 1 − (1 − h/100) ** (T_iter / 3600)`` with h the stage failure rate in %/h and T_iter the
-    iteration time in seconds. Raises ValueError unless 0 ≤ h < 100 and T_iter > 0.
-    """
-    _check_rate(rate_percent_per_hour)
+def _check_iteration_seconds(iteration_seconds: float) -> None:
     if not (
         isinstance(iteration_seconds, (int, float))
         and iteration_seconds > 0
@@ -60,6 +54,16 @@ def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: f
         raise ValueError(
             f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds."
         )
+
+
+def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: float) -> float:
+    """Probability that one stage fails during one iteration (SPEC §1).
+
+    ``p_iter = 1 − (1 − h/100) ** (T_iter / 3600)`` with h the stage failure rate in %/h and T_iter the
+    iteration time in seconds. Raises ValueError unless 0 ≤ h < 100 and T_iter > 0.
+    """
+    _check_rate(rate_percent_per_hour)
+    _check_iteration_seconds(iteration_seconds)
     return 1.0 - (1.0 - rate_percent_per_hour / 100.0) ** (iteration_seconds / 3600.0)
 
 
@@ -69,14 +73,7 @@ def hourly_rate(p_iter: float, iteration_seconds: float) -> float:
     ``h = 100 · (1 − (1 − p_iter) ** (3600 / T_iter))``. Raises ValueError unless 0 ≤ p_iter < 1 and T_iter > 0.
     """
     _check_probability(p_iter)
-    if not (
-        isinstance(iteration_seconds, (int, float))
-        and iteration_seconds > 0
-        and math.isfinite(iteration_seconds)
-    ):
-        raise ValueError(
-            f"iteration time {iteration_seconds!r} s is invalid: expected a positive number of seconds."
-        )
+    _check_iteration_seconds(iteration_seconds)
     return 100.0 * (1.0 - (1.0 - p_iter) ** (3600.0 / iteration_seconds))
 
 

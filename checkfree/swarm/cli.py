@@ -65,14 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"time_scale": args.time_scale, "checkpoint_interval": args.checkpoint_interval,
                            "replicas": args.replicas, "data": args.data}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--set {item!r} is malformed; expected KEY=VALUE.")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+    from checkfree.cli import parse_sets
+
+    out.update(parse_sets(args.set))
     return out
 
 
