@@ -60,11 +60,13 @@ def test_route_prefers_the_pipelines_replica_and_falls_back_to_a_live_one() -> N
     ("ours-plus", 4, {4}, "copy", [3]),
     ("ours-plus", 3, {3}, "checkfree", [2, 4]),
     ("checkpoint", 3, {3}, "storage", [3]),
+    ("ours-plus", 0, {0}, "stage0_copy", [1, 4]),  # E from stage 1's copy, E⁻¹ from stage S's
+    ("ours-plus", 0, {0, 1}, "stage0_copy", [4]),  # E's holder lost too: E stays freshly initialised
 ])
 def test_recovery_plans(setting: str, stage: int, lost: set[int], rule: str, stages: list[int]) -> None:
     plan = make_recovery(setting).plan(stage, lost, 4)
     assert (plan.rule, plan.stages) == (rule, stages)
-    assert plan.fresh_lr_scale == (rule in ("checkfree", "copy"))
+    assert plan.fresh_lr_scale == (rule in ("checkfree", "copy", "stage0_copy"))
     assert plan.with_optimizer == (rule in ("replica", "storage"))
 
 
@@ -74,6 +76,9 @@ def test_settings_flags_and_impossible_recoveries() -> None:
     assert make_recovery("checkpoint").rollback_on_stage_loss
     with pytest.raises(RecoveryImpossible, match="stage 0"):
         make_recovery("ours").plan(0, {0}, 4)
+    plan = make_recovery("ours-plus").plan(0, {0, 1, 4}, 4)
+    assert (plan.stages, plan.parts) == ([], []) and "fresh init of ['embedding', 'head']" in plan.fallback
+    assert make_recovery("ours-plus").plan(0, {0}, 4).parts == ["embedding", "head"]
     with pytest.raises(ValueError, match="setting 'oursx' is unknown"):
         make_recovery("oursx")
 

@@ -23,14 +23,15 @@ from checkfree.swarm import weights as W
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
 from checkfree.swarm.supervisor import Supervisor
+from checkfree.swarm.worker import build_stage
 
 MODEL = {"dataset": "Shakespeare", "architecture": "LLaMa", "validation": 2, "dmodel": 32, "num_heads": 2,
          "n_layers_per_stage": 1, "n_stages": 3, "seq_l": 16, "batch_size": 4, "mb_count": 2, "lr_scale": 1.1,
          "max_iterations": 10, "lr": 3e-3, "vocab_size": 300, "seed": 0}
 
 
-def _config(tmp_path: Path, replicas: int, **extra: object):
-    (tmp_path / "model.json").write_text(json.dumps(MODEL))
+def _config(tmp_path: Path, replicas: int, model: dict | None = None, **extra: object):
+    (tmp_path / "model.json").write_text(json.dumps(MODEL | (model or {})))
     return swarm_config_from_dict({
         "model_config": str(tmp_path / "model.json"), "replicas": replicas, "microbatches": 4, "in_flight": 2,
         "time_scale": 0.02, "data": "synthetic", "heartbeat_interval": 0.2, "peer_timeout": 5.0,
@@ -82,6 +83,41 @@ def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_
     assert out["bytes_sent_by_type"]["WEIGHTS_RESPONSE"] > 0 and out["bytes_sent_by_type"]["GRADIENTS"] > 0
     logs = sorted(p.name for p in (tmp_path / "run").glob("node*.log"))
     assert len(logs) == 8 + 3 and (tmp_path / "run" / "throughput.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, replicas=1, model={"n_stages": 4}, crash_point=0.3)
+    # one pipeline, node i = stage i: node 0 is the only stage-0 node; it dies during iteration 3
+    checks: list[dict] = []
+
+    def on_recovered(sup: Supervisor, crashes: list[dict]) -> None:
+        for crash in crashes:
+            new = sup.fetch_weights(crash["replacement_node"], 0)
+            embedding = sup.fetch_weights(1, 0, part="embedding")
+            head = sup.fetch_weights(4, 0, part="head")
+            copies = _state(embedding) | _state(head)
+            got = _state(new)
+            assert got.keys() == copies.keys() and all(torch.equal(got[k], copies[k]) for k in got)
+            # the copies are the weights after the last committed step (iterations 0-2), not a fresh init
+            assert embedding.meta["version"] == head.meta["version"] == new.meta["version"] == 3
+            fresh = build_stage(sup.cfg.model, 0, 300, sup.cfg.init_seed).state_dict()
+            assert all(not torch.equal(got[k], fresh[k]) for k in ("embed_tokens.weight", "lm_head.weight"))
+            assert new.meta["lr"] == pytest.approx(MODEL["lr"] * MODEL["lr_scale"])  # fresh Adam (SPEC §3)
+            checks.append(crash)
+
+    sup = Supervisor(cfg, "ours-plus", {0: [3]}, iterations=6, run_dir=tmp_path / "run", vocab_size=300,
+                     on_recovered=on_recovered)
+    out = sup.run()
+    assert len(checks) == 1 and out["iterations_completed"] == 6 and out["recovered_count"] == 1
+    crash = out["crashes"][0]
+    assert (crash["stage"], crash["rule"], crash["parts"], crash["fallback"]) == (0, "stage0_copy",
+                                                                                   ["embedding", "head"], None)
+    assert crash["source_stages"] == [1, 4] and crash["sources"] == [1, 4]
+    assert out["bytes_sent_by_type"]["STAGE0_COPY"] > 0
+    assert [r["iteration"] for r in out["iterations"]] == list(range(6))
+    assert all(math.isfinite(loss) for _, loss in out["loss_curve"])
 
 
 def _hostile() -> dict[str, list[bytes]]:

@@ -104,6 +104,20 @@ def recovery_seed(seed: int, iteration: int, stage: int) -> int:
     return (seed * 1_000_003 + iteration * 10_007 + stage) % (2**63)
 
 
+STAGE0_EMBED_PREFIXES = ("embed_tokens.", "positions.")
+"""Stage-0 state-dict keys of the embedding E (token and, for GPT, position tables); every other key is E⁻¹."""
+
+
+def stage0_part(key: str) -> str:
+    """Which CheckFree+ copy holds stage-0 entry ``key``: "embedding" (E) or "head" (final norm + LM head, E⁻¹)."""
+    return "embedding" if key.startswith(STAGE0_EMBED_PREFIXES) else "head"
+
+
+def stage0_copy_holders(n_stages: int) -> dict[str, int]:
+    """CheckFree+ (paper §4.2, SPEC §3): stage 1 keeps a copy of E, stage S keeps a copy of E⁻¹."""
+    return {"embedding": 1, "head": n_stages}
+
+
 # ----------------------------------------------------------------------------------------------- strategies
 
 
@@ -255,7 +269,6 @@ class CheckFreePlus(CheckFree):
     name = "checkfree_plus"
     recovers_stage0 = True
     requires_swaps = True
-    _EMBED_PREFIXES = ("embed_tokens.", "positions.")
 
     def setup(self, state: TrainingState) -> None:
         self._stage0_copy = state.stage_state(0)
@@ -272,11 +285,11 @@ class CheckFreePlus(CheckFree):
         return super().rebuild(state, stage, left, right, failed)
 
     def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
-        holders = {"embedding": 1, "head": state.n_stages}
+        holders = stage0_copy_holders(state.n_stages)
         new = state.stages[0].state_dict()
         lost_parts = []
         for k in new:
-            part = "embedding" if k.startswith(self._EMBED_PREFIXES) else "head"
+            part = stage0_part(k)
             if holders[part] in failed:
                 lost_parts.append(part)
             else:
@@ -286,8 +299,7 @@ class CheckFreePlus(CheckFree):
             gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, 0))
             fresh = random_state(new, gen, self.cfg.init_std)
             for k in new:
-                part = "embedding" if k.startswith(self._EMBED_PREFIXES) else "head"
-                if part in lost_parts:
+                if stage0_part(k) in lost_parts:
                     new[k] = fresh[k]
             fallback = f"copy holder lost too: random init of {sorted(set(lost_parts))}"
         state.load_stage(0, new)

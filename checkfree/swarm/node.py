@@ -20,7 +20,9 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
    step (and, on checkpoint iterations, the designated replica ships weights + Adam state to storage) →
    ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
 4. **Serve weights** at any time: WEIGHTS_REQUEST → WEIGHTS_RESPONSE with the weights, the last gradient
-   norm, and (if asked) Adam's moments, step and lr.
+   norm, and (if asked) Adam's moments, step and lr. Under ``ours-plus`` stage 0 also pushes its embedding
+   and head to stages 1 and S after each step, and those serve the copies to a stage-0 replacement
+   (checkfree.swarm.stage0_copies).
 5. **Leave** on ``shutdown`` (final stats to the supervisor), or exit by itself when the supervisor has
    been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
 
@@ -46,6 +48,7 @@ from checkfree.swarm.netem import NetEm
 from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery, Rollback
+from checkfree.swarm.stage0_copies import Stage0Copies
 from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
 from checkfree.swarm.transport import Transport, TransportError
 from checkfree.swarm.worker import StageWorker, build_stage
@@ -99,6 +102,7 @@ class Node:
         self.bad_messages = 0
         self.step_s = 0.0
         self.task: Recovery | Rollback | None = None
+        self.stage0_copies = Stage0Copies(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -227,6 +231,7 @@ class Node:
             MessageType.FORWARD: self._on_pipeline, MessageType.BACKWARD: self._on_pipeline,
             MessageType.GRADIENTS: self._on_gradients, MessageType.WEIGHTS_REQUEST: self._on_weights_request,
             MessageType.WEIGHTS_RESPONSE: self._on_weights_response, MessageType.CONTROL: self._on_control,
+            MessageType.STAGE0_COPY: self.stage0_copies.on_copy,
         }.get(msg.type)
         if handler is None:
             return  # JOIN / LEAVE / ITERATION_END addressed to a node: nothing to do
@@ -283,6 +288,7 @@ class Node:
         self.worker.reset()
         self.grads_in.clear()
         self.sync_epoch = -1
+        self.stage0_copies.push()  # holders that joined since the last step
         if self.driver is not None:
             self.driver.begin()
         for msg in self._take_future(lambda m: m.meta.get("epoch") == self.epoch):
@@ -344,6 +350,7 @@ class Node:
         self.version, self.grad_norm = meta["iteration"] + 1, self.pending_norm
         if self.id in meta.get("checkpoint_senders", []):
             self.send_checkpoint()
+        self.stage0_copies.push()
         self.worker.reset()
         self.send(SUPERVISOR_ID, MessageType.CONTROL, self.iteration,
                   meta={"command": "committed", "epoch": self.epoch, **self.report()})
@@ -377,6 +384,9 @@ class Node:
             self.transport.connect(msg.sender, meta["address"])
             self.peers[msg.sender] = {"stage": -1, "location": meta.get("location"), "address": meta["address"]}
         reply = {"request": meta.get("request", ""), **self.weights_meta()}
+        if "part" in meta:  # a stage-0 replacement asks for the copy this node holds (CheckFree+)
+            self.stage0_copies.answer(msg, reply)
+            return
         if meta["stage"] != self.stage:
             self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta={**reply, "error": "wrong stage"})
             return

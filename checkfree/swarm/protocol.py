@@ -68,6 +68,7 @@ class MessageType(IntEnum):
     HEARTBEAT = 8  # liveness; consumed by the transport
     LEAVE = 9  # orderly departure
     CONTROL = 10  # supervisor <-> node commands, JSON meta only
+    STAGE0_COPY = 11  # CheckFree+: stage 0's embedding (to stage 1) or head (to stage S) after each step
 
 
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -95,6 +96,7 @@ REQUIRED_META: dict[MessageType, dict[str, type]] = {
     MessageType.HEARTBEAT: {},
     MessageType.LEAVE: {},
     MessageType.CONTROL: {"command": str},
+    MessageType.STAGE0_COPY: {"stage": int, "part": str, "version": int},
 }
 REQUIRED_TENSORS: dict[MessageType, frozenset[str]] = {
     MessageType.FORWARD: frozenset({"activations"}),

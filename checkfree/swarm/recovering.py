@@ -6,8 +6,10 @@ seconds; an error answer or a missed deadline moves the request to the next cand
 ``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
 and starts another replacement). The answers are combined with the shared recovery math
 (checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
-with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2). Neighbour rules get a fresh
-Adam at lr × lr_scale; replica and storage copies load the source's Adam moments, step and lr.
+with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2), and, for a lost stage 0 under
+CheckFree+, the embedding copy held by stage 1 merged with the head copy held by stage S (SPEC §3). Neighbour
+and stage-0-copy rules get a fresh Adam at lr × lr_scale; replica and storage copies load the source's Adam
+moments, step and lr.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.neighbours import copy_state, weighted_average
+from checkfree.recovery.neighbours import copy_state, stage0_part, weighted_average
 from checkfree.swarm import weights as W
 from checkfree.swarm.protocol import Message, MessageType
 from checkfree.swarm.strategies import RecoveryPlan
@@ -48,8 +50,12 @@ class Recovery:
             if not candidates:
                 node.give_up(f"no serving node of stage {stage} to recover from")
                 return
-            self.requests.append({"stage": stage, "candidates": candidates, "tries": 0, "response": None})
+            part = self.plan.parts[i] if self.plan.parts else None
+            self.requests.append({"stage": stage, "part": part, "candidates": candidates, "tries": 0,
+                                  "response": None})
             self._send(i)
+        if not self.requests:  # nothing to fetch (every stage-0 copy holder is lost too): fresh init
+            self._finish()
 
     def _send(self, i: int) -> None:
         req, node = self.requests[i], self.node
@@ -57,9 +63,11 @@ class Recovery:
         req["id"] = f"{node.id}:{i}:{req['tries']}"
         req["deadline"] = time.monotonic() + node.cfg.request_timeout
         req["tries"] += 1
-        node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta={
-            "stage": req["stage"], "optimizer": self.plan.with_optimizer, "request": req["id"],
-            "address": node.address, "location": node.location, "version": self.checkpoint_version})
+        meta = {"stage": req["stage"], "optimizer": self.plan.with_optimizer, "request": req["id"],
+                "address": node.address, "location": node.location, "version": self.checkpoint_version}
+        if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
+            meta.update(stage=0, part=req["part"])
+        node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
 
     def _retry(self, i: int, why: str) -> None:
         req = self.requests[i]
@@ -95,15 +103,18 @@ class Recovery:
         node, plan, cfg = self.node, self.plan, self.node.model_cfg
         answers = [r["response"] for r in self.requests]
         states = [W.split(m.tensors, "w") for m in answers]
-        for m, state in zip(answers, states, strict=True):
-            W.check_state(node.module, state, f"node {m.sender}")
         omegas = None
-        if plan.rule == "checkfree":
-            omegas = [checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
-                      for m in answers]
-            new = weighted_average(states[0], states[1], omegas[0], omegas[1])
+        if plan.rule == "stage0_copy":
+            new = self._merge_stage0_parts(answers, states)
         else:
-            new = copy_state(states[0])
+            for m, state in zip(answers, states, strict=True):
+                W.check_state(node.module, state, f"node {m.sender}")
+            if plan.rule == "checkfree":
+                omegas = [checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
+                          for m in answers]
+                new = weighted_average(states[0], states[1], omegas[0], omegas[1])
+            else:
+                new = copy_state(states[0])
         node.module.load_state_dict(new)
         if plan.with_optimizer:
             src = answers[0]
@@ -112,12 +123,31 @@ class Recovery:
         else:
             node.opt = W.make_optimizer(node.module, cfg.lr * cfg.lr_scale)
             node.grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
-        node.version = max(int(m.meta["version"]) for m in answers)
+        node.version = max((int(m.meta["version"]) for m in answers), default=node.version)
         return {"rule": plan.rule, "sources": [m.sender for m in answers], "source_stages": plan.stages,
+                "parts": plan.parts or None,
                 "omegas": omegas, "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
                 "fallback": plan.fallback, "lr": W.current_lr(node.opt), "version": node.version,
                 "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
                 "fetch_s": time.monotonic() - self.t0}
+
+    def _merge_stage0_parts(self, answers: list[Message], states: list[dict[str, Any]]) -> dict[str, Any]:
+        """Stage 0 from its copies: each answer must hold exactly its part's entries; a part with no holder
+        left keeps this node's fresh initialisation (the plan's fallback).
+
+        Raises:
+            ValueError: an answer's keys are not exactly its part's, or a shape or dtype does not fit.
+        """
+        own = self.node.module.state_dict()
+        new = copy_state(own)
+        for m, state, part in zip(answers, states, self.plan.parts, strict=True):
+            want = {k for k in own if stage0_part(k) == part}
+            if set(state) != want:
+                raise ValueError(f"stage-0 {part} copy from node {m.sender} has keys "
+                                 f"{sorted(set(state) ^ want)[:3]} wrong; expected exactly {sorted(want)}.")
+            new.update(copy_state(state))
+        W.check_state(self.node.module, new, f"nodes {[m.sender for m in answers]}")
+        return new
 
     def _finish(self) -> None:
         record = self._load()

@@ -70,6 +70,7 @@ class Results:
         t = self.now()
         out = {"t_serving": t, "latency_s": t - crash["t_crash"], "rule": record.get("rule"),
                "sources": record.get("sources"), "source_stages": record.get("source_stages"),
+               "parts": record.get("parts"),
                "omegas": record.get("omegas"), "fallback": record.get("fallback"),
                "bytes": record.get("bytes", 0), "fetch_s": record.get("fetch_s")}
         if "t_join" in crash:

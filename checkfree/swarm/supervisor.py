@@ -149,10 +149,12 @@ class Supervisor:
             self.host.reap_all()
             self.transport.close()
 
-    def fetch_weights(self, node: int, stage: int, timeout: float = 30.0) -> Message:
-        """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm); for tests."""
+    def fetch_weights(self, node: int, stage: int, timeout: float = 30.0, part: str | None = None) -> Message:
+        """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
+        the CheckFree+ copy of stage 0's "embedding" or "head" it holds; for tests."""
         rid = f"supervisor:{time.monotonic()}"
-        self._send(node, MessageType.WEIGHTS_REQUEST, {"stage": stage, "request": rid})
+        self._send(node, MessageType.WEIGHTS_REQUEST, {"stage": stage, "request": rid}
+                   | ({"part": part} if part else {}))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = self.transport.recv(0.05)
