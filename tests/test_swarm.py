@@ -8,10 +8,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from checkfree.config import ConfigError
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
+from checkfree.swarm.protocol import Message, MessageType
 from checkfree.swarm.results import Results, summary_table
+from checkfree.swarm.stage0_copies import Stage0Copies
 from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +84,70 @@ def test_settings_flags_and_impossible_recoveries() -> None:
     assert make_recovery("ours-plus").plan(0, {0}, 4).parts == ["embedding", "head"]
     with pytest.raises(ValueError, match="setting 'oursx' is unknown"):
         make_recovery("oursx")
+
+
+class _FakeNode:
+    """What Stage0Copies reads of a node: its stage, setting, members, peers; sends are recorded."""
+
+    def __init__(self, stage: int, setting: str = "ours-plus") -> None:
+        self.id, self.stage, self.strategy = 10 + stage, stage, make_recovery(setting)
+        self.cfg = SwarmConfig(model_config="tiny_config.json")  # 4 transformer stages
+        self.members, self.peers, self.sent = {0: [0], 1: [11], 4: [14]}, {0: {"stage": 0}}, []
+
+    def send(self, peer: int, mtype: MessageType, iteration: int = -1, microbatch: int = -1, meta=None,
+             tensors=None) -> None:
+        self.sent.append((peer, meta, tensors or {}))
+
+
+def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
+    return Message(MessageType.STAGE0_COPY, sender, 0, -1, {"stage": 0, "part": part, "version": version}, tensors)
+
+
+def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() -> None:
+    holder = Stage0Copies(_FakeNode(1))
+    emb = {"w.embed_tokens.weight": torch.ones(4, 2)}
+    holder.on_copy(_copy("embedding", 3, emb))
+    holder.on_copy(_copy("embedding", 2, {"w.embed_tokens.weight": torch.zeros(4, 2)}))  # older: ignored
+    assert holder.held["embedding"][0] == 3 and torch.equal(holder.held["embedding"][1]["embed_tokens.weight"],
+                                                            torch.ones(4, 2))
+    bad = {
+        "stage 1 holds the embedding, not the head": _copy("head", 4, {"w.lm_head.weight": torch.ones(4, 2)}),
+        "not a stage-0 node": _copy("embedding", 4, emb, sender=7),
+        "a head entry in an embedding copy": _copy("embedding", 4, {"w.lm_head.weight": torch.ones(4, 2)}),
+        "integer tensor": _copy("embedding", 4, {"w.embed_tokens.weight": torch.ones(4, 2, dtype=torch.int64)}),
+        "not named w.<key>": _copy("embedding", 4, {"embed_tokens.weight": torch.ones(4, 2)}),
+    }
+    for why, msg in bad.items():
+        with pytest.raises(ValueError):
+            holder.on_copy(msg)
+        assert holder.held["embedding"][0] == 3, why
+    with pytest.raises(ValueError, match="expected None"):  # CheckFree (ours) keeps no copies
+        Stage0Copies(_FakeNode(1, "ours")).on_copy(_copy("embedding", 1, emb))
+    # serving: the held copy, or an error when none is held
+    request = Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "embedding"})
+    holder.answer(request, {"request": "r"})
+    assert holder.node.sent[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.node.sent[-1][2]
+    empty = Stage0Copies(_FakeNode(4))
+    empty.answer(Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "head"}), {"request": "r"})
+    assert "holds no copy of the stage-0 'head'" in empty.node.sent[-1][1]["error"]
+
+
+def test_the_lowest_stage0_replica_pushes_each_version_once_per_holder() -> None:
+    node = _FakeNode(0)
+    node.id, node.members[0], node.serving, node.version, node.iteration = 0, [0, 5], True, 7, 6
+    node.module = torch.nn.ModuleDict({"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)})
+    copies = Stage0Copies(node)
+    copies.push()
+    assert {(peer, meta["part"], meta["version"], tuple(sorted(t))) for peer, meta, t in node.sent} == {
+        (11, "embedding", 7, ("w.embed_tokens.weight",)), (14, "head", 7, ("w.norm.bias", "w.norm.weight"))}
+    copies.push()
+    assert len(node.sent) == 2  # this version is already there
+    node.members[1].append(12)  # a replacement joined stage 1
+    copies.push()
+    assert [peer for peer, _, _ in node.sent[2:]] == [12]
+    node.id = 5  # not the lowest-id replica of stage 0: it never pushes
+    Stage0Copies(node).push()
+    assert len(node.sent) == 3
 
 
 def test_results_file_and_table(tmp_path: Path) -> None:

@@ -140,6 +140,9 @@ def _nonsense() -> list[list[bytes]]:
         Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}),  # no epoch
         Message(MessageType.CONTROL, 99, meta={"command": "shutdown"}),  # commands come from the supervisor only
         Message(MessageType.GRADIENTS, 99, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
+        # a stage-0 copy under a setting that keeps none, from a node that does not serve stage 0
+        Message(MessageType.STAGE0_COPY, 99, 0, -1, {"stage": 0, "part": "embedding", "version": 1},
+                {"w.embed_tokens.weight": torch.zeros(300, 32)}),
     ]
     return [[bytes(f) for f in encode(m)] for m in msgs]
 
