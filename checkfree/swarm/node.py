@@ -12,11 +12,9 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
    ``max_attempts`` rounds the node reports ``recovery_failed`` and exits (the supervisor retries).
 3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration:
    ``begin`` (stage 0 starts its pipeline, see checkfree.swarm.worker) → every node forwards/backwards what
-   arrives → stage 0 sends ITERATION_END → ``sync``: each node sends its accumulated gradients (GRADIENTS)
-   to the other serving replicas of its stage, sums all of them in node-id order (bit-identical on every
-   replica) and divides by the number of pipelines that contributed (total microbatches / mb_count, = the
-   number of replicas when each replica serves one pipeline): **averaged, not summed**; records the
-   unclipped norm (CheckFree's ω, SPEC §2), clips to ``grad_clip`` and reports ``ready`` → ``commit``: Adam
+   arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
+   (checkfree.swarm.gradient_sync: node-id order, bit-identical on every replica, divided by the number of
+   pipelines), record the unclipped norm ω (SPEC §2), clip and report ``ready`` → ``commit``: Adam
    step (and, on checkpoint iterations, the designated replica ships weights + Adam state to storage) →
    ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
 4. **Serve weights** at any time: WEIGHTS_REQUEST → WEIGHTS_RESPONSE with the weights, the last gradient
@@ -41,9 +39,9 @@ from typing import Any
 
 import torch
 
-from checkfree.pipeline import clip_coefficient, grad_norm, scale_grads
 from checkfree.swarm import weights as W
 from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.gradient_sync import GradientSync
 from checkfree.swarm.netem import NetEm
 from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
@@ -93,9 +91,6 @@ class Node:
         self.epoch, self.iteration, self.version = -1, -1, 0
         self.members: dict[int, list[int]] = {}
         self.future: list[Message] = []
-        self.grads_in: dict[int, tuple[dict[str, torch.Tensor], int]] = {}
-        self.sync_epoch = -1
-        self.pending_norm = 1.0
         self.grad_norm = 1.0  # ω before any completed iteration (SPEC §2)
         self.serving = False
         self.done = False
@@ -103,6 +98,7 @@ class Node:
         self.step_s = 0.0
         self.task: Recovery | Rollback | None = None
         self.stage0_copies = Stage0Copies(self)
+        self.gradients = GradientSync(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,7 +225,7 @@ class Node:
         """Route one message; nonsense from a peer is logged and counted, never fatal."""
         handler = {
             MessageType.FORWARD: self._on_pipeline, MessageType.BACKWARD: self._on_pipeline,
-            MessageType.GRADIENTS: self._on_gradients, MessageType.WEIGHTS_REQUEST: self._on_weights_request,
+            MessageType.GRADIENTS: self.gradients.on_gradients, MessageType.WEIGHTS_REQUEST: self._on_weights_request,
             MessageType.WEIGHTS_RESPONSE: self._on_weights_response, MessageType.CONTROL: self._on_control,
             MessageType.STAGE0_COPY: self.stage0_copies.on_copy,
         }.get(msg.type)
@@ -242,7 +238,7 @@ class Node:
             log.warning("node %d: dropped a %s from %d that does not fit: %s: %s", self.id, msg.type.name,
                         msg.sender, type(exc).__name__, exc)
 
-    def _epoch_of(self, msg: Message) -> int | None:
+    def epoch_of(self, msg: Message) -> int | None:
         """The message's epoch; None (dropped) when stale, buffered when it is ahead of this node."""
         epoch = msg.meta["epoch"]
         if not isinstance(epoch, int):
@@ -256,7 +252,7 @@ class Node:
     # ------------------------------------------------------------------ pipeline and gradients
 
     def _on_pipeline(self, msg: Message) -> None:
-        if not self.serving or self._epoch_of(msg) is None:
+        if not self.serving or self.epoch_of(msg) is None:
             return
         route, pos, pipeline = msg.meta["route"], msg.meta["pos"], msg.meta["pipeline"]
         key = (int(pipeline), msg.microbatch)
@@ -286,8 +282,7 @@ class Node:
         self.epoch, self.iteration = meta["epoch"], meta["iteration"]
         self.members = {int(s): ids for s, ids in meta["members"].items()}
         self.worker.reset()
-        self.grads_in.clear()
-        self.sync_epoch = -1
+        self.gradients.reset()
         self.stage0_copies.push()  # holders that joined since the last step
         if self.driver is not None:
             self.driver.begin()
@@ -296,50 +291,6 @@ class Node:
         self.future = [m for m in self.future if not (isinstance(m.meta.get("epoch"), int)
                                                       and m.meta["epoch"] < self.epoch)]
 
-    def _replicas(self) -> list[int]:
-        return [n for n in self.members.get(self.stage, []) if n != self.id]
-
-    def _sync(self, meta: dict[str, Any]) -> None:
-        if meta["epoch"] != self.epoch:
-            return
-        self.sync_epoch = self.epoch
-        grads = W.grad_tensors(self.module)
-        for peer in self._replicas():
-            self.send(peer, MessageType.GRADIENTS, self.iteration, -1,
-                      {"epoch": self.epoch, "microbatches": self.worker.microbatches}, grads)
-        self._try_reduce()
-
-    def _on_gradients(self, msg: Message) -> None:
-        if self._epoch_of(msg) is None or msg.meta["stage"] != self.stage or msg.sender not in self._replicas():
-            return
-        grads = W.split(msg.tensors, "g")
-        for name, p in self.module.named_parameters():
-            if grads[name].shape != p.shape or grads[name].dtype != p.dtype:
-                raise ValueError(f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}")
-        self.grads_in[msg.sender] = (grads, int(msg.meta["microbatches"]))
-        self._try_reduce()
-
-    def _try_reduce(self) -> None:
-        """Average the replicas' gradients once all arrived (node-id order), norm, clip, report ready."""
-        if self.sync_epoch != self.epoch or not set(self._replicas()) <= set(self.grads_in):
-            return
-        own = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in self.module.named_parameters()}
-        parts = dict(self.grads_in) | {self.id: (own, self.worker.microbatches)}
-        total_mbs = sum(mbs for _, mbs in parts.values())
-        pipelines = max(total_mbs / self.cfg.mb_count, 1e-12) if total_mbs else 1.0
-        with torch.no_grad():
-            for name, p in self.module.named_parameters():
-                acc = torch.zeros_like(p)
-                for node in sorted(parts):
-                    acc += parts[node][0][name]
-                p.grad = acc / pipelines
-        self.pending_norm = grad_norm(self.module)
-        scale_grads(self.module, clip_coefficient(self.pending_norm, self.model_cfg.grad_clip))
-        self.sync_epoch = -1
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, self.iteration,
-                  meta={"command": "ready", "epoch": self.epoch, "grad_norm": self.pending_norm,
-                        "pipelines": pipelines})
-
     def _commit(self, meta: dict[str, Any]) -> None:
         if meta["epoch"] != self.epoch:
             return
@@ -347,7 +298,7 @@ class Node:
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step_s += time.thread_time() - t0  # CPU seconds
-        self.version, self.grad_norm = meta["iteration"] + 1, self.pending_norm
+        self.version, self.grad_norm = meta["iteration"] + 1, self.gradients.norm
         if self.id in meta.get("checkpoint_senders", []):
             self.send_checkpoint()
         self.stage0_copies.push()
@@ -422,14 +373,14 @@ class Node:
         elif command == "begin":
             self._begin(meta)
         elif command == "sync":
-            self._sync(meta)
+            if meta["epoch"] == self.epoch:
+                self.gradients.start()
         elif command == "commit":
             self._commit(meta)
         elif command == "abort":
             if meta["epoch"] == self.epoch:
                 self.worker.reset()
-                self.grads_in.clear()
-                self.sync_epoch = -1
+                self.gradients.reset()
                 if self.driver is not None:
                     self.driver.abort()
         elif command == "checkpoint":
