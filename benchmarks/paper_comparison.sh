@@ -22,9 +22,10 @@
 #
 # Runtime: 32 runs (10 strategies × 3 rates + 2 no-failure runs), world size 1, one run at a time; each run costs
 # ≈ 100 × t_iter + 6 validations + ≈ 15 s start-up; checkpoint/one also redo rolled-back iterations. Measured on 2
-# idle cores: t_iter ≈ 1.85 s for the small config (d 256, 4 × 2 layers, 8 × 4 × 128 tokens), i.e. ≈ 4 min per run and
-# ≈ 2.2 h in all. On shared cores it is several times slower; run it with OMP_NUM_THREADS=1 there (on the tiny config
-# under a load of ≈ 7, one thread trained at ≈ 3 s per iteration and two threads at ≈ 20 s).
+# idle cores (2026-11-21): t_iter ≈ 2.1 s for the small config (d 256, 4 × 2 layers, 8 × 4 × 128 tokens); runs took
+# 213–360 s, except checkpoint at 16 %/h (853 s: 268 iterations redone over 15 rollbacks); 32 runs = 8,377 s ≈ 2.3 h.
+# On shared cores it is several times slower; run it with OMP_NUM_THREADS=1 there (on the tiny config under a load
+# of ≈ 7, one thread trained at ≈ 3 s per iteration and two threads at ≈ 20 s).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
