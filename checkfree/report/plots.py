@@ -47,6 +47,7 @@ def _finite(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
 def validation_plots(groups: list[Group], references: dict[tuple, Run], target: float, out: Path) -> list[Path]:
     """Validation loss against wall-clock iterations and against simulated hours: one panel per group."""
     paths = []
+    row_of = {id(row.run): row for g in groups for row in g.rows}  # a reference's timing comes from its own group
     for axis in ("iterations", "hours"):
         fig, axes = _grid(len(groups))
         for ax, g in zip(axes, groups, strict=True):
@@ -58,10 +59,15 @@ def validation_plots(groups: list[Group], references: dict[tuple, Run], target: 
                 if data:
                     ax.plot(*zip(*data, strict=True), **_style(row.run))
             ref = references.get(g.key[:1] + g.key[2:4])
-            if ref is not None and not any(r.run.strategy == "no_failure" for r in rows) and axis == "iterations":
-                data = _finite(sorted(ref.evals))
-                ax.plot(*zip(*data, strict=True), color="black", linestyle=":", linewidth=1.0,
-                        label="no_failure (reference run)")
+            ref_row = row_of.get(id(ref)) if ref is not None else None
+            if ref is not None and not any(r.run.strategy == "no_failure" for r in rows) and (
+                    axis == "iterations" or ref_row is not None):
+                pts = sorted(ref.evals)
+                xs = [it if axis == "iterations" else ref_row.timeline.hours_at(it) for it, _ in pts]
+                data = _finite(list(zip(xs, [v for _, v in pts], strict=True)))
+                if data:
+                    ax.plot(*zip(*data, strict=True), color="black", linestyle=":", linewidth=1.0,
+                            label="no_failure (reference run)")
             ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label=f"target {target:.3f}")
             ax.set_title(g.title, fontsize=8)
             ax.set_xlabel("wall-clock iteration" if axis == "iterations" else "simulated hours")
