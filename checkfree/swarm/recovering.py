@@ -139,13 +139,13 @@ class Recovery:
             ValueError: an answer's keys are not exactly its part's, or a shape or dtype does not fit.
         """
         own = self.node.module.state_dict()
-        new = copy_state(own)
+        new = dict(own)  # load_state_dict copies the values in
         for m, state, part in zip(answers, states, self.plan.parts, strict=True):
             want = {k for k in own if stage0_part(k) == part}
             if set(state) != want:
                 raise ValueError(f"stage-0 {part} copy from node {m.sender} has keys "
                                  f"{sorted(set(state) ^ want)[:3]} wrong; expected exactly {sorted(want)}.")
-            new.update(copy_state(state))
+            new.update(state)
         W.check_state(self.node.module, new, f"nodes {[m.sender for m in answers]}")
         return new
 

@@ -57,7 +57,7 @@ class Stage0Copies:
             targets = [peer for peer in node.members.get(stage, []) if self.sent.get(peer) != node.version]
             if not targets:
                 continue
-            tensors = {f"w.{k}": v.detach() for k, v in state.items() if stage0_part(k) == part}
+            tensors = W.join({k: v for k, v in state.items() if stage0_part(k) == part}, "w")
             for peer in targets:
                 node.send(peer, MessageType.STAGE0_COPY, node.iteration,
                           meta={"stage": 0, "part": part, "version": node.version}, tensors=tensors)
@@ -100,4 +100,4 @@ class Stage0Copies:
         version, state = held
         node.send(msg.sender, MessageType.WEIGHTS_RESPONSE,
                   meta={**reply, "stage": 0, "part": part, "version": version, "grad_norm": 1.0},
-                  tensors={f"w.{k}": v for k, v in state.items()})
+                  tensors=W.join(state, "w"))

@@ -32,9 +32,14 @@ def adam_step(opt: torch.optim.Optimizer) -> int:
     return 0
 
 
+def join(state: StateDict, prefix: str) -> dict[str, torch.Tensor]:
+    """``state`` keyed by ``prefix.<key>`` (the inverse of :func:`split`); tensors detached, not copied."""
+    return {f"{prefix}.{k}": v.detach() for k, v in state.items()}
+
+
 def stage_tensors(module: nn.Module, opt: torch.optim.Optimizer | None = None) -> dict[str, torch.Tensor]:
     """``w.*`` for every state-dict entry, plus ``m.*``/``v.*`` Adam moments when ``opt`` is given."""
-    out = {f"w.{k}": v.detach() for k, v in module.state_dict().items()}
+    out = join(module.state_dict(), "w")
     if opt is not None:
         for name, p in module.named_parameters():
             state = opt.state.get(p)
