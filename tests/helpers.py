@@ -1,7 +1,14 @@
-"""Shared test doubles: a tiny config, a deterministic batch source, scripted failures, a Trainer factory."""
+"""Shared test doubles: a tiny config, a deterministic batch source, scripted failures, a Trainer factory, and
+SIGKILL at a chosen moment."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+
+import pytest
 import torch
 
 from checkfree.config import Config
@@ -55,3 +62,21 @@ def make_trainer(cfg: Config, setting: str = "no_failure", failures=None, swaps:
 
 def params_of(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for s in trainer.state.stages for p in s.parameters()]
+
+
+def sigkill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float,
+                 poll: float = 0.05) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` holds; fail with ``what`` if it never does within ``timeout`` s,
+    and with the process's stderr if it exits first. The process is gone when this returns."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else "process exited"
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what} within {timeout:.0f} s")
+            time.sleep(poll)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)

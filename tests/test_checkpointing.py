@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 from checkfree import checkpointing
 from checkfree.checkpointing import CheckpointError
 
-from helpers import ScriptedFailures, make_trainer, params_of, tiny_config
+from helpers import ScriptedFailures, make_trainer, params_of, sigkill_when, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.timeout(120)
@@ -152,20 +150,9 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
     root = tmp_path / "ck"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(root)], env=env, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # wait for a complete checkpoint and a save in progress
-            if checkpointing.list_checkpoints(root) and any(p.name.startswith(".tmp-") for p in root.iterdir()):
-                break
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            time.sleep(0.01)
-        else:
-            pytest.fail("the saving process never had a checkpoint and a save in progress at once")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    sigkill_when(proc, lambda: bool(checkpointing.list_checkpoints(root)
+                                    and any(p.name.startswith(".tmp-") for p in root.iterdir())),
+                 "the saving process never had a checkpoint and a save in progress at once", 60, poll=0.01)
     assert any(p.name.startswith(".tmp-") for p in root.iterdir())  # killed mid-save
     newest = checkpointing.list_checkpoints(root)[-1]
     snap = checkpointing.read_checkpoint(newest)  # verifies every checksum

@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from checkfree.failures import StageFailureInjector
 from checkfree.metrics import MetricsSink, read_metrics
 from checkfree.simulate import learning_rate
 
-from helpers import ScriptedFailures, make_trainer, params_of, tiny_config
+from helpers import ScriptedFailures, make_trainer, params_of, sigkill_when, tiny_config
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,22 +108,9 @@ def test_sigkill_leaves_parseable_metrics(tmp_path):
            "0.2", "--no-progress", "--set", "dmodel=32", "--set", "num_heads=2", "--set", "seq_l=32",
            "--set", "batch_size=2", "--set", "mb_count=1", "--set", "log_interval=1"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:
-            if metrics.exists() and metrics.read_text().count('"kind":"recovery"') >= 2:
-                break
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            time.sleep(0.05)
-        else:
-            pytest.fail("the run never logged two recoveries")
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+    metrics = run_dir / "metrics.jsonl"
+    sigkill_when(proc, lambda: metrics.exists() and metrics.read_text().count('"kind":"recovery"') >= 2,
+                 "the run never logged two recoveries", 150)
     lines = metrics.read_text().splitlines()
     assert len(lines) > 5
     kinds = {json.loads(line)["kind"] for line in lines}  # every line parses
