@@ -42,21 +42,38 @@ class RandomBatches:
 
 def stalls(config: str, mode: str, every: int, iterations: int, workdir: Path) -> tuple[list[float], int]:
     """Stall seconds of each save after iteration 0, and the bytes of one save."""
-    cfg = load_config(config, {"save_mode": mode, "checkpoint_every": every, "max_iterations": iterations,
-                               "eval_interval": 10**9, "checkpoint_interval": 0})
+    cfg = load_config(
+        config,
+        {
+            "save_mode": mode,
+            "checkpoint_every": every,
+            "max_iterations": iterations,
+            "eval_interval": 10**9,
+            "checkpoint_interval": 0,
+        },
+    )
     run = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=workdir))
     sink = MetricsSink(run / "metrics.jsonl")
-    trainer = Trainer(cfg, build_stages(cfg, cfg.vocab_size, cfg.seed),
-                      RandomBatches(cfg.batch_size, cfg.seq_l, cfg.vocab_size), [],
-                      make_strategy("checkpoint", cfg, False), StageFailureInjector(cfg.n_stages, 0.0, 0),
-                      RunContext(sink=sink, checkpoint_dir=run / "checkpoints"), swaps=False)
+    trainer = Trainer(
+        cfg,
+        build_stages(cfg, cfg.vocab_size, cfg.seed),
+        RandomBatches(cfg.batch_size, cfg.seq_l, cfg.vocab_size),
+        [],
+        make_strategy("checkpoint", cfg, False),
+        StageFailureInjector(cfg.n_stages, 0.0, 0),
+        RunContext(sink=sink, checkpoint_dir=run / "checkpoints"),
+        swaps=False,
+    )
     trainer.strategy.setup(trainer.state)
     for _ in range(iterations):
         trainer.step()
     trainer.strategy.finish(trainer.state)
     sink.close()
-    saves = [r for r in read_metrics(run / "metrics.jsonl")
-             if r["kind"] == "checkpoint" and r["purpose"] == "strategy" and r["effective_iteration"] > 0]
+    saves = [
+        r
+        for r in read_metrics(run / "metrics.jsonl")
+        if r["kind"] == "checkpoint" and r["purpose"] == "strategy" and r["effective_iteration"] > 0
+    ]
     return [r["stall_seconds"] for r in saves], saves[-1]["bytes"]
 
 
@@ -78,11 +95,15 @@ def main() -> None:
                 s, nbytes = stalls(args.config, mode, args.every, args.iterations, Path(work))
                 results[mode] += s
     sync, asyn = statistics.median(results["sync"]), statistics.median(results["async"])
-    print(f"config {args.config}: {nbytes / 2**20:.1f} MiB per save, K={args.every}, "
-          f"{len(results['sync'])} saves per mode, {time.perf_counter() - t0:.0f} s")
+    print(
+        f"config {args.config}: {nbytes / 2**20:.1f} MiB per save, K={args.every}, "
+        f"{len(results['sync'])} saves per mode, {time.perf_counter() - t0:.0f} s"
+    )
     for mode, values in results.items():
-        print(f"  {mode:5s} stall per save: median {statistics.median(values):.4f} s "
-              f"(min {min(values):.4f}, max {max(values):.4f})")
+        print(
+            f"  {mode:5s} stall per save: median {statistics.median(values):.4f} s "
+            f"(min {min(values):.4f}, max {max(values):.4f})"
+        )
     print(f"async / sync save stall: {asyn / sync:.3f} (target <= 0.2)")
 
 

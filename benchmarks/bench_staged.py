@@ -37,8 +37,16 @@ def main() -> None:
     batches = BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, seed=cfg.data_seed)
 
     stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed), cfg)
-    trainer = Trainer(cfg, stages, batches, [], make_strategy("no_failure", cfg, False),
-                      StageFailureInjector(cfg.n_stages, 0.0, 0), RunContext(sink=MetricsSink(None)), swaps=False)
+    trainer = Trainer(
+        cfg,
+        stages,
+        batches,
+        [],
+        make_strategy("no_failure", cfg, False),
+        StageFailureInjector(cfg.n_stages, 0.0, 0),
+        RunContext(sink=MetricsSink(None)),
+        swaps=False,
+    )
 
     model = build_hf_model(cfg, corpus.vocab_size, cfg.seed)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.999))
@@ -50,7 +58,9 @@ def main() -> None:
         for mb in range(cfg.mb_count):
             batch = batches.batch(plain_step_index * cfg.mb_count + mb)
             logits = model(input_ids=batch[:, :-1]).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)) / cfg.mb_count
+            loss = (
+                F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)) / cfg.mb_count
+            )
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -68,9 +78,13 @@ def main() -> None:
         staged.append(timed(trainer.step))
         plain.append(timed(plain_step))
     s, p = statistics.median(staged), statistics.median(plain)
-    print(f"config {args.config}: {cfg.n_stages} stages × {cfg.n_layers_per_stage} layers, d={cfg.dmodel}, "
-          f"batch {cfg.batch_size} × {cfg.mb_count} × {cfg.seq_l} tokens, torch threads {torch.get_num_threads()}")
-    print(f"staged trainer : {s * 1000:8.1f} ms/iteration (median of {args.rounds} blocks of {args.iterations})")
+    print(
+        f"config {args.config}: {cfg.n_stages} stages × {cfg.n_layers_per_stage} layers, d={cfg.dmodel}, "
+        f"batch {cfg.batch_size} × {cfg.mb_count} × {cfg.seq_l} tokens, torch threads {torch.get_num_threads()}"
+    )
+    print(
+        f"staged trainer : {s * 1000:8.1f} ms/iteration (median of {args.rounds} blocks of {args.iterations})"
+    )
     print(f"plain HF step  : {p * 1000:8.1f} ms/iteration")
     print(f"ratio staged/plain = {s / p:.3f}  (target ≤ 1.10: {'met' if s / p <= 1.10 else 'NOT met'})")
 

@@ -42,8 +42,13 @@ def _per_op(compute: dict[str, float], what: str, clock: str = "cpu") -> float:
     return compute[key] / n if n else 0.0
 
 
-def iteration_bound(cfg: SwarmConfig, compute: dict[int, dict[str, float]], grad_bytes: dict[int, int],
-                    swaps: bool = False, clock: str = "cpu") -> dict[str, float]:
+def iteration_bound(
+    cfg: SwarmConfig,
+    compute: dict[int, dict[str, float]],
+    grad_bytes: dict[int, int],
+    swaps: bool = False,
+    clock: str = "cpu",
+) -> dict[str, float]:
     """Seconds of one iteration on an ideal machine with this network and these compute times."""
     net = NetEm(cfg.location_table(), cfg.geo(), time_scale=1.0, clock=lambda: 0.0)
     m = cfg.model
@@ -102,16 +107,26 @@ def iteration_bound(cfg: SwarmConfig, compute: dict[int, dict[str, float]], grad
     for s, ids in members.items():
         for a, b in itertools.permutations(ids, 2):
             dp_s = max(dp_s, net.link(a, b).spec.transfer_time(grad_bytes[s]))
-    step_s = max(c.get("step_cpu_s", c.get("step_s", 0.0)) / max(1, c.get("iterations", 1)) for c in compute.values())
-    return {"pipeline_s": pipeline_s, "dp_exchange_s": dp_s, "step_s": step_s,
-            "bound_s": pipeline_s + dp_s + step_s}
+    step_s = max(
+        c.get("step_cpu_s", c.get("step_s", 0.0)) / max(1, c.get("iterations", 1)) for c in compute.values()
+    )
+    return {
+        "pipeline_s": pipeline_s,
+        "dp_exchange_s": dp_s,
+        "step_s": step_s,
+        "bound_s": pipeline_s + dp_s + step_s,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--config", default="swarm_tiny.json", help="swarm config (configs/)")
     parser.add_argument("--iterations", type=int, default=20, help="no-failure iterations to time")
-    parser.add_argument("--from-run", type=Path, help="use an existing no_failure run directory instead of running")
+    parser.add_argument(
+        "--from-run", type=Path, help="use an existing no_failure run directory instead of running"
+    )
     args = parser.parse_args(argv)
     cfg = load_swarm_config(args.config)
     if args.from_run is None:
@@ -127,25 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     compute = {int(n): {**c, "iterations": executed} for n, c in res["node_compute"].items()}
     from checkfree.swarm.worker import build_stage
 
-    grad_bytes = {s: sum(p.numel() * 4 + 80 for p in build_stage(cfg.model, s, res_vocab(res), 0).parameters())
-                  for s in (0, 1)}
+    grad_bytes = {
+        s: sum(p.numel() * 4 + 80 for p in build_stage(cfg.model, s, res_vocab(res), 0).parameters())
+        for s in (0, 1)
+    }
     grad_bytes.update({s: grad_bytes[1] for s in range(2, cfg.n_stages + 1)})
     bound = iteration_bound(cfg, compute, grad_bytes)
     wall_bound = iteration_bound(cfg, compute, grad_bytes, clock="wall")
     walls = [r["wall_s"] for r in res["iterations"][2:]] or [r["wall_s"] for r in res["iterations"]]
     measured = statistics.mean(walls)
     fwd = statistics.median(_per_op(c, "forward") for c in compute.values())
-    print(f"swarm: {cfg.n_nodes} nodes ({cfg.n_stages + 1} stages x {cfg.replicas}), {cfg.mb_count} microbatches, "
-          f"{cfg.in_flight} in flight, time_scale {cfg.time_scale}, run {run_dir}")
-    print(f"measured compute: median forward {fwd * 1e3:.1f} ms per microbatch per node, step "
-          f"{bound['step_s'] * 1e3:.1f} ms")
-    print(f"bound: pipeline {bound['pipeline_s']:.3f} s + DP gradient exchange {bound['dp_exchange_s']:.3f} s + "
-          f"step {bound['step_s']:.3f} s = {bound['bound_s']:.3f} s")
+    print(
+        f"swarm: {cfg.n_nodes} nodes ({cfg.n_stages + 1} stages x {cfg.replicas}), {cfg.mb_count} microbatches, "
+        f"{cfg.in_flight} in flight, time_scale {cfg.time_scale}, run {run_dir}"
+    )
+    print(
+        f"measured compute: median forward {fwd * 1e3:.1f} ms per microbatch per node, step "
+        f"{bound['step_s'] * 1e3:.1f} ms"
+    )
+    print(
+        f"bound: pipeline {bound['pipeline_s']:.3f} s + DP gradient exchange {bound['dp_exchange_s']:.3f} s + "
+        f"step {bound['step_s']:.3f} s = {bound['bound_s']:.3f} s"
+    )
     print(f"measured no-failure iteration time (mean of {len(walls)}): {measured:.3f} s")
     ratio = measured / bound["bound_s"] if bound["bound_s"] > 0 else math.inf
     print(f"iteration time / bound = {ratio:.2f} (target <= 1.2)")
-    print(f"  same bound with each op's wall time as it ran here (CPU shared with the other nodes and jobs): "
-          f"{wall_bound['bound_s']:.3f} s -> ratio {measured / wall_bound['bound_s']:.2f}")
+    print(
+        f"  same bound with each op's wall time as it ran here (CPU shared with the other nodes and jobs): "
+        f"{wall_bound['bound_s']:.3f} s -> ratio {measured / wall_bound['bound_s']:.2f}"
+    )
     return 0
 
 

@@ -79,15 +79,25 @@ def _file_of(stage: int, name: str, n_layers_per_stage: int) -> tuple[str, str]:
         return "stage0", name
     m = _LAYER_RE.match(name)
     if m is None:
-        raise CheckpointError(f"stage {stage} parameter {name!r} is not inside a block 'layers.<i>.'; the "
-                              "universal layout cannot place it.")
+        raise CheckpointError(
+            f"stage {stage} parameter {name!r} is not inside a block 'layers.<i>.'; the "
+            "universal layout cannot place it."
+        )
     return f"layer_{(stage - 1) * n_layers_per_stage + int(m.group(1)):04d}", m.group(2)
 
 
-def capture(state: TrainingState, n_layers_per_stage: int, config: dict[str, Any],
-            extra: dict[str, torch.Tensor] | None = None, strategy: str = "", *, copy: bool = True,
-            iteration: int | None = None, effective_iteration: int | None = None,
-            world_size: int = 1) -> Snapshot:
+def capture(
+    state: TrainingState,
+    n_layers_per_stage: int,
+    config: dict[str, Any],
+    extra: dict[str, torch.Tensor] | None = None,
+    strategy: str = "",
+    *,
+    copy: bool = True,
+    iteration: int | None = None,
+    effective_iteration: int | None = None,
+    world_size: int = 1,
+) -> Snapshot:
     """Take the training state into a :class:`Snapshot`.
 
     Args:
@@ -103,8 +113,10 @@ def capture(state: TrainingState, n_layers_per_stage: int, config: dict[str, Any
         params = [p for g in opt.param_groups for p in g["params"]]
         for (name, p), q in zip(stage.named_parameters(), params, strict=True):
             if p is not q:
-                raise CheckpointError(f"stage {s}'s optimizer does not hold its parameters in named_parameters "
-                                      "order; build it with make_adam(stage, lr).")
+                raise CheckpointError(
+                    f"stage {s}'s optimizer does not hold its parameters in named_parameters "
+                    "order; build it with make_adam(stage, lr)."
+                )
             fname, local = _file_of(s, name, n_layers_per_stage)
             if fname != "stage0":
                 layer_stage[str(int(fname.removeprefix("layer_")))] = s
@@ -120,10 +132,17 @@ def capture(state: TrainingState, n_layers_per_stage: int, config: dict[str, Any
     it = state.iteration if iteration is None else iteration
     eff = state.effective_iteration if effective_iteration is None else effective_iteration
     meta = {
-        "format": FORMAT, "iteration": it, "effective_iteration": eff, "world_size": world_size,
-        "n_stages": state.n_stages, "n_layers_per_stage": n_layers_per_stage, "layer_stage": layer_stage,
-        "lr_multipliers": list(state.lr_multipliers), "grad_norms": list(state.grad_norms),
-        "strategy": strategy, "config": config,
+        "format": FORMAT,
+        "iteration": it,
+        "effective_iteration": eff,
+        "world_size": world_size,
+        "n_stages": state.n_stages,
+        "n_layers_per_stage": n_layers_per_stage,
+        "layer_stage": layer_stage,
+        "lr_multipliers": list(state.lr_multipliers),
+        "grad_norms": list(state.grad_norms),
+        "strategy": strategy,
+        "config": config,
     }
     return Snapshot(it, eff, files, meta)
 
@@ -213,13 +232,17 @@ def prune(root: Path, keep: int) -> None:
 def _read_meta(path: Path) -> dict[str, Any]:
     meta_path, sum_path = path / "meta.json", path / META_SUM
     if not meta_path.is_file():
-        raise CheckpointError(f"checkpoint {path} has no meta.json; expected a directory written by checkfree "
-                              "(an interrupted save never leaves one under its final name).")
+        raise CheckpointError(
+            f"checkpoint {path} has no meta.json; expected a directory written by checkfree "
+            "(an interrupted save never leaves one under its final name)."
+        )
     raw = meta_path.read_bytes()
     if not sum_path.is_file():
         raise CheckpointError(f"checkpoint file {sum_path} is missing; the metadata cannot be verified.")
     if hashlib.sha256(raw).hexdigest() != sum_path.read_text().strip():
-        raise CheckpointError(f"checkpoint file {meta_path} fails its sha256 check ({sum_path}): it is corrupt.")
+        raise CheckpointError(
+            f"checkpoint file {meta_path} fails its sha256 check ({sum_path}): it is corrupt."
+        )
     try:
         meta = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -227,8 +250,11 @@ def _read_meta(path: Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         got = meta.get("format") if isinstance(meta, dict) else None
         raise CheckpointError(f"checkpoint {path} has format {got!r}; expected {FORMAT!r}.")
-    missing = [k for k in ("iteration", "effective_iteration", "n_stages", "n_layers_per_stage", "files")
-               if k not in meta]
+    missing = [
+        k
+        for k in ("iteration", "effective_iteration", "n_stages", "n_layers_per_stage", "files")
+        if k not in meta
+    ]
     if missing:
         raise CheckpointError(f"checkpoint file {meta_path} lacks the keys {missing}: it is corrupt.")
     return meta
@@ -248,8 +274,10 @@ def read_checkpoint(path: Path) -> Snapshot:
         if not f.is_file():
             raise CheckpointError(f"checkpoint file {f} is missing.")
         if f.stat().st_size != info["bytes"]:
-            raise CheckpointError(f"checkpoint file {f} has {f.stat().st_size} bytes, expected {info['bytes']}: "
-                                  "it is truncated or corrupt.")
+            raise CheckpointError(
+                f"checkpoint file {f} has {f.stat().st_size} bytes, expected {info['bytes']}: "
+                "it is truncated or corrupt."
+            )
         if _sha256(f) != info["sha256"]:
             raise CheckpointError(f"checkpoint file {f} fails its sha256 check: it is corrupt.")
         try:
@@ -259,8 +287,9 @@ def read_checkpoint(path: Path) -> Snapshot:
     return Snapshot(meta["iteration"], meta["effective_iteration"], files, meta)
 
 
-def _stage_plan(snapshot: Snapshot, state: TrainingState, s: int, n_layers_per_stage: int
-                ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[int, dict[str, torch.Tensor]]]:
+def _stage_plan(
+    snapshot: Snapshot, state: TrainingState, s: int, n_layers_per_stage: int
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[int, dict[str, torch.Tensor]]]:
     """Checked (parameter, saved tensor) pairs and Adam state by parameter index for stage ``s``.
 
     Raises:
@@ -271,18 +300,23 @@ def _stage_plan(snapshot: Snapshot, state: TrainingState, s: int, n_layers_per_s
         fname, local = _file_of(s, name, n_layers_per_stage)
         src = snapshot.files.get(fname)
         if src is None:
-            raise CheckpointError(f"checkpoint has no {fname}.safetensors, which stage {s} parameter {name!r} "
-                                  "needs.")
+            raise CheckpointError(
+                f"checkpoint has no {fname}.safetensors, which stage {s} parameter {name!r} needs."
+            )
         t = src.get(f"param/{local}")
         if t is None or t.shape != p.shape:
-            raise CheckpointError(f"checkpoint tensor for stage {s} parameter {name!r} is missing or has shape "
-                                  f"{None if t is None else tuple(t.shape)}; expected {tuple(p.shape)}.")
+            raise CheckpointError(
+                f"checkpoint tensor for stage {s} parameter {name!r} is missing or has shape "
+                f"{None if t is None else tuple(t.shape)}; expected {tuple(p.shape)}."
+            )
         pairs.append((p, t))
         if f"step/{local}" in src:
             saved = {k: src.get(f"{k}/{local}") for k in _OPT_KEYS}
             if any(v is None for v in saved.values()) or saved["exp_avg"].shape != p.shape:
-                raise CheckpointError(f"checkpoint Adam state for stage {s} parameter {name!r} is incomplete or "
-                                      f"misshapen in {fname}.safetensors.")
+                raise CheckpointError(
+                    f"checkpoint Adam state for stage {s} parameter {name!r} is incomplete or "
+                    f"misshapen in {fname}.safetensors."
+                )
             opt_state[idx] = saved
     return pairs, opt_state
 
@@ -311,8 +345,10 @@ def restore(snapshot: Snapshot, state: TrainingState, n_layers_per_stage: int) -
     meta = snapshot.meta
     total = meta["n_stages"] * meta["n_layers_per_stage"]
     if total != state.n_stages * n_layers_per_stage:
-        raise CheckpointError(f"checkpoint has {total} transformer layers; the model has "
-                              f"{state.n_stages} × {n_layers_per_stage} = {state.n_stages * n_layers_per_stage}.")
+        raise CheckpointError(
+            f"checkpoint has {total} transformer layers; the model has "
+            f"{state.n_stages} × {n_layers_per_stage} = {state.n_stages * n_layers_per_stage}."
+        )
     plans = [_stage_plan(snapshot, state, s, n_layers_per_stage) for s in range(len(state.stages))]
     for s, (pairs, opt_state) in enumerate(plans):
         _apply(state, s, pairs, opt_state)
@@ -343,8 +379,10 @@ def restore_stage(snapshot: Snapshot, state: TrainingState, stage: int, n_layers
     """
     meta = snapshot.meta
     if (meta["n_stages"], meta["n_layers_per_stage"]) != (state.n_stages, n_layers_per_stage):
-        raise CheckpointError(f"checkpoint layout {meta['n_stages']} × {meta['n_layers_per_stage']} differs from "
-                              f"the model's {state.n_stages} × {n_layers_per_stage}; one stage cannot be restored.")
+        raise CheckpointError(
+            f"checkpoint layout {meta['n_stages']} × {meta['n_layers_per_stage']} differs from "
+            f"the model's {state.n_stages} × {n_layers_per_stage}; one stage cannot be restored."
+        )
     pairs, opt_state = _stage_plan(snapshot, state, stage, n_layers_per_stage)
     _apply(state, stage, pairs, opt_state)
     state.lr_multipliers[stage] = meta["lr_multipliers"][stage]

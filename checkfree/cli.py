@@ -25,51 +25,104 @@ class _TqdmHandler(logging.Handler):
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "simulate", help="train a pipeline-staged model while whole stages fail and are recovered",
+        "simulate",
+        help="train a pipeline-staged model while whole stages fail and are recovered",
         description="The convergence simulator (README: Simulator). Launch one process per data-parallel "
-                    "replica with torchrun, or use simulate_training/run.sh (swaps on) / run_2.sh (swaps off).")
-    p.add_argument("--setting", required=True,
-                   help="recovery strategy: no_failure, copy, random, zero, average, checkfree, checkfree_plus, "
-                        "checkpoint, one, redundant, ec_snapshot, or an authors' name (ours-grad-avg, "
-                        "ours-naive, ours-random, ours-zero, ours-avg-ablation, whole_model)")
+        "replica with torchrun, or use simulate_training/run.sh (swaps on) / run_2.sh (swaps off).",
+    )
+    p.add_argument(
+        "--setting",
+        required=True,
+        help="recovery strategy: no_failure, copy, random, zero, average, checkfree, checkfree_plus, "
+        "checkpoint, one, redundant, ec_snapshot, or an authors' name (ours-grad-avg, "
+        "ours-naive, ours-random, ours-zero, ours-avg-ablation, whole_model)",
+    )
     p.add_argument("--config", required=True, help="config JSON (working directory first, then configs/)")
     p.add_argument("--world-size", type=int, default=1, help="data-parallel replicas (torchrun processes)")
-    p.add_argument("--rate", type=float, default=16.0, help="stage failure rate in %%/h (P); selects "
-                   'config["P"] as the per-iteration probability when present')
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=16.0,
+        help="stage failure rate in %%/h (P); selects "
+        'config["P"] as the per-iteration probability when present',
+    )
     p.add_argument("--start-iter", type=int, default=0, help="resume from this run checkpoint iteration")
     swaps = p.add_mutually_exclusive_group()
-    swaps.add_argument("--swaps", dest="swaps", action="store_true", default=True,
-                       help="CheckFree+ out-of-order execution on odd microbatches (default; run.sh)")
+    swaps.add_argument(
+        "--swaps",
+        dest="swaps",
+        action="store_true",
+        default=True,
+        help="CheckFree+ out-of-order execution on odd microbatches (default; run.sh)",
+    )
     swaps.add_argument("--no-swaps", dest="swaps", action="store_false", help="in-order pipeline (run_2.sh)")
-    p.add_argument("--run-dir", type=Path, help="run directory (default runs/<config>-<strategy>-p<P>-w<W>-seed<S>)")
+    p.add_argument(
+        "--run-dir", type=Path, help="run directory (default runs/<config>-<strategy>-p<P>-w<W>-seed<S>)"
+    )
     p.add_argument("--runs-root", type=Path, default=Path("runs"), help="parent of default run directories")
     p.add_argument("--max-iterations", type=int, help="override max_iterations")
-    p.add_argument("--eval-interval", type=int, help="override eval_interval (iterations between validations)")
-    p.add_argument("--log-interval", type=int, help="override log_interval (iterations between console lines)")
-    p.add_argument("--checkpoint-interval", type=int,
-                   help="iterations between run checkpoints for resuming (0 = only at the end)")
+    p.add_argument(
+        "--eval-interval", type=int, help="override eval_interval (iterations between validations)"
+    )
+    p.add_argument(
+        "--log-interval", type=int, help="override log_interval (iterations between console lines)"
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        help="iterations between run checkpoints for resuming (0 = only at the end)",
+    )
     p.add_argument("--seed", type=int, help="override seed (model init; failure draws unless --failure-seed)")
     p.add_argument("--failure-seed", type=int, help="seed of the failure draws (default: --seed)")
-    p.add_argument("--failure-probability", type=float,
-                   help="per-iteration stage failure probability, overriding config[P] and the %%/h formula")
-    p.add_argument("--failure-schedule", type=Path,
-                   help="replay exact failures from a JSON schedule instead of drawing them")
-    p.add_argument("--schedule-replicas", type=int,
-                   help="replicas per stage when --failure-schedule is a swarm node schedule")
-    p.add_argument("--fail-stage0", action="store_true",
-                   help="let stage 0 (embedding and head) fail too; only checkfree_plus and checkpoints recover it")
-    p.add_argument("--grad-norm-mode", choices=["paper", "clipped"],
-                   help="CheckFree weights: paper = unclipped gradient norm (default), clipped = the release's")
-    p.add_argument("--iteration-seconds", type=float, default=PAPER_ITERATION_SECONDS,
-                   help="iteration time (s) for the %%/h formula when config has no key for P")
+    p.add_argument(
+        "--failure-probability",
+        type=float,
+        help="per-iteration stage failure probability, overriding config[P] and the %%/h formula",
+    )
+    p.add_argument(
+        "--failure-schedule",
+        type=Path,
+        help="replay exact failures from a JSON schedule instead of drawing them",
+    )
+    p.add_argument(
+        "--schedule-replicas",
+        type=int,
+        help="replicas per stage when --failure-schedule is a swarm node schedule",
+    )
+    p.add_argument(
+        "--fail-stage0",
+        action="store_true",
+        help="let stage 0 (embedding and head) fail too; only checkfree_plus and checkpoints recover it",
+    )
+    p.add_argument(
+        "--grad-norm-mode",
+        choices=["paper", "clipped"],
+        help="CheckFree weights: paper = unclipped gradient norm (default), clipped = the release's",
+    )
+    p.add_argument(
+        "--iteration-seconds",
+        type=float,
+        default=PAPER_ITERATION_SECONDS,
+        help="iteration time (s) for the %%/h formula when config has no key for P",
+    )
     p.add_argument("--resume-from", type=Path, help="resume from this checkpoint directory")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--cache-dir", type=Path, help="token/tokenizer cache (default $CHECKFREE_CACHE or "
-                                                   "~/.cache/checkfree)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any config key, e.g. --set checkpoint_every=50 (JSON value)")
+    p.add_argument(
+        "--cache-dir",
+        type=Path,
+        help="token/tokenizer cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config key, e.g. --set checkpoint_every=50 (JSON value)",
+    )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and parameter counts, train nothing")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
+    )
     p.set_defaults(func=cmd_simulate)
 
 
@@ -102,8 +155,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     final = summary.get("final_eval", {})
     logging.getLogger("checkfree").info(
         "done: %s, %d iterations, %d failures, %d recoveries, final val_loss %.4f (perplexity %.2f) → %s",
-        summary["strategy"], summary["iterations"], summary["failures"], summary["recoveries"],
-        final.get("val_loss", float("nan")), final.get("perplexity", float("nan")), summary["run_dir"])
+        summary["strategy"],
+        summary["iterations"],
+        summary["failures"],
+        summary["recoveries"],
+        final.get("val_loss", float("nan")),
+        final.get("perplexity", float("nan")),
+        summary["run_dir"],
+    )
     return 0
 
 

@@ -132,10 +132,28 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_INT_KEYS = {"validation", "dmodel", "num_heads", "n_layers_per_stage", "n_stages", "seq_l", "batch_size",
-             "mb_count", "max_iterations", "eval_interval", "log_interval", "checkpoint_interval",
-             "keep_checkpoints", "seed", "data_seed", "vocab_size", "warmup_iterations", "checkpoint_every",
-             "snapshot_every", "redundant_measure_every"}
+_INT_KEYS = {
+    "validation",
+    "dmodel",
+    "num_heads",
+    "n_layers_per_stage",
+    "n_stages",
+    "seq_l",
+    "batch_size",
+    "mb_count",
+    "max_iterations",
+    "eval_interval",
+    "log_interval",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "seed",
+    "data_seed",
+    "vocab_size",
+    "warmup_iterations",
+    "checkpoint_every",
+    "snapshot_every",
+    "redundant_measure_every",
+}
 _FLOAT_KEYS = {"lr_scale", "lr", "grad_clip", "init_std"}
 _STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode", "save_mode"}
 SAVE_MODES = ("sync", "async", "memory")
@@ -160,43 +178,72 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{source}: 'max_train_tokens' is {value!r}; expected a positive integer or null.")
+            raise ConfigError(
+                f"{source}: 'max_train_tokens' is {value!r}; expected a positive integer or null."
+            )
         return value
     raise AssertionError(key)
 
 
 def _validate(cfg: Config, source: str) -> None:
-    positive = ("validation", "dmodel", "num_heads", "n_layers_per_stage", "n_stages", "seq_l", "batch_size",
-                "mb_count", "eval_interval", "log_interval", "keep_checkpoints", "vocab_size")
+    positive = (
+        "validation",
+        "dmodel",
+        "num_heads",
+        "n_layers_per_stage",
+        "n_stages",
+        "seq_l",
+        "batch_size",
+        "mb_count",
+        "eval_interval",
+        "log_interval",
+        "keep_checkpoints",
+        "vocab_size",
+    )
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive integer.")
-    for key in ("max_iterations", "checkpoint_interval", "warmup_iterations", "checkpoint_every", "snapshot_every",
-                "redundant_measure_every"):
+    for key in (
+        "max_iterations",
+        "checkpoint_interval",
+        "warmup_iterations",
+        "checkpoint_every",
+        "snapshot_every",
+        "redundant_measure_every",
+    ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
     for key in ("lr", "lr_scale", "grad_clip", "init_std"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive number.")
     if cfg.architecture not in ARCHITECTURES:
-        raise ConfigError(f"{source}: 'architecture' is {cfg.architecture!r}; expected one of {list(ARCHITECTURES)}.")
+        raise ConfigError(
+            f"{source}: 'architecture' is {cfg.architecture!r}; expected one of {list(ARCHITECTURES)}."
+        )
     if cfg.dmodel % cfg.num_heads:
-        raise ConfigError(f"{source}: 'dmodel' {cfg.dmodel} is not divisible by 'num_heads' {cfg.num_heads}; "
-                          "expected dmodel = heads × head size.")
+        raise ConfigError(
+            f"{source}: 'dmodel' {cfg.dmodel} is not divisible by 'num_heads' {cfg.num_heads}; "
+            "expected dmodel = heads × head size."
+        )
     if cfg.architecture == "LLaMa" and (cfg.dmodel // cfg.num_heads) % 2:
-        raise ConfigError(f"{source}: head size dmodel/num_heads = {cfg.dmodel // cfg.num_heads} is odd; "
-                          "RoPE needs an even head size.")
+        raise ConfigError(
+            f"{source}: head size dmodel/num_heads = {cfg.dmodel // cfg.num_heads} is odd; "
+            "RoPE needs an even head size."
+        )
     if cfg.grad_norm_mode not in GRAD_NORM_MODES:
-        raise ConfigError(f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of "
-                          f"{list(GRAD_NORM_MODES)}.")
+        raise ConfigError(
+            f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of {list(GRAD_NORM_MODES)}."
+        )
     if cfg.save_mode not in SAVE_MODES:
         raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
     for key, p in cfg.failure_probabilities.items():
         if not 0.0 <= p <= 1.0:
-            raise ConfigError(f"{source}: failure probability {key!r} is {p}; expected a per-iteration "
-                              "probability in [0, 1].")
+            raise ConfigError(
+                f"{source}: failure probability {key!r} is {p}; expected a per-iteration "
+                "probability in [0, 1]."
+            )
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
@@ -219,15 +266,19 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
                 raise ConfigError(f"{source}: 'failure_probabilities' is {value!r}; expected an object.")
             for k, v in value.items():
                 if not _FAILURE_KEY.match(str(k)) or isinstance(v, bool) or not isinstance(v, int | float):
-                    raise ConfigError(f"{source}: failure probability {k!r}: {v!r} is invalid; expected "
-                                      '"<rate %/h>": <probability>.')
+                    raise ConfigError(
+                        f"{source}: failure probability {k!r}: {v!r} is invalid; expected "
+                        '"<rate %/h>": <probability>.'
+                    )
                 probs[str(k)] = float(v)
         elif key in _FIELDS:
             kwargs[key] = _check_type(key, value, source)
         else:
             known = ", ".join(sorted(k for k in _FIELDS if k != "failure_probabilities"))
-            raise ConfigError(f"{source}: unknown key {key!r}; expected one of: {known}, or a failure-rate key "
-                              'such as "16".')
+            raise ConfigError(
+                f"{source}: unknown key {key!r}; expected one of: {known}, or a failure-rate key "
+                'such as "16".'
+            )
     cfg = Config(**kwargs, failure_probabilities=probs)
     _validate(cfg, source)
     return cfg
@@ -244,8 +295,10 @@ def resolve_config_path(name: str | Path, cwd: Path | None = None) -> Path:
     for c in candidates:
         if c.is_file():
             return c.resolve()
-    raise FileNotFoundError(f"config {str(name)!r} not found in the working directory or in {CONFIG_DIR}; "
-                            "expected a JSON file such as configs/tiny_config.json.")
+    raise FileNotFoundError(
+        f"config {str(name)!r} not found in the working directory or in {CONFIG_DIR}; "
+        "expected a JSON file such as configs/tiny_config.json."
+    )
 
 
 def load_config(name: str | Path, overrides: dict[str, Any] | None = None) -> Config:

@@ -58,8 +58,10 @@ def newest_checkpoint(run_dir: Path) -> Path:
     """
     found = list_checkpoints(Path(run_dir) / "checkpoints")
     if not found:
-        raise FileNotFoundError(f"{run_dir} has no checkpoint under checkpoints/; expected a finished run "
-                                "(the simulator writes a final checkpoint at the end).")
+        raise FileNotFoundError(
+            f"{run_dir} has no checkpoint under checkpoints/; expected a finished run "
+            "(the simulator writes a final checkpoint at the end)."
+        )
     return found[-1]
 
 
@@ -88,8 +90,10 @@ def stages_from_snapshot(snapshot: Snapshot, cfg: Config, vocab_size: int, eos_t
                 t = snapshot.files.get(fname, {}).get(f"param/{local}")
                 if t is None or t.shape != p.shape:
                     shape = None if t is None else tuple(t.shape)
-                    raise CheckpointError(f"checkpoint tensor {fname}/{local} is missing or has shape {shape}; "
-                                          f"expected {tuple(p.shape)} (stage {s} parameter {name!r}).")
+                    raise CheckpointError(
+                        f"checkpoint tensor {fname}/{local} is missing or has shape {shape}; "
+                        f"expected {tuple(p.shape)} (stage {s} parameter {name!r})."
+                    )
                 p.copy_(t)
     return model, stages
 
@@ -110,13 +114,20 @@ def _tokenizer_dir(run_dir: Path, summary: dict[str, Any], given: Path | None) -
     for c in candidates:
         if c is not None and c.is_dir():
             return c
-    raise FileNotFoundError(f"the tokenizer of {run_dir} was not found (summary.json tokenizer_dir "
-                            f"{summary.get('tokenizer_dir')!r}); pass --tokenizer DIR (a directory saved by "
-                            "save_pretrained, e.g. from the data cache).")
+    raise FileNotFoundError(
+        f"the tokenizer of {run_dir} was not found (summary.json tokenizer_dir "
+        f"{summary.get('tokenizer_dir')!r}); pass --tokenizer DIR (a directory saved by "
+        "save_pretrained, e.g. from the data cache)."
+    )
 
 
-def export_run(run_dir: Path, out: Path, checkpoint: Path | None = None, tokenizer: Path | None = None,
-               verify: bool = True) -> dict[str, Any]:
+def export_run(
+    run_dir: Path,
+    out: Path,
+    checkpoint: Path | None = None,
+    tokenizer: Path | None = None,
+    verify: bool = True,
+) -> dict[str, Any]:
     """Write the trained model of ``run_dir`` as a Hugging Face model directory ``out``.
 
     Returns the provenance dict written to ``out/checkfree_export.json`` (run, checkpoint, iteration, largest
@@ -136,12 +147,16 @@ def export_run(run_dir: Path, out: Path, checkpoint: Path | None = None, tokeniz
     ckpt = Path(checkpoint) if checkpoint is not None else newest_checkpoint(run_dir)
     snapshot = read_checkpoint(ckpt)
     cfg = _run_config(snapshot, run_dir)
-    tok = AutoTokenizer.from_pretrained(str(_tokenizer_dir(run_dir, summary, tokenizer)), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(
+        str(_tokenizer_dir(run_dir, summary, tokenizer)), local_files_only=True
+    )
     vocab = int(summary.get("vocab_size") or len(tok))
     emb = snapshot.files.get("stage0", {}).get("param/embed_tokens.weight")
     if emb is not None and emb.shape[0] != vocab:
-        raise CheckpointError(f"checkpoint {ckpt} has an embedding of {emb.shape[0]} tokens; summary.json says "
-                              f"vocab_size {vocab}.")
+        raise CheckpointError(
+            f"checkpoint {ckpt} has an embedding of {emb.shape[0]} tokens; summary.json says "
+            f"vocab_size {vocab}."
+        )
     model, stages = stages_from_snapshot(snapshot, cfg, vocab, tok.eos_token_id)
     model.config.use_cache = True  # generation speed; logits are the same
     model.generation_config.pad_token_id = tok.eos_token_id
@@ -149,10 +164,15 @@ def export_run(run_dir: Path, out: Path, checkpoint: Path | None = None, tokeniz
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     info: dict[str, Any] = {
-        "run_dir": str(run_dir.resolve()), "checkpoint": str(Path(ckpt).resolve()),
-        "iteration": snapshot.iteration, "effective_iteration": snapshot.effective_iteration,
-        "strategy": summary.get("strategy"), "final_eval": summary.get("final_eval"),
-        "architecture": cfg.architecture, "n_stages": cfg.n_stages, "n_layers_per_stage": cfg.n_layers_per_stage,
+        "run_dir": str(run_dir.resolve()),
+        "checkpoint": str(Path(ckpt).resolve()),
+        "iteration": snapshot.iteration,
+        "effective_iteration": snapshot.effective_iteration,
+        "strategy": summary.get("strategy"),
+        "final_eval": summary.get("final_eval"),
+        "architecture": cfg.architecture,
+        "n_stages": cfg.n_stages,
+        "n_layers_per_stage": cfg.n_layers_per_stage,
     }
     if verify:
         model.eval()
@@ -163,15 +183,25 @@ def export_run(run_dir: Path, out: Path, checkpoint: Path | None = None, tokeniz
             diff = float((reloaded(input_ids=ids).logits - staged_logits(stages, ids)).abs().max())
         info["verify_max_abs_logit_diff"] = diff
         if not diff <= VERIFY_TOLERANCE:
-            raise ValueError(f"the exported model's logits differ from the staged model's by {diff:.3g} "
-                             f"(> {VERIFY_TOLERANCE}); the export in {out} is wrong.")
+            raise ValueError(
+                f"the exported model's logits differ from the staged model's by {diff:.3g} "
+                f"(> {VERIFY_TOLERANCE}); the export in {out} is wrong."
+            )
     (out / PROVENANCE_FILE).write_text(json.dumps(info, indent=1, default=str))
-    log.debug("exported %s (checkpoint %s, iteration %d) to %s", run_dir, Path(ckpt).name, snapshot.iteration, out)
+    log.debug(
+        "exported %s (checkpoint %s, iteration %d) to %s", run_dir, Path(ckpt).name, snapshot.iteration, out
+    )
     return info
 
 
-def generate(model_dir: Path, prompt: str, max_new_tokens: int = 60, temperature: float = 0.8, top_k: int = 50,
-             seed: int = 0) -> str:
+def generate(
+    model_dir: Path,
+    prompt: str,
+    max_new_tokens: int = 60,
+    temperature: float = 0.8,
+    top_k: int = 50,
+    seed: int = 0,
+) -> str:
     """Sample a continuation of ``prompt`` from an exported model directory; returns prompt + continuation.
 
     Raises:
@@ -182,8 +212,9 @@ def generate(model_dir: Path, prompt: str, max_new_tokens: int = 60, temperature
 
     model_dir = Path(model_dir)
     if not (model_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{model_dir} has no config.json; expected a directory written by "
-                                "`python -m checkfree export`.")
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json; expected a directory written by `python -m checkfree export`."
+        )
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens is {max_new_tokens}; expected a positive integer.")
     if temperature < 0:
@@ -193,29 +224,44 @@ def generate(model_dir: Path, prompt: str, max_new_tokens: int = 60, temperature
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids
     if ids.shape[1] == 0:
         ids = torch.tensor([[tok.eos_token_id]])
-    limit = int(getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0))
+    limit = int(
+        getattr(model.config, "max_position_embeddings", 0) or getattr(model.config, "n_positions", 0)
+    )
     if limit:
-        ids = ids[:, -max(1, limit - max_new_tokens):]  # keep within the trained context
+        ids = ids[:, -max(1, limit - max_new_tokens) :]  # keep within the trained context
         max_new_tokens = min(max_new_tokens, limit - ids.shape[1])
     sample = temperature > 0
     with torch.random.fork_rng(devices=[]):  # generate() samples from the global generator: seed a fork of it
         torch.manual_seed(seed)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                             do_sample=sample, temperature=temperature if sample else None,
-                             top_k=top_k if sample else None, pad_token_id=tok.eos_token_id)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=temperature if sample else None,
+            top_k=top_k if sample else None,
+            pad_token_id=tok.eos_token_id,
+        )
     return tok.decode(out[0], skip_special_tokens=True)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``export`` and ``generate`` sub-commands."""
-    p = sub.add_parser("export", help="write a run's trained stages as a Hugging Face model directory",
-                       description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "export",
+        help="write a run's trained stages as a Hugging Face model directory",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR")
     p.add_argument("--out", required=True, type=Path, help="output model directory")
     p.add_argument("--checkpoint", type=Path, help="checkpoint directory (default: the run's newest)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer directory (default: summary.json tokenizer_dir)")
-    p.add_argument("--no-verify", dest="verify", action="store_false",
-                   help="skip reloading the export and comparing its logits with the staged model")
+    p.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="skip reloading the export and comparing its logits with the staged model",
+    )
     p.set_defaults(func=cmd_export)
     g = sub.add_parser("generate", help="print a sample from an exported model directory")
     g.add_argument("model_dir", type=Path, metavar="DIR")
@@ -238,8 +284,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     _quiet_transformers()
     info = export_run(args.run_dir, args.out, args.checkpoint, args.tokenizer, args.verify)
     diff = info.get("verify_max_abs_logit_diff")
-    print(f"exported {args.run_dir} (iteration {info['iteration']}) to {args.out}"
-          + (f"; reloaded logits match the stages (max |Δ| {diff:.2g})" if diff is not None else ""))
+    print(
+        f"exported {args.run_dir} (iteration {info['iteration']}) to {args.out}"
+        + (f"; reloaded logits match the stages (max |Δ| {diff:.2g})" if diff is not None else "")
+    )
     return 0
 
 

@@ -74,13 +74,20 @@ class SimulateOptions:
 
 def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
     """Config with CLI overrides, canonical strategy name, per-iteration failure probability and its source."""
-    overrides = {"max_iterations": opts.max_iterations, "eval_interval": opts.eval_interval,
-                 "log_interval": opts.log_interval, "checkpoint_interval": opts.checkpoint_interval,
-                 "seed": opts.seed, "grad_norm_mode": opts.grad_norm_mode, **opts.extra}
+    overrides = {
+        "max_iterations": opts.max_iterations,
+        "eval_interval": opts.eval_interval,
+        "log_interval": opts.log_interval,
+        "checkpoint_interval": opts.checkpoint_interval,
+        "seed": opts.seed,
+        "grad_norm_mode": opts.grad_norm_mode,
+        **opts.extra,
+    }
     cfg = load_config(opts.config, overrides)
     strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
-    p, source = resolve_failure_probability(cfg.failure_probabilities, opts.rate, opts.iteration_seconds,
-                                            opts.failure_probability)
+    p, source = resolve_failure_probability(
+        cfg.failure_probabilities, opts.rate, opts.iteration_seconds, opts.failure_probability
+    )
     return cfg, strategy.name, p, source
 
 
@@ -111,12 +118,14 @@ def plan_lines(opts: SimulateOptions) -> list[str]:
     with torch.device("meta"):
         stages = split_model(build_hf_model(cfg, vocab, seed=0), cfg)
     counts = stage_parameter_counts(stages)
-    lines = [f"config {opts.config}: {cfg.architecture} d={cfg.dmodel} heads={cfg.num_heads} "
-             f"{cfg.n_stages} stages × {cfg.n_layers_per_stage} layers, seq {cfg.seq_l}, "
-             f"batch {cfg.batch_size} × {cfg.mb_count} microbatches, lr {cfg.lr}, dataset {cfg.dataset}",
-             f"strategy {strategy} (setting {opts.setting!r}), swaps {'on' if opts.swaps else 'off'}, "
-             f"world size {opts.world_size}, failure rate {opts.rate:g} %/h → p_iter {p:.6g} ({source})",
-             f"parameters: total {sum(counts):,} (vocabulary {vocab:,})"]
+    lines = [
+        f"config {opts.config}: {cfg.architecture} d={cfg.dmodel} heads={cfg.num_heads} "
+        f"{cfg.n_stages} stages × {cfg.n_layers_per_stage} layers, seq {cfg.seq_l}, "
+        f"batch {cfg.batch_size} × {cfg.mb_count} microbatches, lr {cfg.lr}, dataset {cfg.dataset}",
+        f"strategy {strategy} (setting {opts.setting!r}), swaps {'on' if opts.swaps else 'off'}, "
+        f"world size {opts.world_size}, failure rate {opts.rate:g} %/h → p_iter {p:.6g} ({source})",
+        f"parameters: total {sum(counts):,} (vocabulary {vocab:,})",
+    ]
     lines += [f"  stage {i}{' (embedding + head)' if i == 0 else ''}: {c:,}" for i, c in enumerate(counts)]
     return lines
 
@@ -124,8 +133,10 @@ def plan_lines(opts: SimulateOptions) -> list[str]:
 def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.device]:
     env_world = int(os.environ.get("WORLD_SIZE", "1"))
     if env_world != opts.world_size:
-        raise ValueError(f"WORLD_SIZE is {opts.world_size} but {env_world} processes were started; launch with "
-                         f"torchrun --nproc_per_node={opts.world_size} (the launchers do).")
+        raise ValueError(
+            f"WORLD_SIZE is {opts.world_size} but {env_world} processes were started; launch with "
+            f"torchrun --nproc_per_node={opts.world_size} (the launchers do)."
+        )
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
@@ -166,10 +177,16 @@ def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
     from checkfree.data import DataSpec
 
     needed = cfg.tokens_per_iteration * world_size * max(1, cfg.max_iterations)
-    return DataSpec(dataset=cfg.dataset, tokenizer=cfg.tokenizer_name, vocab_size=cfg.vocab_size,
-                    seq_len=cfg.seq_l, validation_sequences=cfg.validation * cfg.batch_size,
-                    max_train_tokens=cfg.max_train_tokens or (needed if cfg.dataset in HUB_DATASET_NAMES else None),
-                    seed=cfg.data_seed, cache_dir=Path(cache_dir or default_cache_dir()).resolve())
+    return DataSpec(
+        dataset=cfg.dataset,
+        tokenizer=cfg.tokenizer_name,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_l,
+        validation_sequences=cfg.validation * cfg.batch_size,
+        max_train_tokens=cfg.max_train_tokens or (needed if cfg.dataset in HUB_DATASET_NAMES else None),
+        seed=cfg.data_seed,
+        cache_dir=Path(cache_dir or default_cache_dir()).resolve(),
+    )
 
 
 def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
@@ -182,8 +199,9 @@ def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
         dist.barrier()
     if rank != 0:
         corpus = prepare_corpus(spec)
-    batches = BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world,
-                          seed=cfg.data_seed)
+    batches = BatchSource(
+        corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed
+    )
     val = validation_batches(corpus, cfg.batch_size, cfg.validation, cfg.seq_l)
     return corpus, batches, val
 
@@ -209,32 +227,65 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
         source = failure_source(opts, cfg, p)
         if (opts.fail_stage0 or _schedule_has_stage0(source)) and not strategy.recovers_stage0:
-            raise ValueError(f"strategy {strategy.name!r} cannot recover stage 0 (embedding and head); only "
-                             "checkfree_plus and the checkpoint-based strategies can: drop stage 0 failures.")
-        log.info("strategy %s, swaps %s, p_iter %.6g from %s, grad_norm_mode %s", strategy.name, opts.swaps,
-                 p, p_source, cfg.grad_norm_mode)
+            raise ValueError(
+                f"strategy {strategy.name!r} cannot recover stage 0 (embedding and head); only "
+                "checkfree_plus and the checkpoint-based strategies can: drop stage 0 failures."
+            )
+        log.info(
+            "strategy %s, swaps %s, p_iter %.6g from %s, grad_norm_mode %s",
+            strategy.name,
+            opts.swaps,
+            p,
+            p_source,
+            cfg.grad_norm_mode,
+        )
         stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed, corpus.eos_id), cfg)
         progress = None
         if rank == 0 and opts.progress:
             from tqdm import tqdm
-            progress = tqdm(total=cfg.max_iterations, initial=opts.start_iter, desc=strategy.name,
-                            unit="it", dynamic_ncols=True)
+
+            progress = tqdm(
+                total=cfg.max_iterations,
+                initial=opts.start_iter,
+                desc=strategy.name,
+                unit="it",
+                dynamic_ncols=True,
+            )
         sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None)
-        ctx = RunContext(sink=sink, checkpoint_dir=run_dir / "checkpoints", rank=rank, world_size=world,
-                         group=group, device=device, progress=progress)
+        ctx = RunContext(
+            sink=sink,
+            checkpoint_dir=run_dir / "checkpoints",
+            rank=rank,
+            world_size=world,
+            group=group,
+            device=device,
+            progress=progress,
+        )
         trainer = Trainer(cfg, stages, batches, val, strategy, source, ctx, swaps=opts.swaps)
-        resume = opts.resume_from or (run_dir / "checkpoints" / f"iter_{opts.start_iter:07d}"
-                                      if opts.start_iter > 0 else None)
+        resume = opts.resume_from or (
+            run_dir / "checkpoints" / f"iter_{opts.start_iter:07d}" if opts.start_iter > 0 else None
+        )
         if resume is not None:
             trainer.resume(Path(resume))
         summary = trainer.train()
         if progress is not None:
             progress.close()
-        summary.update({"strategy": strategy.name, "setting": opts.setting, "swaps": opts.swaps,
-                        "failure_rate_per_hour": opts.rate, "failure_probability": p,
-                        "failure_probability_source": p_source, "grad_norm_mode": cfg.grad_norm_mode,
-                        "world_size": world, "config": opts.config, "run_dir": str(run_dir),
-                        "tokenizer_dir": str(corpus.tokenizer_dir), "vocab_size": corpus.vocab_size})
+        summary.update(
+            {
+                "strategy": strategy.name,
+                "setting": opts.setting,
+                "swaps": opts.swaps,
+                "failure_rate_per_hour": opts.rate,
+                "failure_probability": p,
+                "failure_probability_source": p_source,
+                "grad_norm_mode": cfg.grad_norm_mode,
+                "world_size": world,
+                "config": opts.config,
+                "run_dir": str(run_dir),
+                "tokenizer_dir": str(corpus.tokenizer_dir),
+                "vocab_size": corpus.vocab_size,
+            }
+        )
         if rank == 0:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         sink.close()

@@ -62,7 +62,9 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 continue
-            raise ValueError(f"{path}: line {i + 1} is not valid JSON; expected one JSON object per line.") from None
+            raise ValueError(
+                f"{path}: line {i + 1} is not valid JSON; expected one JSON object per line."
+            ) from None
         if not isinstance(rec, dict):
             raise ValueError(f"{path}: line {i + 1} is not a JSON object.")
         records.append(rec)

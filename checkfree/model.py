@@ -27,23 +27,45 @@ def hf_config(cfg: Config, vocab_size: int, eos_token_id: int | None = None) -> 
     special = {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id, "pad_token_id": eos_token_id}
     if cfg.architecture == "LLaMa":
         return LlamaConfig(
-            vocab_size=vocab_size, hidden_size=cfg.dmodel, intermediate_size=4 * cfg.dmodel,
-            num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.seq_l, rms_norm_eps=1e-6,
-            rope_theta=10000.0, initializer_range=cfg.init_std, tie_word_embeddings=False,
-            attention_bias=False, mlp_bias=False, hidden_act="silu", attn_implementation="sdpa",
-            use_cache=False, **special,
+            vocab_size=vocab_size,
+            hidden_size=cfg.dmodel,
+            intermediate_size=4 * cfg.dmodel,
+            num_hidden_layers=cfg.n_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_heads,
+            max_position_embeddings=cfg.seq_l,
+            rms_norm_eps=1e-6,
+            rope_theta=10000.0,
+            initializer_range=cfg.init_std,
+            tie_word_embeddings=False,
+            attention_bias=False,
+            mlp_bias=False,
+            hidden_act="silu",
+            attn_implementation="sdpa",
+            use_cache=False,
+            **special,
         )
     return GPT2Config(
-        vocab_size=vocab_size, n_embd=cfg.dmodel, n_layer=cfg.n_layers, n_head=cfg.num_heads,
-        n_positions=cfg.seq_l, n_inner=4 * cfg.dmodel, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        initializer_range=cfg.init_std, tie_word_embeddings=False, attn_implementation="sdpa", use_cache=False,
+        vocab_size=vocab_size,
+        n_embd=cfg.dmodel,
+        n_layer=cfg.n_layers,
+        n_head=cfg.num_heads,
+        n_positions=cfg.seq_l,
+        n_inner=4 * cfg.dmodel,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        initializer_range=cfg.init_std,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+        use_cache=False,
         **special,
     )
 
 
-def build_hf_model(cfg: Config, vocab_size: int, seed: int,
-                   eos_token_id: int | None = None) -> LlamaForCausalLM | GPT2LMHeadModel:
+def build_hf_model(
+    cfg: Config, vocab_size: int, seed: int, eos_token_id: int | None = None
+) -> LlamaForCausalLM | GPT2LMHeadModel:
     """The unsplit transformers model, initialised N(0, init_std) from a generator seeded with ``seed``."""
     rng_state = torch.random.get_rng_state()
     try:
@@ -58,8 +80,14 @@ def build_hf_model(cfg: Config, vocab_size: int, seed: int,
 class EmbeddingStage(nn.Module):
     """Stage 0: E (embedding) at the start of the pipeline, E⁻¹ (final norm + LM head) at its end."""
 
-    def __init__(self, architecture: str, embed: nn.Module, norm: nn.Module, lm_head: nn.Module,
-                 positions: nn.Module | None = None):
+    def __init__(
+        self,
+        architecture: str,
+        embed: nn.Module,
+        norm: nn.Module,
+        lm_head: nn.Module,
+        positions: nn.Module | None = None,
+    ):
         super().__init__()
         self.architecture = architecture
         self.embed_tokens = embed
@@ -82,8 +110,13 @@ class EmbeddingStage(nn.Module):
 class TransformerStage(nn.Module):
     """Stages 1..S: a slice of consecutive transformer blocks; (B, T, d) → (B, T, d)."""
 
-    def __init__(self, architecture: str, hf: LlamaConfig | GPT2Config, layers: list[nn.Module],
-                 rotary: nn.Module | None = None):
+    def __init__(
+        self,
+        architecture: str,
+        hf: LlamaConfig | GPT2Config,
+        layers: list[nn.Module],
+        rotary: nn.Module | None = None,
+    ):
         super().__init__()
         self.architecture = architecture
         self.hf_config = hf
@@ -94,15 +127,22 @@ class TransformerStage(nn.Module):
         T = h.shape[1]
         pos = torch.arange(T, device=h.device).unsqueeze(0)  # (1, T)
         # Always build the mask: eager attention with attention_mask=None would be non-causal (STACK.md).
-        mask = create_causal_mask(config=self.hf_config, inputs_embeds=h, attention_mask=None,
-                                  past_key_values=None, position_ids=pos)
+        mask = create_causal_mask(
+            config=self.hf_config,
+            inputs_embeds=h,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=pos,
+        )
         if self.architecture == "LLaMa":
             pe = self.rotary_emb(h, position_ids=pos)
             for layer in self.layers:
                 h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
         else:
             for layer in self.layers:
-                h = layer(h, attention_mask=mask)  # by keyword: GPT2Block's 2nd positional arg is the KV cache
+                h = layer(
+                    h, attention_mask=mask
+                )  # by keyword: GPT2Block's 2nd positional arg is the KV cache
         return h[0] if isinstance(h, tuple) else h
 
 
@@ -116,14 +156,15 @@ def split_model(model: LlamaForCausalLM | GPT2LMHeadModel, cfg: Config) -> list[
         body, blocks = model.transformer, list(model.transformer.h)
         stage0 = EmbeddingStage("GPT", body.wte, body.ln_f, model.lm_head, positions=body.wpe)
     if len(blocks) != cfg.n_layers:
-        raise ValueError(f"the model has {len(blocks)} blocks; expected n_stages × n_layers_per_stage = "
-                         f"{cfg.n_layers}.")
+        raise ValueError(
+            f"the model has {len(blocks)} blocks; expected n_stages × n_layers_per_stage = {cfg.n_layers}."
+        )
     stages: list[nn.Module] = [stage0]
     for s in range(cfg.n_stages):
         rotary = None
         if cfg.architecture == "LLaMa":
             rotary = type(body.rotary_emb)(config=model.config)
-        stages.append(TransformerStage(cfg.architecture, model.config, blocks[s * L:(s + 1) * L], rotary))
+        stages.append(TransformerStage(cfg.architecture, model.config, blocks[s * L : (s + 1) * L], rotary))
     return stages
 
 
@@ -132,7 +173,9 @@ def build_stages(cfg: Config, vocab_size: int, seed: int) -> list[nn.Module]:
     return split_model(build_hf_model(cfg, vocab_size, seed), cfg)
 
 
-def assemble_hf_model(stages: list[nn.Module], cfg: Config, vocab_size: int) -> LlamaForCausalLM | GPT2LMHeadModel:
+def assemble_hf_model(
+    stages: list[nn.Module], cfg: Config, vocab_size: int
+) -> LlamaForCausalLM | GPT2LMHeadModel:
     """An unsplit transformers model holding copies of the stages' weights (for export and tests)."""
     model = build_hf_model(cfg, vocab_size, seed=0)
     target = split_model(model, cfg)

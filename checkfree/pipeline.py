@@ -30,8 +30,10 @@ def stage_order(microbatch: int, n_stages: int, swaps: bool) -> list[int]:
     if not swaps:
         return order
     if n_stages < MIN_STAGES_FOR_SWAPS:
-        raise ValueError(f"CheckFree+ swaps need n_stages ≥ {MIN_STAGES_FOR_SWAPS} (two disjoint pairs of stages "
-                         f"to swap), got {n_stages}; run without swaps (run_2.sh) or use more stages.")
+        raise ValueError(
+            f"CheckFree+ swaps need n_stages ≥ {MIN_STAGES_FOR_SWAPS} (two disjoint pairs of stages "
+            f"to swap), got {n_stages}; run without swaps (run_2.sh) or use more stages."
+        )
     if microbatch % 2 == 1:
         order[0], order[1] = order[1], order[0]
         order[-1], order[-2] = order[-2], order[-1]

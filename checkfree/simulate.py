@@ -73,17 +73,29 @@ class RunContext:
 class Trainer:
     """Trains ``stages`` under ``strategy`` with failures from ``failures``; see the module docstring."""
 
-    def __init__(self, cfg: Config, stages: list[torch.nn.Module], batches: Any, val_batches: list[torch.Tensor],
-                 strategy: RecoveryStrategy, failures: StageFailureSource, ctx: RunContext, swaps: bool,
-                 config_json: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        stages: list[torch.nn.Module],
+        batches: Any,
+        val_batches: list[torch.Tensor],
+        strategy: RecoveryStrategy,
+        failures: StageFailureSource,
+        ctx: RunContext,
+        swaps: bool,
+        config_json: dict[str, Any] | None = None,
+    ):
         self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
         self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
         self.config_json = config_json or cfg.to_json()
         for s in stages:
             s.to(ctx.device)
         self.state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if ctx.device.type == "cuda"
-                         else torch.autocast("cpu", enabled=False))
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if ctx.device.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
         self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
@@ -108,15 +120,24 @@ class Trainer:
         for mb in range(cfg.mb_count):
             batch = self.batches.batch(st.effective_iteration * cfg.mb_count + mb).to(self.ctx.device)
             with self.autocast:
-                loss = forward_loss(st.stages, batch, stage_order(mb, cfg.n_stages, self.swaps)) / cfg.mb_count
+                loss = (
+                    forward_loss(st.stages, batch, stage_order(mb, cfg.n_stages, self.swaps)) / cfg.mb_count
+                )
             loss.backward()
             total += loss.detach()
         loss_value = self._reduce_and_step(total)
         self.strategy.after_step(st)
         seconds = time.perf_counter() - t0
-        self.ctx.sink.write("train", iteration=st.iteration, effective_iteration=st.effective_iteration,
-                            loss=loss_value, lr=lr, tokens=cfg.tokens_per_iteration * self.ctx.world_size,
-                            seconds=round(seconds, 4), grad_norms=[round(x, 6) for x in st.grad_norms])
+        self.ctx.sink.write(
+            "train",
+            iteration=st.iteration,
+            effective_iteration=st.effective_iteration,
+            loss=loss_value,
+            lr=lr,
+            tokens=cfg.tokens_per_iteration * self.ctx.world_size,
+            seconds=round(seconds, 4),
+            grad_norms=[round(x, 6) for x in st.grad_norms],
+        )
         st.iteration += 1
         st.effective_iteration += 1
         return loss_value
@@ -126,8 +147,13 @@ class Trainer:
             return
         st = self.state
         for s in failed:
-            self.ctx.sink.write("failure", iteration=st.iteration, stage=s,
-                                effective_iteration=st.effective_iteration, with_stages=failed)
+            self.ctx.sink.write(
+                "failure",
+                iteration=st.iteration,
+                stage=s,
+                effective_iteration=st.effective_iteration,
+                with_stages=failed,
+            )
         self.counts["failures"] += len(failed)
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
@@ -139,8 +165,15 @@ class Trainer:
             self.counts["fallbacks"] += rec.fallback is not None
             self.counts["consecutive"] += rec.consecutive
             self.ctx.sink.write(**rec.to_metrics(st.iteration))
-            log.info("iteration %d: stage %d recovered by %s (%s) from %s%s", st.iteration, rec.stage,
-                     rec.strategy, rec.rule, rec.sources, f"; fallback: {rec.fallback}" if rec.fallback else "")
+            log.info(
+                "iteration %d: stage %d recovered by %s (%s) from %s%s",
+                st.iteration,
+                rec.stage,
+                rec.strategy,
+                rec.rule,
+                rec.sources,
+                f"; fallback: {rec.fallback}" if rec.fallback else "",
+            )
 
     def _reduce_and_step(self, loss_sum: torch.Tensor) -> float:
         """All-reduce (average) gradients per stage, record ω, clip each stage, step. Returns the mean loss."""
@@ -153,7 +186,7 @@ class Trainer:
                 flat.div_(ctx.world_size)
                 offset = 0
                 for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                    g.copy_(flat[offset : offset + g.numel()].view_as(g))
                     offset += g.numel()
             dist.all_reduce(loss_sum, group=ctx.group)
             loss_sum /= ctx.world_size
@@ -173,14 +206,20 @@ class Trainer:
         total = torch.zeros(2, dtype=torch.float64)
         for i in range(ctx.rank, len(self.val_batches), ctx.world_size):
             with self.autocast:
-                loss = forward_loss(st.stages, self.val_batches[i].to(ctx.device),
-                                    range(1, self.cfg.n_stages + 1))
+                loss = forward_loss(
+                    st.stages, self.val_batches[i].to(ctx.device), range(1, self.cfg.n_stages + 1)
+                )
             total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
         if ctx.world_size > 1:
             dist.all_reduce(total, group=ctx.group)
         val = float(total[0] / total[1])
-        self.ctx.sink.write("eval", iteration=st.iteration, effective_iteration=st.effective_iteration,
-                            val_loss=val, perplexity=perplexity(val))
+        self.ctx.sink.write(
+            "eval",
+            iteration=st.iteration,
+            effective_iteration=st.effective_iteration,
+            val_loss=val,
+            perplexity=perplexity(val),
+        )
         self.last_eval = {"iteration": st.iteration, "val_loss": val, "perplexity": perplexity(val)}
         if not self.first_eval:
             self.first_eval = dict(self.last_eval)
@@ -192,23 +231,39 @@ class Trainer:
         if self.ctx.checkpoint_dir is None or self.ctx.rank != 0:
             return None
         t0 = time.perf_counter()
-        snap = checkpointing.capture(self.state, self.cfg.n_layers_per_stage, self.config_json,
-                                     strategy=self.strategy.name, world_size=self.ctx.world_size)
+        snap = checkpointing.capture(
+            self.state,
+            self.cfg.n_layers_per_stage,
+            self.config_json,
+            strategy=self.strategy.name,
+            world_size=self.ctx.world_size,
+        )
         path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
         seconds = round(time.perf_counter() - t0, 4)
-        self.ctx.sink.write("checkpoint", iteration=self.state.iteration,
-                            effective_iteration=self.state.effective_iteration, path=str(path),
-                            bytes=snap.nbytes, seconds=seconds, stall_seconds=seconds, mode="sync",
-                            purpose="resume")
+        self.ctx.sink.write(
+            "checkpoint",
+            iteration=self.state.iteration,
+            effective_iteration=self.state.effective_iteration,
+            path=str(path),
+            bytes=snap.nbytes,
+            seconds=seconds,
+            stall_seconds=seconds,
+            mode="sync",
+            purpose="resume",
+        )
         return path
 
     def resume(self, path: Path) -> None:
         """Load a run checkpoint (any stage layout with the same total layers)."""
         snap = checkpointing.read_checkpoint(path)
         same = checkpointing.restore(snap, self.state, self.cfg.n_layers_per_stage)
-        self.ctx.sink.write("resume", iteration=self.state.iteration,
-                            effective_iteration=self.state.effective_iteration, path=str(path),
-                            same_layout=same)
+        self.ctx.sink.write(
+            "resume",
+            iteration=self.state.iteration,
+            effective_iteration=self.state.effective_iteration,
+            path=str(path),
+            same_layout=same,
+        )
 
     def replicas_consistent(self) -> bool:
         """Whether every DP rank holds bit-identical weights (they must: same failures, same recoveries)."""
@@ -241,8 +296,13 @@ class Trainer:
                 self.ctx.progress.refresh()
                 self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
             if it % cfg.log_interval == 0 or it == cfg.max_iterations:
-                log.info("iter %6d | loss %.4f | failures %d | recoveries %d", st.iteration, last_loss,
-                         self.counts["failures"], self.counts["recoveries"])
+                log.info(
+                    "iter %6d | loss %.4f | failures %d | recoveries %d",
+                    st.iteration,
+                    last_loss,
+                    self.counts["failures"],
+                    self.counts["recoveries"],
+                )
             if it % cfg.eval_interval == 0 or it == cfg.max_iterations:
                 val, ppl = self.evaluate()
                 log.info("iter %6d | val_loss %.4f | perplexity %.2f", st.iteration, val, ppl)
@@ -252,8 +312,12 @@ class Trainer:
         self.save_checkpoint()
         return {
             "replicas_consistent": self.replicas_consistent(),
-            "iterations": st.iteration, "effective_iterations": st.effective_iteration,
-            "final_train_loss": last_loss, "first_eval": self.first_eval, "final_eval": self.last_eval,
-            **self.counts, "seconds": round(time.perf_counter() - t_start, 3),
+            "iterations": st.iteration,
+            "effective_iterations": st.effective_iteration,
+            "final_train_loss": last_loss,
+            "first_eval": self.first_eval,
+            "final_eval": self.last_eval,
+            **self.counts,
+            "seconds": round(time.perf_counter() - t_start, 3),
             "strategy_stats": self.strategy.stats(),
         }

@@ -33,10 +33,22 @@ from typing import Any
 from checkfree.failures import PAPER_ITERATION_SECONDS, hourly_rate, per_iteration_probability
 
 __all__ = [
-    "PAPER_CHECKPOINT_ITERATION_SECONDS", "PAPER_ITERATION_SECONDS", "PAPER_RECOVERY_SECONDS",
-    "PAPER_REDUNDANT_ITERATION_SECONDS", "PAPER_REDUNDANT_RATIO", "Crossing", "IterationTimeFormula", "RunCosts",
-    "RunTimeline", "TimingModel", "crossing_iteration", "hourly_rate", "implied_iteration_seconds",
-    "per_iteration_probability", "redundant_ratio", "stage_parameter_count",
+    "PAPER_CHECKPOINT_ITERATION_SECONDS",
+    "PAPER_ITERATION_SECONDS",
+    "PAPER_RECOVERY_SECONDS",
+    "PAPER_REDUNDANT_ITERATION_SECONDS",
+    "PAPER_REDUNDANT_RATIO",
+    "Crossing",
+    "IterationTimeFormula",
+    "RunCosts",
+    "RunTimeline",
+    "TimingModel",
+    "crossing_iteration",
+    "hourly_rate",
+    "implied_iteration_seconds",
+    "per_iteration_probability",
+    "redundant_ratio",
+    "stage_parameter_count",
 ]
 
 GIB = 2**30
@@ -72,8 +84,16 @@ class IterationTimeFormula:
     dp_bandwidth_gib_s: float = 0.2
     """Bandwidth (GiB/s) of the data-parallel gradient exchange between replicas of a stage."""
 
-    def components(self, forward_seconds: float, n_stages: int, batch_size: int, dmodel: int, seq_l: int,
-                   world_size: int, stage_parameters: int) -> dict[str, float]:
+    def components(
+        self,
+        forward_seconds: float,
+        n_stages: int,
+        batch_size: int,
+        dmodel: int,
+        seq_l: int,
+        world_size: int,
+        stage_parameters: int,
+    ) -> dict[str, float]:
         """Seconds of the formula's parts: "compute", "activations", "data_parallel" and their "total".
 
         Args:
@@ -87,22 +107,39 @@ class IterationTimeFormula:
         """
         if not (forward_seconds >= 0 and math.isfinite(forward_seconds)):
             raise ValueError(f"forward time {forward_seconds!r} s is invalid; expected a finite number ≥ 0.")
-        for name, v in (("n_stages", n_stages), ("batch_size", batch_size), ("dmodel", dmodel),
-                        ("seq_l", seq_l), ("world_size", world_size), ("stage_parameters", stage_parameters)):
+        for name, v in (
+            ("n_stages", n_stages),
+            ("batch_size", batch_size),
+            ("dmodel", dmodel),
+            ("seq_l", seq_l),
+            ("world_size", world_size),
+            ("stage_parameters", stage_parameters),
+        ):
             if v <= 0:
                 raise ValueError(f"{name} is {v!r}; the iteration-time formula needs a positive value.")
         activation_bytes = (n_stages + 1) * batch_size * dmodel * seq_l * self.bytes_per_element
         activations = activation_bytes / (self.activation_bandwidth_gib_s * GIB)
         compute = self.backward_factor * self.waves * forward_seconds
         comm = self.backward_factor * self.waves * activations
-        dp = (2 * world_size - 1) * stage_parameters * self.bytes_per_element / (self.dp_bandwidth_gib_s * GIB)
+        dp = (
+            (2 * world_size - 1) * stage_parameters * self.bytes_per_element / (self.dp_bandwidth_gib_s * GIB)
+        )
         return {"compute": compute, "activations": comm, "data_parallel": dp, "total": compute + comm + dp}
 
-    def seconds(self, forward_seconds: float, n_stages: int, batch_size: int, dmodel: int, seq_l: int,
-                world_size: int, stage_parameters: int) -> float:
+    def seconds(
+        self,
+        forward_seconds: float,
+        n_stages: int,
+        batch_size: int,
+        dmodel: int,
+        seq_l: int,
+        world_size: int,
+        stage_parameters: int,
+    ) -> float:
         """T_iter in seconds (see the class docstring and :meth:`components`)."""
-        return self.components(forward_seconds, n_stages, batch_size, dmodel, seq_l, world_size,
-                               stage_parameters)["total"]
+        return self.components(
+            forward_seconds, n_stages, batch_size, dmodel, seq_l, world_size, stage_parameters
+        )["total"]
 
     def forward_seconds_from_compute(self, compute_seconds: float) -> float:
         """T_fwd estimated from a measured forward + backward time (s): ``compute / backward_factor``."""
@@ -133,16 +170,24 @@ def implied_iteration_seconds(rate_percent_per_hour: float, p_iter: float) -> fl
     Raises ValueError when the rate is not in (0, 100) or p_iter not in [0, 1).
     """
     if not 0 < rate_percent_per_hour < 100:
-        raise ValueError(f"failure rate {rate_percent_per_hour!r} %/h is invalid; expected a number in (0, 100).")
+        raise ValueError(
+            f"failure rate {rate_percent_per_hour!r} %/h is invalid; expected a number in (0, 100)."
+        )
     if not 0 <= p_iter < 1:
-        raise ValueError(f"per-iteration failure probability {p_iter!r} is invalid; expected a number in [0, 1).")
+        raise ValueError(
+            f"per-iteration failure probability {p_iter!r} is invalid; expected a number in [0, 1)."
+        )
     if p_iter == 0:
         return math.inf
     return 3600.0 * math.log1p(-p_iter) / math.log1p(-rate_percent_per_hour / 100.0)
 
 
-def redundant_ratio(forward_seconds_per_microbatch: float | None, mb_count: int,
-                    compute_seconds: float | None, n_stages: int = 1) -> tuple[float, str]:
+def redundant_ratio(
+    forward_seconds_per_microbatch: float | None,
+    mb_count: int,
+    compute_seconds: float | None,
+    n_stages: int = 1,
+) -> tuple[float, str]:
     """Iteration-time ratio of redundant computation and where it came from.
 
     Measured: ``1 + S · mb_count · f / C`` with f the redundant forward seconds per microbatch of the slowest
@@ -151,13 +196,21 @@ def redundant_ratio(forward_seconds_per_microbatch: float | None, mb_count: int,
     pipeline the S stages work in parallel, so the extra work S·mb·f over the total C is each stage's extra time
     over its own. Otherwise the paper's 151.04 s / 91.32 s (which also includes Bamboo's halved microbatches).
     """
-    if (forward_seconds_per_microbatch is not None and compute_seconds and compute_seconds > 0
-            and forward_seconds_per_microbatch >= 0):
+    if (
+        forward_seconds_per_microbatch is not None
+        and compute_seconds
+        and compute_seconds > 0
+        and forward_seconds_per_microbatch >= 0
+    ):
         ratio = 1.0 + n_stages * mb_count * forward_seconds_per_microbatch / compute_seconds
-        return ratio, (f"measured: {n_stages} stages × {mb_count} microbatches × {forward_seconds_per_microbatch:.4g} s "
-                       f"redundant forward / {compute_seconds:.4g} s compute per iteration")
-    return PAPER_REDUNDANT_RATIO, (f"paper: {PAPER_REDUNDANT_ITERATION_SECONDS} s / {PAPER_ITERATION_SECONDS} s "
-                                   "(no measured redundant forward time)")
+        return ratio, (
+            f"measured: {n_stages} stages × {mb_count} microbatches × {forward_seconds_per_microbatch:.4g} s "
+            f"redundant forward / {compute_seconds:.4g} s compute per iteration"
+        )
+    return PAPER_REDUNDANT_RATIO, (
+        f"paper: {PAPER_REDUNDANT_ITERATION_SECONDS} s / {PAPER_ITERATION_SECONDS} s "
+        "(no measured redundant forward time)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- run costs
@@ -203,8 +256,13 @@ class RunCosts:
         return statistics.median(values) if values else None
 
     @classmethod
-    def from_records(cls, records: Iterable[Mapping[str, Any]], summary: Mapping[str, Any] | None = None,
-                     mb_count: int = 1, n_stages: int = 1) -> RunCosts:
+    def from_records(
+        cls,
+        records: Iterable[Mapping[str, Any]],
+        summary: Mapping[str, Any] | None = None,
+        mb_count: int = 1,
+        n_stages: int = 1,
+    ) -> RunCosts:
         """Collect the costs from metrics records (the metrics contract; missing fields count as 0)."""
         summary = summary or {}
         stats = summary.get("strategy_stats") or {}
@@ -218,7 +276,9 @@ class RunCosts:
             elif kind == "recovery":
                 costs.recoveries.append((it, _num(r.get("seconds"))))
             elif kind == "checkpoint" and r.get("purpose") == "strategy":
-                stall = r.get("stall_seconds", r.get("seconds"))  # a save that reports no stall is assumed to block
+                stall = r.get(
+                    "stall_seconds", r.get("seconds")
+                )  # a save that reports no stall is assumed to block
                 costs.save_stalls.append((it, _num(stall)))
                 costs.save_bytes += int(_num(r.get("bytes")))
             elif kind == "snapshot":
@@ -232,7 +292,8 @@ class RunCosts:
         rf = stats.get("redundant_forward_seconds_per_microbatch")
         costs.redundant_forward_seconds_per_microbatch = None if rf is None else _num(rf, math.nan)
         if costs.redundant_forward_seconds_per_microbatch is not None and not math.isfinite(
-                costs.redundant_forward_seconds_per_microbatch):
+            costs.redundant_forward_seconds_per_microbatch
+        ):
             costs.redundant_forward_seconds_per_microbatch = None
         return costs
 
@@ -252,8 +313,12 @@ class RunTimeline:
 
     def breakdown(self, x: float) -> dict[str, float]:
         """Simulated seconds spent up to position ``x`` (iterations), by kind, plus "iterations" and "total"."""
-        out = {"iterations": x * self.iteration_seconds, "recovery": 0.0, "save_stall": 0.0,
-               "snapshot_stall": 0.0}
+        out = {
+            "iterations": x * self.iteration_seconds,
+            "recovery": 0.0,
+            "save_stall": 0.0,
+            "snapshot_stall": 0.0,
+        }
         for pos, sec, kind in self.events:
             if pos < x:
                 out[kind] += sec
@@ -285,10 +350,17 @@ class TimingModel:
     formula: IterationTimeFormula = field(default_factory=IterationTimeFormula)
 
     @classmethod
-    def resolve(cls, *, explicit_iteration_seconds: float | None = None, swarm_iteration_seconds: float | None = None,
-                formula_inputs: Mapping[str, Any] | None = None, compute_seconds: float | None = None,
-                explicit_recovery_seconds: float | None = None, swarm_recovery_seconds: float | None = None,
-                formula: IterationTimeFormula | None = None) -> TimingModel:
+    def resolve(
+        cls,
+        *,
+        explicit_iteration_seconds: float | None = None,
+        swarm_iteration_seconds: float | None = None,
+        formula_inputs: Mapping[str, Any] | None = None,
+        compute_seconds: float | None = None,
+        explicit_recovery_seconds: float | None = None,
+        swarm_recovery_seconds: float | None = None,
+        formula: IterationTimeFormula | None = None,
+    ) -> TimingModel:
         """Pick T_iter and the recovery seconds by priority (module docstring).
 
         Args:
@@ -301,7 +373,9 @@ class TimingModel:
         formula = formula or IterationTimeFormula()
         t_given, r_given = explicit_iteration_seconds, explicit_recovery_seconds
         if t_given is not None and not (t_given > 0 and math.isfinite(t_given)):
-            raise ValueError(f"iteration time {t_given!r} s is invalid; expected a positive number of seconds.")
+            raise ValueError(
+                f"iteration time {t_given!r} s is invalid; expected a positive number of seconds."
+            )
         if r_given is not None and not (r_given >= 0 and math.isfinite(r_given)):
             raise ValueError(f"recovery time {r_given!r} s is invalid; expected a number of seconds ≥ 0.")
         if explicit_iteration_seconds is not None:
@@ -314,33 +388,49 @@ class TimingModel:
             how = "given"
             if fwd is None:
                 if compute_seconds is None:
-                    raise ValueError("the iteration-time formula needs T_fwd; no forward time was given and no run "
-                                     "measured its compute seconds.")
-                fwd, how = formula.forward_seconds_from_compute(compute_seconds), (
-                    f"measured compute {compute_seconds:.4g} s / {formula.backward_factor:g}")
+                    raise ValueError(
+                        "the iteration-time formula needs T_fwd; no forward time was given and no run "
+                        "measured its compute seconds."
+                    )
+                fwd, how = (
+                    formula.forward_seconds_from_compute(compute_seconds),
+                    (f"measured compute {compute_seconds:.4g} s / {formula.backward_factor:g}"),
+                )
             parts = formula.components(fwd, **inputs)
             t = parts["total"]
-            src = (f"formula (SPEC §5): T_fwd {fwd:.4g} s ({how}); compute {parts['compute']:.4g} s + activations "
-                   f"{parts['activations']:.4g} s + data parallel {parts['data_parallel']:.4g} s = {t:.4g} s")
+            src = (
+                f"formula (SPEC §5): T_fwd {fwd:.4g} s ({how}); compute {parts['compute']:.4g} s + activations "
+                f"{parts['activations']:.4g} s + data parallel {parts['data_parallel']:.4g} s = {t:.4g} s"
+            )
         else:
-            raise ValueError("no iteration time: expected an explicit value, a swarm measurement or formula inputs.")
+            raise ValueError(
+                "no iteration time: expected an explicit value, a swarm measurement or formula inputs."
+            )
         if explicit_recovery_seconds is not None:
             r, rsrc = float(explicit_recovery_seconds), f"given: {explicit_recovery_seconds:g} s per stage"
         elif swarm_recovery_seconds is not None and swarm_recovery_seconds >= 0:
-            r, rsrc = float(swarm_recovery_seconds), f"swarm measured: {swarm_recovery_seconds:.4g} s per stage"
+            r, rsrc = (
+                float(swarm_recovery_seconds),
+                f"swarm measured: {swarm_recovery_seconds:.4g} s per stage",
+            )
         else:
             r = PAPER_RECOVERY_SECONDS / PAPER_ITERATION_SECONDS * t
-            rsrc = (f"paper ratio: {PAPER_RECOVERY_SECONDS:g} s per stage at {PAPER_ITERATION_SECONDS} s per "
-                    f"iteration → {r:.4g} s at {t:.4g} s")
+            rsrc = (
+                f"paper ratio: {PAPER_RECOVERY_SECONDS:g} s per stage at {PAPER_ITERATION_SECONDS} s per "
+                f"iteration → {r:.4g} s at {t:.4g} s"
+            )
         return cls(t, src, r, rsrc, compute_seconds, formula)
 
     def timeline(self, costs: RunCosts) -> RunTimeline:
         """The simulated clock of one run (redundant ratio applied to ``redundant`` runs only)."""
         ratio, ratio_src = 1.0, ""
         if costs.strategy == "redundant":
-            ratio, ratio_src = redundant_ratio(costs.redundant_forward_seconds_per_microbatch, costs.mb_count,
-                                               self.baseline_compute_seconds or costs.median_compute_seconds,
-                                               costs.n_stages)
+            ratio, ratio_src = redundant_ratio(
+                costs.redundant_forward_seconds_per_microbatch,
+                costs.mb_count,
+                self.baseline_compute_seconds or costs.median_compute_seconds,
+                costs.n_stages,
+            )
         events = [(float(i), self.recovery_seconds, "recovery") for i, _ in costs.recoveries]
         events += [(float(i), s, "save_stall") for i, s in costs.save_stalls]
         events += [(float(i), s, "snapshot_stall") for i, s in costs.snapshot_stalls]

@@ -20,10 +20,22 @@ def main() -> None:
     dist.init_process_group("gloo")
     for item in settings:
         setting, _, mode = item.partition(":")
-        summary = run_simulation(SimulateOptions(
-            setting=setting, config="tiny_config.json", world_size=2, swaps=mode != "no-swaps",
-            run_dir=Path(out) / setting, max_iterations=6, eval_interval=3, failure_schedule=Path(schedule),
-            cache_dir=Path(cache), progress=False, extra=dict(SMALL)), argv=["e2e_worker", item])
+        summary = run_simulation(
+            SimulateOptions(
+                setting=setting,
+                config="tiny_config.json",
+                world_size=2,
+                swaps=mode != "no-swaps",
+                run_dir=Path(out) / setting,
+                max_iterations=6,
+                eval_interval=3,
+                failure_schedule=Path(schedule),
+                cache_dir=Path(cache),
+                progress=False,
+                extra=dict(SMALL),
+            ),
+            argv=["e2e_worker", item],
+        )
         if dist.get_rank() == 0:
             (Path(out) / f"{setting}.json").write_text(json.dumps(summary))
     dist.destroy_process_group()

@@ -22,9 +22,23 @@ VOCAB = 300
 
 def tiny_config(**overrides) -> Config:
     """A model that runs every code path in milliseconds on CPU (4 stages, swaps allowed)."""
-    base = dict(dataset="Shakespeare", dmodel=32, num_heads=2, n_layers_per_stage=1, n_stages=4, seq_l=16,
-                batch_size=2, mb_count=2, max_iterations=8, lr=3e-3, eval_interval=4, log_interval=4,
-                validation=2, vocab_size=VOCAB, lr_scale=1.1)
+    base = dict(
+        dataset="Shakespeare",
+        dmodel=32,
+        num_heads=2,
+        n_layers_per_stage=1,
+        n_stages=4,
+        seq_l=16,
+        batch_size=2,
+        mb_count=2,
+        max_iterations=8,
+        lr=3e-3,
+        eval_interval=4,
+        log_interval=4,
+        validation=2,
+        vocab_size=VOCAB,
+        lr_scale=1.1,
+    )
     base.update(overrides)
     return Config(**base)
 
@@ -50,8 +64,15 @@ class ScriptedFailures:
         return sorted(self.script.get(iteration, []))
 
 
-def make_trainer(cfg: Config, setting: str = "no_failure", failures=None, swaps: bool = False, seed: int = 0,
-                 sink: MetricsSink | None = None, checkpoint_dir=None) -> Trainer:
+def make_trainer(
+    cfg: Config,
+    setting: str = "no_failure",
+    failures=None,
+    swaps: bool = False,
+    seed: int = 0,
+    sink: MetricsSink | None = None,
+    checkpoint_dir=None,
+) -> Trainer:
     stages = build_stages(cfg, VOCAB, seed)
     batches = RandomBatches(cfg)
     val = [RandomBatches(cfg, seed=99).batch(i) for i in range(cfg.validation)]
@@ -64,14 +85,17 @@ def params_of(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for s in trainer.state.stages for p in s.parameters()]
 
 
-def sigkill_when(proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float,
-                 poll: float = 0.05) -> None:
+def sigkill_when(
+    proc: subprocess.Popen, ready: Callable[[], bool], what: str, timeout: float, poll: float = 0.05
+) -> None:
     """SIGKILL ``proc`` as soon as ``ready()`` holds; fail with ``what`` if it never does within ``timeout`` s,
     and with the process's stderr if it exits first. The process is gone when this returns."""
     try:
         deadline = time.monotonic() + timeout
         while not ready():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else "process exited"
+            assert proc.poll() is None, (
+                proc.stderr.read().decode()[-2000:] if proc.stderr else "process exited"
+            )
             if time.monotonic() > deadline:
                 pytest.fail(f"{what} within {timeout:.0f} s")
             time.sleep(poll)

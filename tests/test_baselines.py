@@ -27,7 +27,11 @@ def full_state(trainer, stages=None) -> list[torch.Tensor]:
     for s in stages if stages is not None else range(len(st.stages)):
         copy = take_copy(st, s)
         out += list(copy.weights.values())
-        out += [t for i in sorted(copy.optimizer) for t in (copy.optimizer[i][k] for k in sorted(copy.optimizer[i]))]
+        out += [
+            t
+            for i in sorted(copy.optimizer)
+            for t in (copy.optimizer[i][k] for k in sorted(copy.optimizer[i]))
+        ]
     return out
 
 
@@ -64,8 +68,10 @@ def test_rollback_is_bit_exact_and_redoes_the_lost_iterations(tmp_path, mode):
     t, summary, recs = run("checkpoint", {2: [3], 6: [1, 4]}, tmp_path, save_mode=mode)
     assert same(full_state(t), full_state(ref))
     rollbacks = [r for r in recs if r["kind"] == "rollback"]
-    assert [(r["iteration"], r["from_effective_iteration"], r["to_effective_iteration"], r["iterations_lost"])
-            for r in rollbacks] == [(2, 2, 0, 2), (6, 4, 4, 0)]  # before the first K: back to iteration 0
+    assert [
+        (r["iteration"], r["from_effective_iteration"], r["to_effective_iteration"], r["iterations_lost"])
+        for r in rollbacks
+    ] == [(2, 2, 0, 2), (6, 4, 4, 0)]  # before the first K: back to iteration 0
     assert summary["iterations"] == 12 and summary["effective_iterations"] == 10
     assert summary["strategy_stats"]["iterations_lost"] == 2
     trains = [(r["iteration"], r["effective_iteration"]) for r in recs if r["kind"] == "train"]
@@ -149,7 +155,9 @@ def test_async_snapshot_never_sees_a_half_updated_state(tmp_path, monkeypatch):
 
 
 def test_disk_modes_without_a_run_directory_use_a_temporary_one():
-    t = make_trainer(tiny_config(save_mode="sync", max_iterations=4), "checkpoint", ScriptedFailures({3: [1]}))
+    t = make_trainer(
+        tiny_config(save_mode="sync", max_iterations=4), "checkpoint", ScriptedFailures({3: [1]})
+    )
     t.train()
     root = t.strategy.writer.root
     assert t.strategy.stats()["iterations_lost"] == 3 and not root.exists()
@@ -185,7 +193,9 @@ def test_redundant_run_equals_no_failure_and_two_consecutive_losses_fall_back(tm
 
 def test_parity_decodes_any_float_bits_exactly():
     g = torch.Generator().manual_seed(0)
-    vecs = [torch.randn(1000, generator=g) * 10 ** torch.randint(-30, 30, (1000,), generator=g) for _ in range(4)]
+    vecs = [
+        torch.randn(1000, generator=g) * 10 ** torch.randint(-30, 30, (1000,), generator=g) for _ in range(4)
+    ]
     vecs[1][:3] = torch.tensor([float("nan"), -0.0, float("inf")])
     parity = encode_parity(vecs)
     for lost in range(4):

@@ -150,12 +150,19 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
     root = tmp_path / "ck"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(root)], env=env, stderr=subprocess.PIPE)
-    sigkill_when(proc, lambda: bool(checkpointing.list_checkpoints(root)
-                                    and any(p.name.startswith(".tmp-") for p in root.iterdir())),
-                 "the saving process never had a checkpoint and a save in progress at once", 60, poll=0.01)
+    sigkill_when(
+        proc,
+        lambda: bool(
+            checkpointing.list_checkpoints(root) and any(p.name.startswith(".tmp-") for p in root.iterdir())
+        ),
+        "the saving process never had a checkpoint and a save in progress at once",
+        60,
+        poll=0.01,
+    )
     assert any(p.name.startswith(".tmp-") for p in root.iterdir())  # killed mid-save
     newest = checkpointing.list_checkpoints(root)[-1]
     snap = checkpointing.read_checkpoint(newest)  # verifies every checksum
     assert int(snap.files["extra"]["i"]) == snap.effective_iteration
-    assert torch.equal(snap.files["layer_0000"]["param/w"][-3:], torch.tensor([11_999_997.0, 11_999_998.0,
-                                                                              11_999_999.0]))
+    assert torch.equal(
+        snap.files["layer_0000"]["param/w"][-3:], torch.tensor([11_999_997.0, 11_999_998.0, 11_999_999.0])
+    )

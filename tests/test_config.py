@@ -6,10 +6,12 @@ import pytest
 
 from checkfree.config import CONFIG_DIR, ConfigError, config_from_dict, load_config
 
-PAPER = {"124M_config.json": (512, 8, 3, 4, 512, 64, 4, 6e-4, 1.1),
-         "500M_config.json": (1024, 16, 4, 6, 1024, 16, 4, 3e-4, 1.2),
-         "1.5B_config.json": (2048, 16, 4, 6, 4096, 8, 2, 3e-4, 1.1),
-         "500M_GPT_config.json": (1024, 16, 4, 6, 1024, 8, 8, 1e-4, 1.2)}
+PAPER = {
+    "124M_config.json": (512, 8, 3, 4, 512, 64, 4, 6e-4, 1.1),
+    "500M_config.json": (1024, 16, 4, 6, 1024, 16, 4, 3e-4, 1.2),
+    "1.5B_config.json": (2048, 16, 4, 6, 4096, 8, 2, 3e-4, 1.1),
+    "500M_GPT_config.json": (1024, 16, 4, 6, 1024, 8, 8, 1e-4, 1.2),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))
@@ -42,18 +44,21 @@ def test_overrides_win_and_are_validated():
         load_config("tiny_config.json", {"max_iterations": -1})
 
 
-@pytest.mark.parametrize("raw, fragment", [
-    ({"dmodel": "big"}, "'dmodel' is 'big'; expected an integer"),
-    ({"dmodel": 100, "num_heads": 3}, "not divisible by 'num_heads'"),
-    ({"architecture": "Mamba"}, "'architecture' is 'Mamba'; expected one of"),
-    ({"lr": 0}, "'lr' is 0.0; expected a positive number"),
-    ({"n_stages": 0}, "'n_stages' is 0; expected a positive integer"),
-    ({"16": 1.5}, "failure probability '16' is 1.5"),
-    ({"16": "often"}, "failure probability '16' is 'often'"),
-    ({"grad_norm_mode": "max"}, "'grad_norm_mode' is 'max'"),
-    ({"dmdoel": 4}, "unknown key 'dmdoel'"),
-    ({"lr": float("nan")}, "expected a finite number"),
-])
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [
+        ({"dmodel": "big"}, "'dmodel' is 'big'; expected an integer"),
+        ({"dmodel": 100, "num_heads": 3}, "not divisible by 'num_heads'"),
+        ({"architecture": "Mamba"}, "'architecture' is 'Mamba'; expected one of"),
+        ({"lr": 0}, "'lr' is 0.0; expected a positive number"),
+        ({"n_stages": 0}, "'n_stages' is 0; expected a positive integer"),
+        ({"16": 1.5}, "failure probability '16' is 1.5"),
+        ({"16": "often"}, "failure probability '16' is 'often'"),
+        ({"grad_norm_mode": "max"}, "'grad_norm_mode' is 'max'"),
+        ({"dmdoel": 4}, "unknown key 'dmdoel'"),
+        ({"lr": float("nan")}, "expected a finite number"),
+    ],
+)
 def test_bad_values_raise_one_sentence(raw, fragment):
     with pytest.raises(ConfigError) as e:
         config_from_dict(raw)

@@ -30,9 +30,18 @@ def test_two_process_run_for_every_strategy(tmp_path):
     sched = tmp_path / "schedule.json"
     save_stage_schedule(sched, SCHEDULE)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tests" / "e2e_worker.py"), str(tmp_path / "out"), str(sched), str(tmp_path / "cache"),
-           *_settings()]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(ROOT / "tests" / "e2e_worker.py"),
+        str(tmp_path / "out"),
+        str(sched),
+        str(tmp_path / "cache"),
+        *_settings(),
+    ]
     (tmp_path / "out").mkdir()
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -49,7 +58,8 @@ def test_two_process_run_for_every_strategy(tmp_path):
         if REGISTRY[name].loses_state:
             assert summary["recoveries"] >= 1, name
         assert {"config.json", "command.txt", "summary.json", "rank0.log", "rank1.log"} <= {
-            p.name for p in run.iterdir()}
+            p.name for p in run.iterdir()
+        }
         evals = [r["val_loss"] for r in records if r["kind"] == "eval"]
         assert all(v == v and v < 20 for v in evals), (name, evals)  # finite: no NaN leaked from a lost stage
     assert not any(p.suffix in (".log", ".txt") for p in tmp_path.iterdir())  # nothing in the cwd

@@ -16,8 +16,10 @@ from checkfree.training_state import TrainingState, make_adam
 
 pytestmark = pytest.mark.timeout(120)
 
-CORPUS = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
-          "arrows of outrageous fortune, or to take arms against a sea of troubles. ") * 20
+CORPUS = (
+    "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings and "
+    "arrows of outrageous fortune, or to take arms against a sea of troubles. "
+) * 20
 
 
 @pytest.fixture(scope="module")
@@ -25,31 +27,53 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     from checkfree.data.tokenizer import train_bpe
 
     out = tmp_path_factory.mktemp("tok")
-    train_bpe([CORPUS[i:i + 200] for i in range(0, len(CORPUS), 200)], 300, out)
+    train_bpe([CORPUS[i : i + 200] for i in range(0, len(CORPUS), 200)], 300, out)
     return out
 
 
-def make_trained_run(root: Path, tokenizer_dir: Path, arch: str) -> tuple[Path, list[torch.nn.Module], Config]:
+def make_trained_run(
+    root: Path, tokenizer_dir: Path, arch: str
+) -> tuple[Path, list[torch.nn.Module], Config]:
     """A finished run directory whose final checkpoint holds weights no fresh init would give."""
     from transformers import AutoTokenizer
 
     vocab = len(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
-    cfg = Config(architecture=arch, dmodel=32, num_heads=2, n_layers_per_stage=1, n_stages=4, seq_l=16,
-                 vocab_size=300, tokenizer=str(tokenizer_dir), seed=1)
+    cfg = Config(
+        architecture=arch,
+        dmodel=32,
+        num_heads=2,
+        n_layers_per_stage=1,
+        n_stages=4,
+        seq_l=16,
+        vocab_size=300,
+        tokenizer=str(tokenizer_dir),
+        seed=1,
+    )
     stages = split_model(build_hf_model(cfg, vocab, seed=1), cfg)
     with torch.no_grad():  # "training": move every weight away from any seed's init
         gen = torch.Generator().manual_seed(3)
         for s in stages:
             for p in s.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
-    state = TrainingState(stages, [make_adam(s, 1e-3) for s in stages], base_lr=1e-3, iteration=7,
-                          effective_iteration=7)
+    state = TrainingState(
+        stages, [make_adam(s, 1e-3) for s in stages], base_lr=1e-3, iteration=7, effective_iteration=7
+    )
     run = root / f"run-{arch}"
-    write_snapshot(capture(state, cfg.n_layers_per_stage, cfg.to_json(), strategy="checkfree"), run / "checkpoints")
+    write_snapshot(
+        capture(state, cfg.n_layers_per_stage, cfg.to_json(), strategy="checkfree"), run / "checkpoints"
+    )
     (run / "config.json").write_text(json.dumps(cfg.to_json()))
-    (run / "summary.json").write_text(json.dumps({
-        "iterations": 7, "strategy": "checkfree", "tokenizer_dir": str(tokenizer_dir), "vocab_size": vocab,
-        "final_eval": {"iteration": 7, "val_loss": 5.0, "perplexity": 148.4}}))
+    (run / "summary.json").write_text(
+        json.dumps(
+            {
+                "iterations": 7,
+                "strategy": "checkfree",
+                "tokenizer_dir": str(tokenizer_dir),
+                "vocab_size": vocab,
+                "final_eval": {"iteration": 7, "val_loss": 5.0, "perplexity": 148.4},
+            }
+        )
+    )
     return run, stages, cfg
 
 
@@ -61,7 +85,8 @@ def test_export_loads_with_automodel_and_gives_the_staged_logits(tmp_path, token
     out = tmp_path / "hf"
     info = export_run(run, out)
     assert {"config.json", "model.safetensors", "tokenizer.json", "checkfree_export.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert info["iteration"] == 7 and info["verify_max_abs_logit_diff"] <= 1e-5
     model = AutoModelForCausalLM.from_pretrained(str(out)).eval()
     ids = torch.randint(0, 300, (3, 16), generator=torch.Generator().manual_seed(1))
@@ -79,7 +104,8 @@ def test_generate_prints_a_continuation(tmp_path, tokenizer_dir):
     text = generate(tmp_path / "hf", "To be", max_new_tokens=5, temperature=0.0)
     assert text.startswith("To be") and len(text) > len("To be")
     assert generate(tmp_path / "hf", "To be", max_new_tokens=5, seed=4) == generate(
-        tmp_path / "hf", "To be", max_new_tokens=5, seed=4)  # seeded sampling repeats
+        tmp_path / "hf", "To be", max_new_tokens=5, seed=4
+    )  # seeded sampling repeats
 
 
 def test_export_errors_are_one_sentence(tmp_path, tokenizer_dir, capsys):

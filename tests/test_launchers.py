@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def launch(script, *args, dry=True):
     env = dict(os.environ, DRY_RUN="1" if dry else "0")
-    return subprocess.run([str(ROOT / "simulate_training" / script), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(ROOT / "simulate_training" / script), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.timeout(150)
@@ -24,7 +30,7 @@ def test_run_sh_turns_swaps_on_and_run_2_off():
     assert "--nproc_per_node=2" in first_on and "--swaps" in first_on and "--max-iterations 200" in first_on
     assert "--no-swaps" in first_off
     assert "strategy checkfree_plus" in on.stdout and "strategy checkfree " in off.stdout
-    assert "p_iter 0.01 (config[\"16\"])" in on.stdout
+    assert 'p_iter 0.01 (config["16"])' in on.stdout
     assert "stage 4: " in on.stdout  # parameter count per stage
 
 

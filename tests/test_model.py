@@ -57,8 +57,10 @@ def test_assemble_round_trips_weights():
     stages = split_model(build_hf_model(cfg, 300, seed=3), cfg)
     model = assemble_hf_model(stages, cfg, 300)
     batch = torch.randint(0, 300, (2, cfg.seq_l + 1))
-    assert torch.equal(model(input_ids=batch[:, :-1]).logits,
-                       stages[0].head(stages[4](stages[3](stages[2](stages[1](stages[0].embed(batch[:, :-1])))))))
+    assert torch.equal(
+        model(input_ids=batch[:, :-1]).logits,
+        stages[0].head(stages[4](stages[3](stages[2](stages[1](stages[0].embed(batch[:, :-1])))))),
+    )
 
 
 def test_init_does_not_touch_global_rng():

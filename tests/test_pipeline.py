@@ -11,11 +11,14 @@ def test_in_order_without_swaps():
     assert stage_order(1, 6, swaps=False) == [1, 2, 3, 4, 5, 6]
 
 
-@pytest.mark.parametrize("S, odd", [
-    (4, [2, 1, 4, 3]),
-    (6, [2, 1, 3, 4, 6, 5]),
-    (12, [2, 1, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11]),
-])
+@pytest.mark.parametrize(
+    "S, odd",
+    [
+        (4, [2, 1, 4, 3]),
+        (6, [2, 1, 3, 4, 6, 5]),
+        (12, [2, 1, 3, 4, 5, 6, 7, 8, 9, 10, 12, 11]),
+    ],
+)
 def test_swaps_on_odd_microbatches(S, odd):
     assert stage_order(0, S, swaps=True) == list(range(1, S + 1))
     assert stage_order(2, S, swaps=True) == list(range(1, S + 1))

@@ -44,21 +44,34 @@ def test_weighted_average_rejects_mismatch():
 
 
 def test_zero_and_random_rules():
-    sd = {"layers.0.mlp.down_proj.weight": torch.ones(2, 2), "layers.0.mlp.up_proj.weight": torch.ones(2, 2),
-          "layers.0.input_layernorm.weight": torch.full((2,), 3.0)}
+    sd = {
+        "layers.0.mlp.down_proj.weight": torch.ones(2, 2),
+        "layers.0.mlp.up_proj.weight": torch.ones(2, 2),
+        "layers.0.input_layernorm.weight": torch.full((2,), 3.0),
+    }
     z = zero_mlp_output(sd, "LLaMa")
     assert z["layers.0.mlp.down_proj.weight"].abs().sum() == 0
     assert torch.equal(z["layers.0.mlp.up_proj.weight"], torch.ones(2, 2))
-    r = random_state({"a.weight": torch.zeros(200, 200), "x.norm.weight": torch.zeros(4)},
-                     torch.Generator().manual_seed(0), std=0.02)
+    r = random_state(
+        {"a.weight": torch.zeros(200, 200), "x.norm.weight": torch.zeros(4)},
+        torch.Generator().manual_seed(0),
+        std=0.02,
+    )
     assert abs(r["a.weight"].std().item() - 0.02) < 1e-3
     assert torch.equal(r["x.norm.weight"], torch.ones(4))
 
 
-@pytest.mark.parametrize("stage, failed, expected", [
-    (2, [2], (1, 3)), (1, [1], (None, 2)), (4, [4], (3, None)),
-    (2, [2, 3], (1, 4)), (3, [2, 3], (1, 4)), (2, [1, 2, 3, 4], (None, None)),
-])
+@pytest.mark.parametrize(
+    "stage, failed, expected",
+    [
+        (2, [2], (1, 3)),
+        (1, [1], (None, 2)),
+        (4, [4], (3, None)),
+        (2, [2, 3], (1, 4)),
+        (3, [2, 3], (1, 4)),
+        (2, [1, 2, 3, 4], (None, None)),
+    ],
+)
 def test_live_neighbours_skip_stages_lost_in_the_same_iteration(stage, failed, expected):
     assert live_neighbours(stage, failed, 4) == expected
 
@@ -78,6 +91,7 @@ def test_aliases_follow_the_swap_flag():
 
 
 # ------------------------------------------------------------------ strategies on a TrainingState
+
 
 class Block(nn.Module):
     def __init__(self, value: float):

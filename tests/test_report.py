@@ -13,47 +13,128 @@ from checkfree.report.runs import load_run
 
 pytestmark = pytest.mark.timeout(60)
 
-TINY = {"dataset": "Shakespeare", "architecture": "LLaMa", "validation": 2, "dmodel": 64, "num_heads": 4,
-        "n_layers_per_stage": 1, "n_stages": 4, "seq_l": 32, "batch_size": 4, "mb_count": 4, "lr": 1e-3,
-        "max_iterations": 40, "seed": 0, "16": 0.01}
+TINY = {
+    "dataset": "Shakespeare",
+    "architecture": "LLaMa",
+    "validation": 2,
+    "dmodel": 64,
+    "num_heads": 4,
+    "n_layers_per_stage": 1,
+    "n_stages": 4,
+    "seq_l": 32,
+    "batch_size": 4,
+    "mb_count": 4,
+    "lr": 1e-3,
+    "max_iterations": 40,
+    "seed": 0,
+    "16": 0.01,
+}
 
 
-def make_run(root: Path, name: str, strategy: str, evals: list[tuple[int, float]], *, rate: float = 16.0,
-             p: float = 0.01, swaps: bool = False, failures: tuple[int, ...] = (), rollbacks: tuple = (),
-             extra: list[dict] | None = None, stats: dict | None = None, summary: bool = True,
-             iterations: int | None = None) -> Path:
+def make_run(
+    root: Path,
+    name: str,
+    strategy: str,
+    evals: list[tuple[int, float]],
+    *,
+    rate: float = 16.0,
+    p: float = 0.01,
+    swaps: bool = False,
+    failures: tuple[int, ...] = (),
+    rollbacks: tuple = (),
+    extra: list[dict] | None = None,
+    stats: dict | None = None,
+    summary: bool = True,
+    iterations: int | None = None,
+) -> Path:
     """A run directory as checkfree.launch writes it, with the given evaluation curve."""
     d = root / name
     d.mkdir(parents=True)
     iterations = iterations if iterations is not None else max(it for it, _ in evals)
     (d / "config.json").write_text(json.dumps(TINY))
-    (d / "options.json").write_text(json.dumps({"setting": strategy, "config": "tiny_config.json", "rate": rate,
-                                                "swaps": swaps, "world_size": 1, "failure_seed": None}))
-    recs = [{"kind": "train", "iteration": i, "effective_iteration": i, "loss": 5.0 - i / 100, "seconds": 1.0,
-             "tokens": 512, "grad_norms": [1.0] * 5} for i in range(iterations)]
-    recs += [{"kind": "eval", "iteration": it, "effective_iteration": it, "val_loss": v, "perplexity": 2.718 ** v}
-             for it, v in evals]
+    (d / "options.json").write_text(
+        json.dumps(
+            {
+                "setting": strategy,
+                "config": "tiny_config.json",
+                "rate": rate,
+                "swaps": swaps,
+                "world_size": 1,
+                "failure_seed": None,
+            }
+        )
+    )
+    recs = [
+        {
+            "kind": "train",
+            "iteration": i,
+            "effective_iteration": i,
+            "loss": 5.0 - i / 100,
+            "seconds": 1.0,
+            "tokens": 512,
+            "grad_norms": [1.0] * 5,
+        }
+        for i in range(iterations)
+    ]
+    recs += [
+        {"kind": "eval", "iteration": it, "effective_iteration": it, "val_loss": v, "perplexity": 2.718**v}
+        for it, v in evals
+    ]
     for it in failures:
-        recs.append({"kind": "failure", "iteration": it, "stage": 2, "effective_iteration": it, "with_stages": [2]})
+        recs.append(
+            {"kind": "failure", "iteration": it, "stage": 2, "effective_iteration": it, "with_stages": [2]}
+        )
         if strategy != "no_failure":
-            recs.append({"kind": "recovery", "iteration": it, "stage": 2, "strategy": strategy, "rule": "x",
-                         "sources": [1, 3], "weights": None, "consecutive": False, "fallback": None,
-                         "seconds": 0.01})
+            recs.append(
+                {
+                    "kind": "recovery",
+                    "iteration": it,
+                    "stage": 2,
+                    "strategy": strategy,
+                    "rule": "x",
+                    "sources": [1, 3],
+                    "weights": None,
+                    "consecutive": False,
+                    "fallback": None,
+                    "seconds": 0.01,
+                }
+            )
     for it, lost in rollbacks:
-        recs.append({"kind": "rollback", "iteration": it, "from_effective_iteration": it,
-                     "to_effective_iteration": it - lost, "iterations_lost": lost})
+        recs.append(
+            {
+                "kind": "rollback",
+                "iteration": it,
+                "from_effective_iteration": it,
+                "to_effective_iteration": it - lost,
+                "iterations_lost": lost,
+            }
+        )
     recs += extra or []
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
     if summary:
         last = evals[-1]
         n_rec = len(failures) if strategy != "no_failure" else 0
-        (d / "summary.json").write_text(json.dumps({
-            "iterations": iterations, "effective_iterations": iterations, "failures": len(failures),
-            "recoveries": n_rec, "fallbacks": 0, "consecutive": 0, "strategy": strategy, "setting": strategy,
-            "swaps": swaps, "failure_rate_per_hour": rate, "failure_probability": p, "world_size": 1,
-            "config": "tiny_config.json", "final_eval": {"iteration": last[0], "val_loss": last[1],
-                                                         "perplexity": 2.718 ** last[1]},
-            "strategy_stats": stats or {}}))
+        (d / "summary.json").write_text(
+            json.dumps(
+                {
+                    "iterations": iterations,
+                    "effective_iterations": iterations,
+                    "failures": len(failures),
+                    "recoveries": n_rec,
+                    "fallbacks": 0,
+                    "consecutive": 0,
+                    "strategy": strategy,
+                    "setting": strategy,
+                    "swaps": swaps,
+                    "failure_rate_per_hour": rate,
+                    "failure_probability": p,
+                    "world_size": 1,
+                    "config": "tiny_config.json",
+                    "final_eval": {"iteration": last[0], "val_loss": last[1], "perplexity": 2.718 ** last[1]},
+                    "strategy_stats": stats or {},
+                }
+            )
+        )
     return d
 
 
@@ -62,12 +143,32 @@ def comparison(root: Path) -> list[Path]:
     return [
         make_run(root, "nf", "no_failure", [(0, 8.0), (10, 6.0), (20, 5.0), (30, 4.0)], failures=(5, 12)),
         make_run(root, "cf", "checkfree", [(0, 8.0), (10, 6.5), (20, 5.5), (30, 4.5)], failures=(5, 12)),
-        make_run(root, "cfp", "checkfree_plus", [(0, 8.0), (10, 6.0), (20, 5.0), (30, 4.8)], swaps=True,
-                 failures=(5, 12)),
+        make_run(
+            root,
+            "cfp",
+            "checkfree_plus",
+            [(0, 8.0), (10, 6.0), (20, 5.0), (30, 4.8)],
+            swaps=True,
+            failures=(5, 12),
+        ),
         # checkpoint: redoes 10 iterations, reaches 5.0 at wall iteration 40 (exactly at an evaluation)
-        make_run(root, "ckpt", "checkpoint", [(0, 8.0), (10, 6.0), (25, 6.0), (40, 5.0)], failures=(5, 12),
-                 rollbacks=((5, 5), (12, 5)), extra=[{"kind": "checkpoint", "iteration": 10, "purpose": "strategy",
-                                                       "bytes": 1000, "stall_seconds": 0.0}]),
+        make_run(
+            root,
+            "ckpt",
+            "checkpoint",
+            [(0, 8.0), (10, 6.0), (25, 6.0), (40, 5.0)],
+            failures=(5, 12),
+            rollbacks=((5, 5), (12, 5)),
+            extra=[
+                {
+                    "kind": "checkpoint",
+                    "iteration": 10,
+                    "purpose": "strategy",
+                    "bytes": 1000,
+                    "stall_seconds": 0.0,
+                }
+            ],
+        ),
         # redundant: never gets below 5.2
         make_run(root, "red", "redundant", [(0, 8.0), (10, 6.0), (20, 5.5), (30, 5.2)], failures=(5, 12)),
     ]
@@ -79,8 +180,13 @@ def _row(res, name):
 
 def test_report_rows_time_to_target_and_speedups(tmp_path):
     dirs = comparison(tmp_path / "runs")
-    res = build_report(dirs, 5.0, tmp_path / "out", TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0),
-                       plots=False)
+    res = build_report(
+        dirs,
+        5.0,
+        tmp_path / "out",
+        TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0),
+        plots=False,
+    )
     assert len(res.groups) == 1 and len(res.groups[0].rows) == 5
     cf, cfp, ckpt, red = (_row(res, n) for n in ("cf", "cfp", "ckpt", "red"))
     # checkfree crosses between 20 (5.5) and 30 (4.5): 25; 25 iterations · 100 s + 2 recoveries · 30 s
@@ -99,8 +205,13 @@ def test_report_rows_time_to_target_and_speedups(tmp_path):
 
 
 def test_report_verdicts_follow_the_numbers(tmp_path):
-    res = build_report(comparison(tmp_path / "runs"), 5.0, tmp_path / "out",
-                       TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0), plots=False)
+    res = build_report(
+        comparison(tmp_path / "runs"),
+        5.0,
+        tmp_path / "out",
+        TimingOptions(iteration_seconds=100.0, recovery_seconds=30.0),
+        plots=False,
+    )
     t2 = [v for v in res.verdicts if v.claim.startswith("Table 2")]
     assert len(t2) == 1 and "redundant" in t2[0].claim
     assert t2[0].holds is False  # redundant never reached the target: the paper's 16 %/h ordering fails here
@@ -114,7 +225,9 @@ def test_report_verdicts_follow_the_numbers(tmp_path):
 def test_report_plots_are_pngs_that_open(tmp_path):
     import matplotlib.image as mpimg
 
-    res = build_report(comparison(tmp_path / "runs"), 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0))
+    res = build_report(
+        comparison(tmp_path / "runs"), 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0)
+    )
     names = {p.name for p in res.plots}
     assert {"val_loss_vs_iterations.png", "val_loss_vs_hours.png"} <= names
     assert any(n.startswith("train_loss_") for n in names)
@@ -127,7 +240,9 @@ def test_report_plots_are_pngs_that_open(tmp_path):
 def test_partial_and_malformed_directories_are_reported_not_fatal(tmp_path):
     root = tmp_path / "runs"
     make_run(root, "good", "checkfree", [(0, 8.0), (10, 6.0), (20, 4.0)])
-    make_run(root, "partial", "checkfree_plus", [(0, 8.0), (10, 5.5)], swaps=True, summary=False, iterations=12)
+    make_run(
+        root, "partial", "checkfree_plus", [(0, 8.0), (10, 5.5)], swaps=True, summary=False, iterations=12
+    )
     (root / "empty").mkdir()
     bad = make_run(root, "badjson", "copy", [(0, 8.0), (10, 6.0)])
     lines = (bad / "metrics.jsonl").read_text().splitlines()
@@ -138,8 +253,9 @@ def test_partial_and_malformed_directories_are_reported_not_fatal(tmp_path):
     noeval = make_run(root, "noeval", "copy", [(0, 8.0)])
     (noeval / "metrics.jsonl").write_text('{"kind": "train", "iteration": 0, "loss": 1.0}\n{"kind": "tr')
     (root / "file.txt").write_text("x")
-    res = build_report([root, root / "file.txt"], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0),
-                       plots=False)
+    res = build_report(
+        [root, root / "file.txt"], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0), plots=False
+    )
     assert sorted(r.name for r in res.runs) == ["good", "partial"]
     skipped = {p.name: why for p, why in res.skipped}
     assert set(skipped) == {"empty", "badjson", "badsummary", "noeval", "file.txt"}
@@ -189,16 +305,37 @@ def test_auto_target_and_swarm_timing(tmp_path):
     make_run(root, "cf", "checkfree", [(0, 8.0), (10, 6.5), (20, 5.5), (30, 4.5), (40, 4.0)])
     sw = root / "swarm"
     sw.mkdir()
-    (sw / "throughput.json").write_text(json.dumps({  # checkfree.swarm.results' layout, tokens/s left out
-        "setting": "ours", "iterations_completed": 3, "mean_iteration_s": 14.0,
-        "iterations": [{"iteration": 0, "wall_s": 10.0}, {"iteration": 1, "wall_s": 12.0},
-                       {"iteration": 2, "wall_s": 20.0}],
-        "crashes": [{"node": 4, "stage": 1, "iteration": 2, "rule": "checkfree", "sources": [3, 5],
-                     "latency_s": 6.0, "bytes": 100}]}))
+    (sw / "throughput.json").write_text(
+        json.dumps(
+            {  # checkfree.swarm.results' layout, tokens/s left out
+                "setting": "ours",
+                "iterations_completed": 3,
+                "mean_iteration_s": 14.0,
+                "iterations": [
+                    {"iteration": 0, "wall_s": 10.0},
+                    {"iteration": 1, "wall_s": 12.0},
+                    {"iteration": 2, "wall_s": 20.0},
+                ],
+                "crashes": [
+                    {
+                        "node": 4,
+                        "stage": 1,
+                        "iteration": 2,
+                        "rule": "checkfree",
+                        "sources": [3, 5],
+                        "latency_s": 6.0,
+                        "bytes": 100,
+                    }
+                ],
+            }
+        )
+    )
     res = build_report([root], "auto", tmp_path / "out", plots=False)
     assert res.target == 4.0  # the no-failure loss at 75 % of its 40 iterations (iteration 30)
     m = res.groups[0].rows[0].timeline
-    assert m.iteration_seconds == pytest.approx(12.0)  # the swarm's median iteration time (crash spike left out)
+    assert m.iteration_seconds == pytest.approx(
+        12.0
+    )  # the swarm's median iteration time (crash spike left out)
     text = res.report.read_text()
     assert "swarm measured: 12 s" in text and "swarm measured: 6 s per stage" in text
     assert "Swarm runs averaged for T_iter (steady iterations, crashes left out): swarm (12 s)" in text
@@ -219,6 +356,11 @@ def test_fig4c_and_fig2_verdicts(tmp_path):
     assert by["Fig. 4c"].holds is True and "+0.1000" in by["Fig. 4c"].evidence
     assert by["Fig. 2"].holds is True
     (root / "avg" / "summary.json").unlink()  # partial: rate from options.json, p from config["16"]
-    res = build_report([root / n for n in ("rnd", "copy", "avg", "cf")], 5.0, tmp_path / "out2",
-                       TimingOptions(iteration_seconds=10.0), plots=False)
+    res = build_report(
+        [root / n for n in ("rnd", "copy", "avg", "cf")],
+        5.0,
+        tmp_path / "out2",
+        TimingOptions(iteration_seconds=10.0),
+        plots=False,
+    )
     assert len(res.groups) == 1 and [v.holds for v in res.verdicts if v.claim.startswith("Fig. 2")] == [True]

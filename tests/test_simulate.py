@@ -41,8 +41,11 @@ def test_every_strategy_sees_the_same_failures(tmp_path):
         sink = MetricsSink(tmp_path / f"{setting}.jsonl")
         train(make_trainer(cfg, setting, StageFailureInjector(4, 0.3, seed=7), sink=sink), 8)
         sink.close()
-        events[setting] = [(r["iteration"], r["stage"]) for r in read_metrics(tmp_path / f"{setting}.jsonl")
-                           if r["kind"] == "failure"]
+        events[setting] = [
+            (r["iteration"], r["stage"])
+            for r in read_metrics(tmp_path / f"{setting}.jsonl")
+            if r["kind"] == "failure"
+        ]
     assert len(events["copy"]) >= 3
     assert events["no_failure"] == events["copy"] == events["checkfree"]
 
@@ -72,8 +75,14 @@ def test_resume_equals_uninterrupted_run_bitwise(tmp_path):
     path = first.save_checkpoint()
     assert path.name == "iter_0000004"
 
-    resumed = make_trainer(cfg, "checkfree_plus", failures, swaps=True, seed=123,  # other init: must be overwritten
-                           checkpoint_dir=tmp_path / "c")
+    resumed = make_trainer(
+        cfg,
+        "checkfree_plus",
+        failures,
+        swaps=True,
+        seed=123,  # other init: must be overwritten
+        checkpoint_dir=tmp_path / "c",
+    )
     resumed.resume(path)
     assert resumed.state.iteration == 4 and resumed.state.effective_iteration == 4
     resumed.train()
@@ -103,14 +112,44 @@ def test_sigkill_leaves_parseable_metrics(tmp_path):
     """A run killed with SIGKILL mid-training leaves a metrics.jsonl in which every line parses."""
     run_dir = tmp_path / "run"
     env = dict(os.environ, CHECKFREE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "checkfree", "simulate", "--setting", "checkfree", "--no-swaps", "--config",
-           "tiny_config.json", "--run-dir", str(run_dir), "--max-iterations", "100000", "--failure-probability",
-           "0.2", "--no-progress", "--set", "dmodel=32", "--set", "num_heads=2", "--set", "seq_l=32",
-           "--set", "batch_size=2", "--set", "mb_count=1", "--set", "log_interval=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "checkfree",
+        "simulate",
+        "--setting",
+        "checkfree",
+        "--no-swaps",
+        "--config",
+        "tiny_config.json",
+        "--run-dir",
+        str(run_dir),
+        "--max-iterations",
+        "100000",
+        "--failure-probability",
+        "0.2",
+        "--no-progress",
+        "--set",
+        "dmodel=32",
+        "--set",
+        "num_heads=2",
+        "--set",
+        "seq_l=32",
+        "--set",
+        "batch_size=2",
+        "--set",
+        "mb_count=1",
+        "--set",
+        "log_interval=1",
+    ]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run_dir / "metrics.jsonl"
-    sigkill_when(proc, lambda: metrics.exists() and metrics.read_text().count('"kind":"recovery"') >= 2,
-                 "the run never logged two recoveries", 150)
+    sigkill_when(
+        proc,
+        lambda: metrics.exists() and metrics.read_text().count('"kind":"recovery"') >= 2,
+        "the run never logged two recoveries",
+        150,
+    )
     lines = metrics.read_text().splitlines()
     assert len(lines) > 5
     kinds = {json.loads(line)["kind"] for line in lines}  # every line parses

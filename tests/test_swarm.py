@@ -22,7 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_paper_and_tiny_topologies() -> None:
     paper = load_swarm_config(ROOT / "configs" / "swarm_paper.json")
-    assert (paper.n_stages, paper.replicas, paper.n_nodes, paper.mb_count, paper.in_flight) == (6, 3, 21, 6, 3)
+    assert (paper.n_stages, paper.replicas, paper.n_nodes, paper.mb_count, paper.in_flight) == (
+        6,
+        3,
+        21,
+        6,
+        3,
+    )
     assert [paper.stage_of(n) for n in (0, 2, 3, 20)] == [0, 0, 1, 6]
     assert paper.location_of(0) == "Australia" and paper.location_of(8) == "Belgium"  # id mod 7 (SPEC §8)
     assert paper.storage_id == 21 and paper.first_replacement_id == 22
@@ -33,14 +39,17 @@ def test_paper_and_tiny_topologies() -> None:
     assert again.model == tiny.model and again.n_nodes == 10
 
 
-@pytest.mark.parametrize(("key", "value", "match"), [
-    ("replicas", 0, "'replicas' is 0"),
-    ("time_scale", -1, "time_scale"),
-    ("locations", ["Atlantis"], "location 'Atlantis'"),
-    ("data", "web", "'data' is 'web'"),
-    ("bogus", 1, "unknown key 'bogus'"),
-    ("peer_timeout", 0.5, "peer_timeout"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("replicas", 0, "'replicas' is 0"),
+        ("time_scale", -1, "time_scale"),
+        ("locations", ["Atlantis"], "location 'Atlantis'"),
+        ("data", "web", "'data' is 'web'"),
+        ("bogus", 1, "unknown key 'bogus'"),
+        ("peer_timeout", 0.5, "peer_timeout"),
+    ],
+)
 def test_bad_config_values_raise_one_sentence(key: str, value: object, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         swarm_config_from_dict({"model_config": "tiny_config.json", key: value})
@@ -54,18 +63,21 @@ def test_route_prefers_the_pipelines_replica_and_falls_back_to_a_live_one() -> N
     assert route(2, members, 3, [1, 2, 3]) is None  # no such pipeline
 
 
-@pytest.mark.parametrize(("setting", "stage", "lost", "rule", "stages"), [
-    ("ours", 2, {2}, "checkfree", [1, 3]),
-    ("ours", 2, {2, 3}, "checkfree", [1, 4]),  # consecutive losses: nearest live neighbours
-    ("ours", 1, {1}, "copy", [2]),  # CheckFree cannot do the first stage: documented fallback
-    ("ours", 2, set(), "replica", [2]),  # partial failure: copy a live replica
-    ("ours-plus", 1, {1}, "copy", [2]),
-    ("ours-plus", 4, {4}, "copy", [3]),
-    ("ours-plus", 3, {3}, "checkfree", [2, 4]),
-    ("checkpoint", 3, {3}, "storage", [3]),
-    ("ours-plus", 0, {0}, "stage0_copy", [1, 4]),  # E from stage 1's copy, E⁻¹ from stage S's
-    ("ours-plus", 0, {0, 1}, "stage0_copy", [4]),  # E's holder lost too: E stays freshly initialised
-])
+@pytest.mark.parametrize(
+    ("setting", "stage", "lost", "rule", "stages"),
+    [
+        ("ours", 2, {2}, "checkfree", [1, 3]),
+        ("ours", 2, {2, 3}, "checkfree", [1, 4]),  # consecutive losses: nearest live neighbours
+        ("ours", 1, {1}, "copy", [2]),  # CheckFree cannot do the first stage: documented fallback
+        ("ours", 2, set(), "replica", [2]),  # partial failure: copy a live replica
+        ("ours-plus", 1, {1}, "copy", [2]),
+        ("ours-plus", 4, {4}, "copy", [3]),
+        ("ours-plus", 3, {3}, "checkfree", [2, 4]),
+        ("checkpoint", 3, {3}, "storage", [3]),
+        ("ours-plus", 0, {0}, "stage0_copy", [1, 4]),  # E from stage 1's copy, E⁻¹ from stage S's
+        ("ours-plus", 0, {0, 1}, "stage0_copy", [4]),  # E's holder lost too: E stays freshly initialised
+    ],
+)
 def test_recovery_plans(setting: str, stage: int, lost: set[int], rule: str, stages: list[int]) -> None:
     plan = make_recovery(setting).plan(stage, lost, 4)
     assert (plan.rule, plan.stages) == (rule, stages)
@@ -94,13 +106,22 @@ class _FakeNode:
         self.cfg = SwarmConfig(model_config="tiny_config.json")  # 4 transformer stages
         self.members, self.peers, self.sent = {0: [0], 1: [11], 4: [14]}, {0: {"stage": 0}}, []
 
-    def send(self, peer: int, mtype: MessageType, iteration: int = -1, microbatch: int = -1, meta=None,
-             tensors=None) -> None:
+    def send(
+        self,
+        peer: int,
+        mtype: MessageType,
+        iteration: int = -1,
+        microbatch: int = -1,
+        meta=None,
+        tensors=None,
+    ) -> None:
         self.sent.append((peer, meta, tensors or {}))
 
 
 def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
-    return Message(MessageType.STAGE0_COPY, sender, 0, -1, {"stage": 0, "part": part, "version": version}, tensors)
+    return Message(
+        MessageType.STAGE0_COPY, sender, 0, -1, {"stage": 0, "part": part, "version": version}, tensors
+    )
 
 
 def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() -> None:
@@ -108,13 +129,16 @@ def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() ->
     emb = {"w.embed_tokens.weight": torch.ones(4, 2)}
     holder.on_copy(_copy("embedding", 3, emb))
     holder.on_copy(_copy("embedding", 2, {"w.embed_tokens.weight": torch.zeros(4, 2)}))  # older: ignored
-    assert holder.held["embedding"][0] == 3 and torch.equal(holder.held["embedding"][1]["embed_tokens.weight"],
-                                                            torch.ones(4, 2))
+    assert holder.held["embedding"][0] == 3 and torch.equal(
+        holder.held["embedding"][1]["embed_tokens.weight"], torch.ones(4, 2)
+    )
     bad = {
         "stage 1 holds the embedding, not the head": _copy("head", 4, {"w.lm_head.weight": torch.ones(4, 2)}),
         "not a stage-0 node": _copy("embedding", 4, emb, sender=7),
         "a head entry in an embedding copy": _copy("embedding", 4, {"w.lm_head.weight": torch.ones(4, 2)}),
-        "integer tensor": _copy("embedding", 4, {"w.embed_tokens.weight": torch.ones(4, 2, dtype=torch.int64)}),
+        "integer tensor": _copy(
+            "embedding", 4, {"w.embed_tokens.weight": torch.ones(4, 2, dtype=torch.int64)}
+        ),
         "not named w.<key>": _copy("embedding", 4, {"embed_tokens.weight": torch.ones(4, 2)}),
     }
     for why, msg in bad.items():
@@ -128,18 +152,24 @@ def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() ->
     holder.answer(request, {"request": "r"})
     assert holder.node.sent[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.node.sent[-1][2]
     empty = Stage0Copies(_FakeNode(4))
-    empty.answer(Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "head"}), {"request": "r"})
+    empty.answer(
+        Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "head"}), {"request": "r"}
+    )
     assert "holds no copy of the stage-0 'head'" in empty.node.sent[-1][1]["error"]
 
 
 def test_the_lowest_stage0_replica_pushes_each_version_once_per_holder() -> None:
     node = _FakeNode(0)
     node.id, node.members[0], node.serving, node.version, node.iteration = 0, [0, 5], True, 7, 6
-    node.module = torch.nn.ModuleDict({"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)})
+    node.module = torch.nn.ModuleDict(
+        {"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)}
+    )
     copies = Stage0Copies(node)
     copies.push()
     assert {(peer, meta["part"], meta["version"], tuple(sorted(t))) for peer, meta, t in node.sent} == {
-        (11, "embedding", 7, ("w.embed_tokens.weight",)), (14, "head", 7, ("w.norm.bias", "w.norm.weight"))}
+        (11, "embedding", 7, ("w.embed_tokens.weight",)),
+        (14, "head", 7, ("w.norm.bias", "w.norm.weight")),
+    }
     copies.push()
     assert len(node.sent) == 2  # this version is already there
     node.members[1].append(12)  # a replacement joined stage 1
@@ -156,8 +186,13 @@ def test_results_file_and_table(tmp_path: Path) -> None:
     res.start()
     members = {0: [0, 1], 1: [2, 3]}
     for it, loss in enumerate((8.0, 7.5)):
-        res.iteration(it, it + 1, {0: {"loss": loss, "tokens": 10, "epoch": it + 1}, 1: {"loss": loss, "tokens": 10}},
-                      {n: {"grad_norm": 0.5} for n in (0, 1, 2, 3)}, members)
+        res.iteration(
+            it,
+            it + 1,
+            {0: {"loss": loss, "tokens": 10, "epoch": it + 1}, 1: {"loss": loss, "tokens": 10}},
+            {n: {"grad_norm": 0.5} for n in (0, 1, 2, 3)},
+            members,
+        )
     res.crashes.append({"node": 3, "stage": 1, "iteration": 1, "t_crash": 0.0, "latency_s": 1.5})
     res.node_report(2, {"sent_bytes": {"FORWARD": 100, "GRADIENTS": 7}, "compute": {"forward_s": 0.1}})
     out = res.finish(tmp_path)
@@ -171,8 +206,14 @@ def test_results_file_and_table(tmp_path: Path) -> None:
 
 def _launcher(*args: str, dry: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, DRY_RUN="1" if dry else "0")
-    return subprocess.run([str(ROOT / "communication" / "run_throughput.sh"), *args], capture_output=True,
-                          text=True, env=env, timeout=120, cwd=ROOT)
+    return subprocess.run(
+        [str(ROOT / "communication" / "run_throughput.sh"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
 
 
 @pytest.mark.timeout(150)

@@ -25,18 +25,44 @@ from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageTyp
 from checkfree.swarm.supervisor import Supervisor
 from checkfree.swarm.worker import build_stage
 
-MODEL = {"dataset": "Shakespeare", "architecture": "LLaMa", "validation": 2, "dmodel": 32, "num_heads": 2,
-         "n_layers_per_stage": 1, "n_stages": 3, "seq_l": 16, "batch_size": 4, "mb_count": 2, "lr_scale": 1.1,
-         "max_iterations": 10, "lr": 3e-3, "vocab_size": 300, "seed": 0}
+MODEL = {
+    "dataset": "Shakespeare",
+    "architecture": "LLaMa",
+    "validation": 2,
+    "dmodel": 32,
+    "num_heads": 2,
+    "n_layers_per_stage": 1,
+    "n_stages": 3,
+    "seq_l": 16,
+    "batch_size": 4,
+    "mb_count": 2,
+    "lr_scale": 1.1,
+    "max_iterations": 10,
+    "lr": 3e-3,
+    "vocab_size": 300,
+    "seed": 0,
+}
 
 
 def _config(tmp_path: Path, replicas: int, model: dict | None = None, **extra: object):
     (tmp_path / "model.json").write_text(json.dumps(MODEL | (model or {})))
-    return swarm_config_from_dict({
-        "model_config": str(tmp_path / "model.json"), "replicas": replicas, "microbatches": 4, "in_flight": 2,
-        "time_scale": 0.02, "data": "synthetic", "heartbeat_interval": 0.2, "peer_timeout": 5.0,
-        "microbatch_timeout": 30, "iteration_timeout": 60, "recovery_timeout": 60, "request_timeout": 15,
-        **extra})
+    return swarm_config_from_dict(
+        {
+            "model_config": str(tmp_path / "model.json"),
+            "replicas": replicas,
+            "microbatches": 4,
+            "in_flight": 2,
+            "time_scale": 0.02,
+            "data": "synthetic",
+            "heartbeat_interval": 0.2,
+            "peer_timeout": 5.0,
+            "microbatch_timeout": 30,
+            "iteration_timeout": 60,
+            "recovery_timeout": 60,
+            "request_timeout": 15,
+            **extra,
+        }
+    )
 
 
 def _state(msg: Message) -> dict[str, torch.Tensor]:
@@ -54,7 +80,9 @@ def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_
     def on_recovered(sup: Supervisor, crashes: list[dict]) -> None:
         for crash in crashes:
             new = sup.fetch_weights(crash["replacement_node"], crash["stage"])
-            sources = [sup.fetch_weights(n, s) for n, s in zip(crash["sources"], crash["source_stages"], strict=True)]
+            sources = [
+                sup.fetch_weights(n, s) for n, s in zip(crash["sources"], crash["source_stages"], strict=True)
+            ]
             if crash["rule"] == "checkfree":
                 omegas = [checkfree_weight(float(m.meta["grad_norm"]), 1.0, "paper") for m in sources]
                 assert crash["omegas"] == pytest.approx(omegas, rel=0, abs=0)
@@ -70,15 +98,24 @@ def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_
                 assert all(torch.equal(got[k], want[k]) for k in want)
                 checks.append("replica")
 
-    sup = Supervisor(cfg, "ours", schedule, iterations=7, run_dir=tmp_path / "run", vocab_size=300,
-                     on_recovered=on_recovered)
+    sup = Supervisor(
+        cfg,
+        "ours",
+        schedule,
+        iterations=7,
+        run_dir=tmp_path / "run",
+        vocab_size=300,
+        on_recovered=on_recovered,
+    )
     out = sup.run()
     assert sorted(checks) == ["checkfree", "checkfree", "replica"]
     assert out["iterations_completed"] == 7 and out["crashes_count"] == 3 and out["recovered_count"] == 3
     assert out["aborted_attempts"] == 2  # both crashes hit an iteration in flight; it was redone
     assert [r["iteration"] for r in out["iterations"]] == list(range(7))  # nothing lost, nothing twice
-    assert {c["stage"] for c in out["crashes"]} == {1, 2} and {c["rule"] for c in out["crashes"]} == {"checkfree",
-                                                                                                       "replica"}
+    assert {c["stage"] for c in out["crashes"]} == {1, 2} and {c["rule"] for c in out["crashes"]} == {
+        "checkfree",
+        "replica",
+    }
     assert all(math.isfinite(loss) for _, loss in out["loss_curve"])
     assert out["bytes_sent_by_type"]["WEIGHTS_RESPONSE"] > 0 and out["bytes_sent_by_type"]["GRADIENTS"] > 0
     logs = sorted(p.name for p in (tmp_path / "run").glob("node*.log"))
@@ -107,13 +144,24 @@ def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(t
             assert new.meta["lr"] == pytest.approx(MODEL["lr"] * MODEL["lr_scale"])  # fresh Adam (SPEC §3)
             checks.append(crash)
 
-    sup = Supervisor(cfg, "ours-plus", {0: [3]}, iterations=6, run_dir=tmp_path / "run", vocab_size=300,
-                     on_recovered=on_recovered)
+    sup = Supervisor(
+        cfg,
+        "ours-plus",
+        {0: [3]},
+        iterations=6,
+        run_dir=tmp_path / "run",
+        vocab_size=300,
+        on_recovered=on_recovered,
+    )
     out = sup.run()
     assert len(checks) == 1 and out["iterations_completed"] == 6 and out["recovered_count"] == 1
     crash = out["crashes"][0]
-    assert (crash["stage"], crash["rule"], crash["parts"], crash["fallback"]) == (0, "stage0_copy",
-                                                                                   ["embedding", "head"], None)
+    assert (crash["stage"], crash["rule"], crash["parts"], crash["fallback"]) == (
+        0,
+        "stage0_copy",
+        ["embedding", "head"],
+        None,
+    )
     assert crash["source_stages"] == [1, 4] and crash["sources"] == [1, 4]
     assert out["bytes_sent_by_type"]["STAGE0_COPY"] > 0
     assert [r["iteration"] for r in out["iterations"]] == list(range(6))
@@ -121,14 +169,19 @@ def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(t
 
 
 def _hostile() -> dict[str, list[bytes]]:
-    good = [bytes(f) for f in encode(Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0},
-                                             {"activations": torch.zeros(1, 16, 32)}))]
+    good = [
+        bytes(f)
+        for f in encode(
+            Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)})
+        )
+    ]
     return {
         "pickle payload": [pickle.dumps({"evil": 1})],
         "truncated frame": [good[0][:17]] + good[1:],
         "length 2**63": good[:2] + [good[2][:-8] + (2**63).to_bytes(8, "little")] + good[3:],
         "wrong dtype": good[:2] + [bytes([200]) + good[2][1:]] + good[3:],
-        "wrong shape": good[:2] + [good[2][:-16] + (5).to_bytes(8, "little", signed=True) + good[2][-8:]]
+        "wrong shape": good[:2]
+        + [good[2][:-16] + (5).to_bytes(8, "little", signed=True) + good[2][-8:]]
         + good[3:],
         "unknown type": [HEADER.pack(MAGIC, VERSION, 77, 0, 99, 1, 0, len(good[1]), 1)] + good[1:],
     }
@@ -137,12 +190,22 @@ def _hostile() -> dict[str, list[bytes]]:
 def _nonsense() -> list[list[bytes]]:
     """Well-formed on the wire, nonsense to a node: caught by the node, not the transport."""
     msgs = [
-        Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}),  # no epoch
-        Message(MessageType.CONTROL, 99, meta={"command": "shutdown"}),  # commands come from the supervisor only
+        Message(
+            MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}
+        ),  # no epoch
+        Message(
+            MessageType.CONTROL, 99, meta={"command": "shutdown"}
+        ),  # commands come from the supervisor only
         Message(MessageType.GRADIENTS, 99, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
         # a stage-0 copy under a setting that keeps none, from a node that does not serve stage 0
-        Message(MessageType.STAGE0_COPY, 99, 0, -1, {"stage": 0, "part": "embedding", "version": 1},
-                {"w.embed_tokens.weight": torch.zeros(300, 32)}),
+        Message(
+            MessageType.STAGE0_COPY,
+            99,
+            0,
+            -1,
+            {"stage": 0, "part": "embedding", "version": 1},
+            {"w.embed_tokens.weight": torch.zeros(300, 32)},
+        ),
     ]
     return [[bytes(f) for f in encode(m)] for m in msgs]
 
@@ -185,7 +248,9 @@ def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path
 
     cfg = _config(tmp_path, replicas=1)
     # this "machine" hosts nodes 0-1; the launcher (the other "machine") hosts 2-3, and node 2 crashes there
-    sup = Supervisor(cfg, "ours", {2: [2]}, iterations=5, run_dir=tmp_path / "a", vocab_size=300, start=0, end=2)
+    sup = Supervisor(
+        cfg, "ours", {2: [2]}, iterations=5, run_dir=tmp_path / "a", vocab_size=300, start=0, end=2
+    )
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
     thread.start()
@@ -193,4 +258,8 @@ def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path
     thread.join(timeout=60)
     assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
     assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["sources"] == [1, 3]
-    assert sorted(p.name for p in (tmp_path / "b").glob("node*.log")) == ["node2.log", "node3.log", "node5.log"]
+    assert sorted(p.name for p in (tmp_path / "b").glob("node*.log")) == [
+        "node2.log",
+        "node3.log",
+        "node5.log",
+    ]

@@ -26,8 +26,9 @@ def test_formula_matches_hand_computation():
     # T_fwd 1 s, S 4, B 8, d 128, L 128, W 2, P_stage 100 000:
     # activations 5·8·128·128·8 B / (0.1·2³⁰ B/s) = 0.048828125 s; compute 2.5·2·1 = 5 s;
     # data parallel (2·2−1)·100000·8 / (0.2·2³⁰) = 0.011175870895385742 s.
-    parts = IterationTimeFormula().components(1.0, n_stages=4, batch_size=8, dmodel=128, seq_l=128, world_size=2,
-                                              stage_parameters=100_000)
+    parts = IterationTimeFormula().components(
+        1.0, n_stages=4, batch_size=8, dmodel=128, seq_l=128, world_size=2, stage_parameters=100_000
+    )
     assert parts["compute"] == pytest.approx(5.0)
     assert parts["activations"] == pytest.approx(5 * 0.048828125)
     assert parts["data_parallel"] == pytest.approx(0.011175870895385742)
@@ -35,8 +36,13 @@ def test_formula_matches_hand_computation():
 
 
 def test_formula_constants_are_parameters():
-    f = IterationTimeFormula(backward_factor=3.0, waves=1.0, bytes_per_element=4, activation_bandwidth_gib_s=1.0,
-                             dp_bandwidth_gib_s=1.0)
+    f = IterationTimeFormula(
+        backward_factor=3.0,
+        waves=1.0,
+        bytes_per_element=4,
+        activation_bandwidth_gib_s=1.0,
+        dp_bandwidth_gib_s=1.0,
+    )
     # 3·(2 + 2·1·1·1·4/2³⁰) + (2·1−1)·2³⁰·4/2³⁰ = 6 + 24/2³⁰ + 4
     assert f.seconds(2.0, 1, 1, 1, 1, 1, 2**30) == pytest.approx(10.0 + 24 / 2**30)
     assert f.forward_seconds_from_compute(5.0) == pytest.approx(5.0 / 3.0)
@@ -44,8 +50,9 @@ def test_formula_constants_are_parameters():
 
 @pytest.mark.parametrize("bad", [{"forward_seconds": -1.0}, {"world_size": 0}, {"stage_parameters": 0}])
 def test_formula_rejects_bad_inputs(bad):
-    args = dict(forward_seconds=1.0, n_stages=4, batch_size=8, dmodel=64, seq_l=32, world_size=1,
-                stage_parameters=10)
+    args = dict(
+        forward_seconds=1.0, n_stages=4, batch_size=8, dmodel=64, seq_l=32, world_size=1, stage_parameters=10
+    )
     args.update(bad)
     with pytest.raises(ValueError, match=next(iter(bad)).split("_")[0]):
         IterationTimeFormula().seconds(**args)
@@ -58,8 +65,9 @@ def test_stage_parameter_count_matches_the_model(arch):
     from checkfree.config import Config
     from checkfree.model import build_hf_model, split_model, stage_parameter_counts
 
-    cfg = Config(architecture=arch, dmodel=64, num_heads=4, n_layers_per_stage=2, n_stages=4, seq_l=32,
-                 vocab_size=300)
+    cfg = Config(
+        architecture=arch, dmodel=64, num_heads=4, n_layers_per_stage=2, n_stages=4, seq_l=32, vocab_size=300
+    )
     with torch.device("meta"):
         counts = stage_parameter_counts(split_model(build_hf_model(cfg, 300, 0), cfg))
     assert stage_parameter_count(arch, 64, 2) == counts[1] == counts[-1]
@@ -83,8 +91,9 @@ def _costs(strategy="checkfree", **kw) -> RunCosts:
 
 def test_timeline_adds_recoveries_and_stalls_before_the_position():
     model = TimingModel.resolve(explicit_iteration_seconds=100.0, explicit_recovery_seconds=30.0)
-    tl = model.timeline(_costs(recoveries=[(5, 0.01), (12, 0.01)], save_stalls=[(10, 2.0)],
-                               snapshot_stalls=[(25, 1.5)]))
+    tl = model.timeline(
+        _costs(recoveries=[(5, 0.01), (12, 0.01)], save_stalls=[(10, 2.0)], snapshot_stalls=[(25, 1.5)])
+    )
     # 20 iterations · 100 s + 2 recoveries · 30 s + one 2 s save stall
     assert tl.seconds_at(20) == pytest.approx(2062.0)
     assert tl.hours_at(20) == pytest.approx(2062.0 / 3600)
@@ -111,13 +120,27 @@ def test_redundant_pays_the_paper_ratio_or_the_measured_one():
 def test_rollback_costs_its_redone_wall_iterations():
     # A checkpoint run that redid 10 iterations crosses 10 wall iterations later than it would have.
     model = TimingModel.resolve(explicit_iteration_seconds=10.0, explicit_recovery_seconds=0.0)
-    costs = RunCosts.from_records([
-        {"kind": "train", "iteration": i, "seconds": 1.0} for i in range(40)] + [
-        {"kind": "rollback", "iteration": 20, "iterations_lost": 10},
-        {"kind": "checkpoint", "iteration": 10, "purpose": "strategy", "stall_seconds": 0.5, "bytes": 100},
-        {"kind": "checkpoint", "iteration": 10, "purpose": "resume", "stall_seconds": 9.0, "bytes": 100},
-    ], {"strategy": "checkpoint", "iterations": 40})
-    assert (costs.iterations_lost, costs.rollbacks, costs.save_stalls, costs.save_bytes) == (10, 1, [(10, 0.5)], 100)
+    costs = RunCosts.from_records(
+        [{"kind": "train", "iteration": i, "seconds": 1.0} for i in range(40)]
+        + [
+            {"kind": "rollback", "iteration": 20, "iterations_lost": 10},
+            {
+                "kind": "checkpoint",
+                "iteration": 10,
+                "purpose": "strategy",
+                "stall_seconds": 0.5,
+                "bytes": 100,
+            },
+            {"kind": "checkpoint", "iteration": 10, "purpose": "resume", "stall_seconds": 9.0, "bytes": 100},
+        ],
+        {"strategy": "checkpoint", "iterations": 40},
+    )
+    assert (costs.iterations_lost, costs.rollbacks, costs.save_stalls, costs.save_bytes) == (
+        10,
+        1,
+        [(10, 0.5)],
+        100,
+    )
     assert model.timeline(costs).seconds_at(40) == pytest.approx(400.5)
 
 
@@ -128,8 +151,9 @@ def test_resolve_priorities_and_sources():
     assert formula.iteration_source.startswith("formula")
     # default recovery: the paper's 30 s at 91.32 s, as a ratio
     assert formula.recovery_seconds == pytest.approx(30 / 91.32 * 5.255316495895386)
-    swarm = TimingModel.resolve(swarm_iteration_seconds=12.0, formula_inputs=inputs, compute_seconds=2.5,
-                                swarm_recovery_seconds=4.0)
+    swarm = TimingModel.resolve(
+        swarm_iteration_seconds=12.0, formula_inputs=inputs, compute_seconds=2.5, swarm_recovery_seconds=4.0
+    )
     assert (swarm.iteration_seconds, swarm.recovery_seconds) == (12.0, 4.0)
     assert "swarm" in swarm.iteration_source and "swarm" in swarm.recovery_source
     given = TimingModel.resolve(explicit_iteration_seconds=7.0, swarm_iteration_seconds=12.0)

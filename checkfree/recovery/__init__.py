@@ -16,5 +16,12 @@ from checkfree.recovery.base import (
     resolve_setting,
 )
 
-__all__ = ["ALIASES", "REGISTRY", "RecoveryRecord", "RecoveryStrategy", "make_strategy", "register",
-           "resolve_setting"]
+__all__ = [
+    "ALIASES",
+    "REGISTRY",
+    "RecoveryRecord",
+    "RecoveryStrategy",
+    "make_strategy",
+    "register",
+    "resolve_setting",
+]

@@ -36,9 +36,18 @@ class RecoveryRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_metrics(self, iteration: int) -> dict[str, Any]:
-        d = {"kind": "recovery", "iteration": iteration, "stage": self.stage, "strategy": self.strategy,
-             "rule": self.rule, "sources": self.sources, "weights": self.weights,
-             "consecutive": self.consecutive, "fallback": self.fallback, "seconds": round(self.seconds, 6)}
+        d = {
+            "kind": "recovery",
+            "iteration": iteration,
+            "stage": self.stage,
+            "strategy": self.strategy,
+            "rule": self.rule,
+            "sources": self.sources,
+            "weights": self.weights,
+            "consecutive": self.consecutive,
+            "fallback": self.fallback,
+            "seconds": round(self.seconds, 6),
+        }
         d.update(self.extra)
         return d
 
@@ -142,6 +151,7 @@ def make_strategy(setting: str, cfg: Config, swaps: bool, seed: int = 0) -> Reco
     name = resolve_setting(setting, swaps)
     cls = REGISTRY[name]
     if cls.requires_swaps and not swaps:
-        raise ValueError(f"strategy {name!r} needs CheckFree+ swaps; run it with run.sh (or --swaps), "
-                         "not run_2.sh.")
+        raise ValueError(
+            f"strategy {name!r} needs CheckFree+ swaps; run it with run.sh (or --swaps), not run_2.sh."
+        )
     return cls(cfg, seed=seed)

@@ -61,9 +61,12 @@ class _CheckpointStrategy(RecoveryStrategy):
             raise RuntimeError(f"strategy {self.name!r} needs bind(ctx) before setup (the Trainer does it).")
         self.every = resolve_interval(self.cfg.checkpoint_every, state)
         root = None if ctx.checkpoint_dir is None else ctx.checkpoint_dir / self.checkpoint_subdir
-        self.writer = SnapshotWriter(self.cfg.save_mode, root, self.cfg.keep_checkpoints, ctx.sink,
-                                     writes=ctx.rank == 0)
-        log.info("%s: a checkpoint every %d iterations, save mode %s", self.name, self.every, self.cfg.save_mode)
+        self.writer = SnapshotWriter(
+            self.cfg.save_mode, root, self.cfg.keep_checkpoints, ctx.sink, writes=ctx.rank == 0
+        )
+        log.info(
+            "%s: a checkpoint every %d iterations, save mode %s", self.name, self.every, self.cfg.save_mode
+        )
 
     def begin_iteration(self, state: TrainingState, failed: list[int]) -> None:
         self.writer.poll()
@@ -71,8 +74,14 @@ class _CheckpointStrategy(RecoveryStrategy):
         if self._last_started is not None and (e % self.every or e == self._last_started):
             return
         self._last_started = e
-        snap = checkpointing.capture(state, self.cfg.n_layers_per_stage, self.cfg.to_json(), strategy=self.name,
-                                     copy=False, world_size=self.ctx.world_size)
+        snap = checkpointing.capture(
+            state,
+            self.cfg.n_layers_per_stage,
+            self.cfg.to_json(),
+            strategy=self.name,
+            copy=False,
+            world_size=self.ctx.world_size,
+        )
         self.writer.start(snap, defer=not failed)
 
     def before_optimizer_step(self, state: TrainingState) -> None:
@@ -91,8 +100,12 @@ class _CheckpointStrategy(RecoveryStrategy):
 
     def stats(self) -> dict[str, Any]:
         out = self.writer.stats() if self.writer is not None else {}
-        return {**out, "checkpoint_every": self.every, "iterations_lost": self.iterations_lost,
-                "rollbacks": self.rollbacks}
+        return {
+            **out,
+            "checkpoint_every": self.every,
+            "iterations_lost": self.iterations_lost,
+            "rollbacks": self.rollbacks,
+        }
 
 
 @register
@@ -116,14 +129,33 @@ class Checkpoint(_CheckpointStrategy):
         lost = from_eff - state.effective_iteration
         self.iterations_lost += lost
         self.rollbacks += 1
-        self.ctx.sink.write("rollback", iteration=wall, from_effective_iteration=from_eff,
-                            to_effective_iteration=state.effective_iteration, iterations_lost=lost)
-        log.info("iteration %d: rolled back from effective iteration %d to %d (%d iterations lost)", wall,
-                 from_eff, state.effective_iteration, lost)
+        self.ctx.sink.write(
+            "rollback",
+            iteration=wall,
+            from_effective_iteration=from_eff,
+            to_effective_iteration=state.effective_iteration,
+            iterations_lost=lost,
+        )
+        log.info(
+            "iteration %d: rolled back from effective iteration %d to %d (%d iterations lost)",
+            wall,
+            from_eff,
+            state.effective_iteration,
+            lost,
+        )
         seconds = time.perf_counter() - t0
-        return [RecoveryRecord(s, self.name, [], None, rule="rollback", seconds=seconds,
-                               extra={"to_effective_iteration": state.effective_iteration,
-                                      "iterations_lost": lost}) for s in sorted(failed)]
+        return [
+            RecoveryRecord(
+                s,
+                self.name,
+                [],
+                None,
+                rule="rollback",
+                seconds=seconds,
+                extra={"to_effective_iteration": state.effective_iteration, "iterations_lost": lost},
+            )
+            for s in sorted(failed)
+        ]
 
 
 @register
@@ -144,6 +176,15 @@ class One(_CheckpointStrategy):
         for s in sorted(failed):
             checkpointing.restore_stage(snap, state, s, self.cfg.n_layers_per_stage)
         seconds = time.perf_counter() - t0
-        return [RecoveryRecord(s, self.name, [], None, rule="restore_one", seconds=seconds,
-                               extra={"checkpoint_effective_iteration": snap.effective_iteration,
-                                      "stale_iterations": stale}) for s in sorted(failed)]
+        return [
+            RecoveryRecord(
+                s,
+                self.name,
+                [],
+                None,
+                rule="restore_one",
+                seconds=seconds,
+                extra={"checkpoint_effective_iteration": snap.effective_iteration, "stale_iterations": stale},
+            )
+            for s in sorted(failed)
+        ]

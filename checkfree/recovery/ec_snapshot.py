@@ -71,7 +71,9 @@ class ECSnapshot(RecoveryStrategy):
         super().__init__(cfg, seed)
         self.ctx: Any = None
         self.every = 0
-        self.snapshots: dict[int, torch.Tensor] = {}  # transformer stage → its snapshot vector (its own memory)
+        self.snapshots: dict[
+            int, torch.Tensor
+        ] = {}  # transformer stage → its snapshot vector (its own memory)
         self.lr_multipliers: dict[int, float] = {}
         self.parity: torch.Tensor | None = None
         self.snapshot_effective: int | None = None
@@ -107,14 +109,22 @@ class ECSnapshot(RecoveryStrategy):
         self.stall_seconds += stall
         self.parity_bytes += sent
         if self.ctx is not None:
-            self.ctx.sink.write("snapshot", iteration=state.iteration, effective_iteration=e,
-                                bytes=vec_bytes * state.n_stages, memory_bytes=vec_bytes * (state.n_stages + 1),
-                                parity_bytes=sent, stall_seconds=round(stall, 6))
+            self.ctx.sink.write(
+                "snapshot",
+                iteration=state.iteration,
+                effective_iteration=e,
+                bytes=vec_bytes * state.n_stages,
+                memory_bytes=vec_bytes * (state.n_stages + 1),
+                parity_bytes=sent,
+                stall_seconds=round(stall, 6),
+            )
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         if 0 in failed:
-            raise ValueError("strategy 'ec_snapshot' cannot recover stage 0 (embedding and head): it is outside "
-                             "the parity group of equal-shaped transformer stages.")
+            raise ValueError(
+                "strategy 'ec_snapshot' cannot recover stage 0 (embedding and head): it is outside "
+                "the parity group of equal-shaped transformer stages."
+            )
         lost = sorted(failed)
         if len(lost) == 1:
             return [self._decode(state, lost[0])]
@@ -136,10 +146,15 @@ class ECSnapshot(RecoveryStrategy):
         vec_bytes = vector.numel() * vector.element_size()
         self.decode_bytes += vec_bytes * len(survivors) + self.parity.numel() * self.parity.element_size()
         stale = state.effective_iteration - self.snapshot_effective
-        return RecoveryRecord(j, self.name, sorted(s for s in self.snapshots if s != j), None, rule="ec_decode",
-                              seconds=time.perf_counter() - t0,
-                              extra={"snapshot_effective_iteration": self.snapshot_effective,
-                                     "stale_iterations": stale})
+        return RecoveryRecord(
+            j,
+            self.name,
+            sorted(s for s in self.snapshots if s != j),
+            None,
+            rule="ec_decode",
+            seconds=time.perf_counter() - t0,
+            extra={"snapshot_effective_iteration": self.snapshot_effective, "stale_iterations": stale},
+        )
 
     def _fallback(self, state: TrainingState, j: int, lost: list[int]) -> RecoveryRecord:
         """Two or more lost: the CheckFree rule from the nearest live stages, fresh Adam at lr × lr_scale."""
@@ -150,21 +165,40 @@ class ECSnapshot(RecoveryStrategy):
         if len(sources) == 1:
             new, weights, rule = state.stage_state(sources[0]), [1.0], "copy"
         else:
-            w = [checkfree_weight(state.grad_norms[s], self.cfg.grad_clip, self.cfg.grad_norm_mode)
-                 for s in sources]
+            w = [
+                checkfree_weight(state.grad_norms[s], self.cfg.grad_clip, self.cfg.grad_norm_mode)
+                for s in sources
+            ]
             new = weighted_average(state.stage_state(left), state.stage_state(right), w[0], w[1])
             weights, rule = ([0.5, 0.5] if sum(w) == 0 else [x / sum(w) for x in w]), "checkfree"
         state.load_stage(j, new)
         state.fresh_optimizer(j, self.cfg.lr_scale)
-        log.info("stage %d lost with %s: one parity block decodes one loss; %s rule from %s", j, lost, rule, sources)
-        return RecoveryRecord(j, self.name, sources, weights, rule=rule,
-                              consecutive=(j - 1) in lost or (j + 1) in lost,
-                              fallback=f"{len(lost)} stages lost at once (parity decodes one): {rule} rule from "
-                                       f"stages {sources}")
+        log.info(
+            "stage %d lost with %s: one parity block decodes one loss; %s rule from %s",
+            j,
+            lost,
+            rule,
+            sources,
+        )
+        return RecoveryRecord(
+            j,
+            self.name,
+            sources,
+            weights,
+            rule=rule,
+            consecutive=(j - 1) in lost or (j + 1) in lost,
+            fallback=f"{len(lost)} stages lost at once (parity decodes one): {rule} rule from "
+            f"stages {sources}",
+        )
 
     def stats(self) -> dict[str, Any]:
         vec = 0 if self.parity is None else self.parity.numel() * self.parity.element_size()
-        return {"snapshot_every": self.every, "snapshots": self.rounds,
-                "extra_memory_bytes": vec * (len(self.snapshots) + 1), "parity_bytes": self.parity_bytes,
-                "decode_bytes": self.decode_bytes, "save_stall_seconds": round(self.stall_seconds, 6),
-                "fallbacks": self.fallbacks}
+        return {
+            "snapshot_every": self.every,
+            "snapshots": self.rounds,
+            "extra_memory_bytes": vec * (len(self.snapshots) + 1),
+            "parity_bytes": self.parity_bytes,
+            "decode_bytes": self.decode_bytes,
+            "save_stall_seconds": round(self.stall_seconds, 6),
+            "fallbacks": self.fallbacks,
+        }

@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------- pure math
 
 
-def weighted_average(left: Mapping[str, torch.Tensor], right: Mapping[str, torch.Tensor],
-                     w_left: float, w_right: float) -> StateDict:
+def weighted_average(
+    left: Mapping[str, torch.Tensor], right: Mapping[str, torch.Tensor], w_left: float, w_right: float
+) -> StateDict:
     """CheckFree rule (paper §4.1, Eq. 2): W_i = (ω_{i−1}·W_{i−1} + ω_{i+1}·W_{i+1}) / (ω_{i−1} + ω_{i+1}).
 
     Applied to every tensor; both state dicts must have the same keys and shapes. If both weights are 0 the
@@ -68,7 +69,9 @@ def zero_mlp_output(state: Mapping[str, torch.Tensor], architecture: str) -> Sta
     return {k: torch.zeros_like(v) if k.endswith(suffixes) else v.detach().clone() for k, v in state.items()}
 
 
-def random_state(template: Mapping[str, torch.Tensor], generator: torch.Generator, std: float = 0.02) -> StateDict:
+def random_state(
+    template: Mapping[str, torch.Tensor], generator: torch.Generator, std: float = 0.02
+) -> StateDict:
     """Fresh initialisation shaped like ``template``: matrices ~ N(0, std), norm gains 1, biases 0 ("Random")."""
     out: StateDict = {}
     for k, v in template.items():
@@ -152,27 +155,35 @@ class _NeighbourStrategy(RecoveryStrategy):
             record.consecutive = is_consecutive(stage, failed)
             record.seconds = time.perf_counter() - t0
             if record.consecutive:
-                log.info("stage %d failed together with a neighbour; rebuilt from live stages %s",
-                         stage, record.sources)
+                log.info(
+                    "stage %d failed together with a neighbour; rebuilt from live stages %s",
+                    stage,
+                    record.sources,
+                )
             records.append(record)
         return records
 
     def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
         raise ValueError(f"strategy {self.name!r} cannot recover stage 0 (embedding and head).")
 
-    def rebuild(self, state: TrainingState, stage: int, left: int | None, right: int | None,
-                failed: list[int]) -> tuple[StateDict, RecoveryRecord]:
+    def rebuild(
+        self, state: TrainingState, stage: int, left: int | None, right: int | None, failed: list[int]
+    ) -> tuple[StateDict, RecoveryRecord]:
         raise NotImplementedError
 
-    def _copy_one(self, state: TrainingState, stage: int, source: int | None, fallback: str | None,
-                  failed: list[int]) -> tuple[StateDict, RecoveryRecord]:
+    def _copy_one(
+        self, state: TrainingState, stage: int, source: int | None, fallback: str | None, failed: list[int]
+    ) -> tuple[StateDict, RecoveryRecord]:
         """Copy ``source``; with no live transformer stage at all, fall back to a random init."""
         if source is None:
             return self._random(state, stage, "no live transformer stage: random init")
         return copy_state(state.stage_state(source)), RecoveryRecord(
-            stage, self.name, [source], [1.0], rule="copy", fallback=fallback)
+            stage, self.name, [source], [1.0], rule="copy", fallback=fallback
+        )
 
-    def _random(self, state: TrainingState, stage: int, fallback: str | None) -> tuple[StateDict, RecoveryRecord]:
+    def _random(
+        self, state: TrainingState, stage: int, fallback: str | None
+    ) -> tuple[StateDict, RecoveryRecord]:
         gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, stage))
         new = random_state(state.stages[stage].state_dict(), gen, self.cfg.init_std)
         return new, RecoveryRecord(stage, self.name, [], None, rule="random", fallback=fallback)
@@ -223,8 +234,9 @@ class Average(_NeighbourStrategy):
 
     def rebuild(self, state, stage, left, right, failed):
         if left is None or right is None:
-            return self._copy_one(state, stage, left if left is not None else right,
-                                  "single live neighbour: copy", failed)
+            return self._copy_one(
+                state, stage, left if left is not None else right, "single live neighbour: copy", failed
+            )
         new = average(state.stage_state(left), state.stage_state(right))
         return new, RecoveryRecord(stage, self.name, [left, right], [0.5, 0.5], rule="average")
 
@@ -241,20 +253,28 @@ class CheckFree(_NeighbourStrategy):
 
     def weights(self, state: TrainingState, left: int, right: int) -> tuple[float, float]:
         mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
-        return (checkfree_weight(state.grad_norms[left], clip, mode),
-                checkfree_weight(state.grad_norms[right], clip, mode))
+        return (
+            checkfree_weight(state.grad_norms[left], clip, mode),
+            checkfree_weight(state.grad_norms[right], clip, mode),
+        )
 
     def rebuild(self, state, stage, left, right, failed):
         if left is None or right is None:
-            return self._copy_one(state, stage, left if left is not None else right,
-                                  "single live neighbour: copy", failed)
+            return self._copy_one(
+                state, stage, left if left is not None else right, "single live neighbour: copy", failed
+            )
         w_left, w_right = self.weights(state, left, right)
         new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
         total = w_left + w_right
         shares = [0.5, 0.5] if total == 0 else [w_left / total, w_right / total]
-        return new, RecoveryRecord(stage, self.name, [left, right], shares, rule="checkfree",
-                                   extra={"grad_norm_mode": self.cfg.grad_norm_mode,
-                                          "omega": [w_left, w_right]})
+        return new, RecoveryRecord(
+            stage,
+            self.name,
+            [left, right],
+            shares,
+            rule="checkfree",
+            extra={"grad_norm_mode": self.cfg.grad_norm_mode, "omega": [w_left, w_right]},
+        )
 
 
 @register

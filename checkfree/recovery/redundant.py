@@ -83,10 +83,14 @@ class Redundant(RecoveryStrategy):
         cfg, dev = self.cfg, self._device
         gen = torch.Generator().manual_seed(0)
         h = torch.randn(cfg.batch_size, cfg.seq_l, cfg.dmodel, generator=gen).to(dev)  # (B, T, d)
-        ids = torch.randint(0, self.modules[0].lm_head.out_features, (cfg.batch_size, cfg.seq_l),
-                            generator=gen).to(dev)  # (B, T)
-        autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
-                    else torch.autocast("cpu", enabled=False))
+        ids = torch.randint(
+            0, self.modules[0].lm_head.out_features, (cfg.batch_size, cfg.seq_l), generator=gen
+        ).to(dev)  # (B, T)
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if dev.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
         out = {}
         with autocast:
             for j, module in self.modules.items():
@@ -112,9 +116,15 @@ class Redundant(RecoveryStrategy):
                 continue
             t0 = time.perf_counter()
             restore_copy(self.replicas[j], state, j)
-            records[j] = RecoveryRecord(j, self.name, [holder], [1.0], rule="replica",
-                                        consecutive=(j + 1) in lost or (j - 1) in lost,
-                                        seconds=time.perf_counter() - t0)
+            records[j] = RecoveryRecord(
+                j,
+                self.name,
+                [holder],
+                [1.0],
+                rule="replica",
+                consecutive=(j + 1) in lost or (j - 1) in lost,
+                seconds=time.perf_counter() - t0,
+            )
         still_lost = set(orphans)
         for j in orphans:
             t0 = time.perf_counter()
@@ -122,8 +132,12 @@ class Redundant(RecoveryStrategy):
             records[j].seconds = time.perf_counter() - t0
             still_lost.discard(j)
             self.fallbacks += 1
-            log.info("stage %d: its replica died with stage %d; fallback %s", j, predecessor(j, state.n_stages),
-                     records[j].fallback)
+            log.info(
+                "stage %d: its replica died with stage %d; fallback %s",
+                j,
+                predecessor(j, state.n_stages),
+                records[j].fallback,
+            )
         return [records[j] for j in sorted(records)]
 
     def _fallback(self, state: TrainingState, j: int, still_lost: set[int]) -> RecoveryRecord:
@@ -133,8 +147,15 @@ class Redundant(RecoveryStrategy):
             gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, 0))
             state.load_stage(0, random_state(state.stages[0].state_dict(), gen, self.cfg.init_std))
             state.fresh_optimizer(0, self.cfg.lr_scale)
-            return RecoveryRecord(0, self.name, [], None, rule="random", consecutive=True,
-                                  fallback=f"{why}: random init of stage 0")
+            return RecoveryRecord(
+                0,
+                self.name,
+                [],
+                None,
+                rule="random",
+                consecutive=True,
+                fallback=f"{why}: random init of stage 0",
+            )
         left, right = live_neighbours(j, still_lost, state.n_stages)
         sources = [s for s in (left, right) if s is not None]
         if not sources:
@@ -149,8 +170,15 @@ class Redundant(RecoveryStrategy):
             rule = "checkfree"
         state.load_stage(j, new)
         state.fresh_optimizer(j, self.cfg.lr_scale)
-        return RecoveryRecord(j, self.name, sources, weights, rule=rule, consecutive=True,
-                              fallback=f"{why}: {rule} rule from stages {sources}")
+        return RecoveryRecord(
+            j,
+            self.name,
+            sources,
+            weights,
+            rule=rule,
+            consecutive=True,
+            fallback=f"{why}: {rule} rule from stages {sources}",
+        )
 
     def stats(self) -> dict[str, Any]:
         means = {j: sum(v) / len(v) for j, v in self.forward_seconds.items() if v}

@@ -66,8 +66,9 @@ class SnapshotWriter:
         if mode != "memory" and root is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="checkfree-checkpoints-")
             root = Path(self._tmp.name)
-            log.warning("save mode %s without a checkpoint directory: writing to %s (deleted at the end)", mode,
-                        root)
+            log.warning(
+                "save mode %s without a checkpoint directory: writing to %s (deleted at the end)", mode, root
+            )
         self.mode, self.root, self.keep, self.sink, self.writes = mode, root, max(1, keep), sink, writes
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint")
         self._pending: _Save | None = None  # capture or flush in flight
@@ -169,12 +170,23 @@ class SnapshotWriter:
         self.stall_seconds += stall
         self.save_seconds += seconds
         self.save_bytes += save.bytes
-        self.sink.write("checkpoint", iteration=save.iteration, effective_iteration=save.effective,
-                        path=None if save.path is None else str(save.path), bytes=save.bytes,
-                        seconds=round(seconds, 6), stall_seconds=round(stall, 6), mode=self.mode,
-                        purpose="strategy")
-        log.debug("checkpoint at effective iteration %d committed (%s, stall %.4f s)", self.latest_effective,
-                  self.mode, stall)
+        self.sink.write(
+            "checkpoint",
+            iteration=save.iteration,
+            effective_iteration=save.effective,
+            path=None if save.path is None else str(save.path),
+            bytes=save.bytes,
+            seconds=round(seconds, 6),
+            stall_seconds=round(stall, 6),
+            mode=self.mode,
+            purpose="strategy",
+        )
+        log.debug(
+            "checkpoint at effective iteration %d committed (%s, stall %.4f s)",
+            self.latest_effective,
+            self.mode,
+            stall,
+        )
 
     def _note_held(self, new_bytes: int) -> None:
         self.peak_bytes = max(self.peak_bytes, self.held_bytes + new_bytes)
@@ -189,7 +201,9 @@ class SnapshotWriter:
         """
         self.wait()
         if self.latest is None:
-            raise RuntimeError("no checkpoint has been taken yet; the strategy takes one at its first iteration.")
+            raise RuntimeError(
+                "no checkpoint has been taken yet; the strategy takes one at its first iteration."
+            )
         if isinstance(self.latest, Snapshot):
             return self.latest
         return checkpointing.read_checkpoint(self.latest)
@@ -203,6 +217,12 @@ class SnapshotWriter:
 
     def stats(self) -> dict[str, Any]:
         """Save costs for summary.json."""
-        return {"save_mode": self.mode, "saves": self.saves, "save_stall_seconds": round(self.stall_seconds, 6),
-                "save_seconds": round(self.save_seconds, 6), "save_bytes": self.save_bytes,
-                "extra_memory_bytes": self.held_bytes, "peak_memory_bytes": self.peak_bytes}
+        return {
+            "save_mode": self.mode,
+            "saves": self.saves,
+            "save_stall_seconds": round(self.stall_seconds, 6),
+            "save_seconds": round(self.save_seconds, 6),
+            "save_bytes": self.save_bytes,
+            "extra_memory_bytes": self.held_bytes,
+            "peak_memory_bytes": self.peak_bytes,
+        }

@@ -49,6 +49,7 @@ def _adam_state(state: TrainingState, stage: int) -> dict[int, dict[str, torch.T
 
 def take_copy(state: TrainingState, stage: int, device: torch.device | str | None = None) -> StageCopy:
     """A fresh copy of stage ``stage`` (on ``device``, default: where the stage lives)."""
+
     def clone(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device, copy=True) if device is not None else t.detach().clone()
 
@@ -93,8 +94,12 @@ def layout(state: TrainingState, stage: int) -> list[tuple[str, torch.Size]]:
     """The fixed order of :func:`flatten`: per parameter, weights, exp_avg, exp_avg_sq, then step (one element)."""
     out = []
     for name, p in state.stages[stage].named_parameters():
-        out += [(f"param/{name}", p.shape), (f"exp_avg/{name}", p.shape), (f"exp_avg_sq/{name}", p.shape),
-                (f"step/{name}", torch.Size([]))]
+        out += [
+            (f"param/{name}", p.shape),
+            (f"exp_avg/{name}", p.shape),
+            (f"exp_avg_sq/{name}", p.shape),
+            (f"step/{name}", torch.Size([])),
+        ]
     return out
 
 
@@ -126,7 +131,7 @@ def unflatten(vector: torch.Tensor, state: TrainingState, stage: int, lr_multipl
     off = 0
     for i, (name, p) in enumerate(params):
         n = p.numel()
-        chunks = [vector[off + j * n: off + (j + 1) * n].view(p.shape) for j in range(3)]
+        chunks = [vector[off + j * n : off + (j + 1) * n].view(p.shape) for j in range(3)]
         step = vector[off + 3 * n].clone()
         off += 3 * n + 1
         weights[name] = chunks[0].to(weights[name].dtype).clone()

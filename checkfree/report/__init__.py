@@ -45,8 +45,13 @@ class ReportResult:
     target: float
 
 
-def build_report(run_dirs: list[Path], target_loss: float | str, out: Path,
-                 timing: TimingOptions | None = None, plots: bool = True) -> ReportResult:
+def build_report(
+    run_dirs: list[Path],
+    target_loss: float | str,
+    out: Path,
+    timing: TimingOptions | None = None,
+    plots: bool = True,
+) -> ReportResult:
     """Read ``run_dirs``, write ``out/report.md`` and its PNGs.
 
     Args:
@@ -84,8 +89,14 @@ def build_report(run_dirs: list[Path], target_loss: float | str, out: Path,
     text = markdown.render(groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
-    log.debug("report: %s (%d runs, %d swarm runs, %d skipped, %d plots)", report, len(runs), len(swarms),
-             len(skipped), len(pngs))
+    log.debug(
+        "report: %s (%d runs, %d swarm runs, %d skipped, %d plots)",
+        report,
+        len(runs),
+        len(swarms),
+        len(skipped),
+        len(pngs),
+    )
     return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target)
 
 
@@ -100,26 +111,51 @@ def _target(text: str) -> float | str:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``report`` sub-command."""
-    p = sub.add_parser("report", help="tables, plots and the paper's orderings from run directories",
-                       description=__doc__.splitlines()[0])
-    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
-                   help="run directories (a directory of run directories stands for all of them)")
-    p.add_argument("--target-loss", default="auto", type=_target,
-                   help="validation loss (nats) to reach, or 'auto' (default) = the no_failure run's loss at 75%% "
-                        "of training")
+    p = sub.add_parser(
+        "report",
+        help="tables, plots and the paper's orderings from run directories",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument(
+        "run_dirs",
+        nargs="+",
+        type=Path,
+        metavar="RUN_DIR",
+        help="run directories (a directory of run directories stands for all of them)",
+    )
+    p.add_argument(
+        "--target-loss",
+        default="auto",
+        type=_target,
+        help="validation loss (nats) to reach, or 'auto' (default) = the no_failure run's loss at 75%% "
+        "of training",
+    )
     p.add_argument("--out", required=True, type=Path, help="output directory for report.md and the PNGs")
-    p.add_argument("--iteration-seconds", type=float,
-                   help="T_iter (s) for every strategy (default: swarm measured, else the SPEC §5 formula)")
-    p.add_argument("--forward-seconds", type=float,
-                   help="T_fwd (s) of the formula (default: measured compute seconds / 2.5)")
-    p.add_argument("--recovery-seconds", type=float,
-                   help="seconds per stage recovery (default: swarm measured, else the paper's 30 s / 91.32 s ratio)")
+    p.add_argument(
+        "--iteration-seconds",
+        type=float,
+        help="T_iter (s) for every strategy (default: swarm measured, else the SPEC §5 formula)",
+    )
+    p.add_argument(
+        "--forward-seconds",
+        type=float,
+        help="T_fwd (s) of the formula (default: measured compute seconds / 2.5)",
+    )
+    p.add_argument(
+        "--recovery-seconds",
+        type=float,
+        help="seconds per stage recovery (default: swarm measured, else the paper's 30 s / 91.32 s ratio)",
+    )
     p.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    res = build_report(args.run_dirs, args.target_loss, args.out,
-                       TimingOptions(args.iteration_seconds, args.forward_seconds, args.recovery_seconds))
+    res = build_report(
+        args.run_dirs,
+        args.target_loss,
+        args.out,
+        TimingOptions(args.iteration_seconds, args.forward_seconds, args.recovery_seconds),
+    )
     for p, why in res.skipped:
         print(f"skipped {p}: {why}")
     mark = {True: "holds", False: "DOES NOT HOLD", None: "not judged"}

@@ -69,8 +69,10 @@ class Group:
     @property
     def title(self) -> str:
         rate = f"{self.rate:g} %/h" if math.isfinite(self.rate) else "mixed rates"
-        return (f"{self.config}, {rate} (p_iter {self.p_iter:g}), failure seed {self.key[2]}, "
-                f"world size {self.key[3]}")
+        return (
+            f"{self.config}, {rate} (p_iter {self.p_iter:g}), failure seed {self.key[2]}, "
+            f"world size {self.key[3]}"
+        )
 
     def by_strategy(self, label: str) -> Row | None:
         for r in self.rows:
@@ -81,17 +83,28 @@ class Group:
 
 def group_key(run: Run) -> tuple[Any, ...]:
     p = run.p_iter
-    return (run.config_name, round(p, 10) if math.isfinite(p) else "?", run.failure_seed, run.world_size,
-            str(run.options.get("failure_schedule") or ""))
+    return (
+        run.config_name,
+        round(p, 10) if math.isfinite(p) else "?",
+        run.failure_seed,
+        run.world_size,
+        str(run.options.get("failure_schedule") or ""),
+    )
 
 
 def _formula_inputs(run: Run, forward_seconds: float | None) -> dict[str, Any] | None:
     c = run.config
     try:
-        inputs = {"n_stages": int(c["n_stages"]), "batch_size": int(c["batch_size"]), "dmodel": int(c["dmodel"]),
-                  "seq_l": int(c["seq_l"]), "world_size": run.world_size,
-                  "stage_parameters": stage_parameter_count(str(c.get("architecture", "LLaMa")), int(c["dmodel"]),
-                                                            int(c["n_layers_per_stage"]))}
+        inputs = {
+            "n_stages": int(c["n_stages"]),
+            "batch_size": int(c["batch_size"]),
+            "dmodel": int(c["dmodel"]),
+            "seq_l": int(c["seq_l"]),
+            "world_size": run.world_size,
+            "stage_parameters": stage_parameter_count(
+                str(c.get("architecture", "LLaMa")), int(c["dmodel"]), int(c["n_layers_per_stage"])
+            ),
+        }
     except (KeyError, TypeError, ValueError):
         return None
     if forward_seconds is not None:
@@ -117,15 +130,21 @@ def timing_models(runs: list[Run], swarms: list[SwarmRun], opts: TimingOptions) 
     models: dict[str, TimingModel] = {}
     for config in sorted({r.config_name for r in runs}):
         members = [r for r in runs if r.config_name == config]
-        medians = [m for r in members if r.strategy != "redundant" and (m := r.costs().median_compute_seconds)]
+        medians = [
+            m for r in members if r.strategy != "redundant" and (m := r.costs().median_compute_seconds)
+        ]
         if not medians:
             medians = [m for r in members if (m := r.costs().median_compute_seconds)]
         compute = statistics.median(medians) if medians else None
         inputs = next((i for r in members if (i := _formula_inputs(r, opts.forward_seconds))), None)
         models[config] = TimingModel.resolve(
-            explicit_iteration_seconds=opts.iteration_seconds, swarm_iteration_seconds=swarm_it,
-            formula_inputs=inputs, compute_seconds=compute, explicit_recovery_seconds=opts.recovery_seconds,
-            swarm_recovery_seconds=swarm_rec)
+            explicit_iteration_seconds=opts.iteration_seconds,
+            swarm_iteration_seconds=swarm_it,
+            formula_inputs=inputs,
+            compute_seconds=compute,
+            explicit_recovery_seconds=opts.recovery_seconds,
+            swarm_recovery_seconds=swarm_rec,
+        )
     return models
 
 
@@ -137,13 +156,17 @@ def auto_target(runs: list[Run], fraction: float = AUTO_TARGET_FRACTION) -> tupl
     """
     refs = sorted((r for r in runs if r.strategy == "no_failure"), key=lambda r: (r.swaps, r.name))
     if not refs:
-        raise ValueError("--target-loss auto needs a no_failure run among the run directories; give a number.")
+        raise ValueError(
+            "--target-loss auto needs a no_failure run among the run directories; give a number."
+        )
     ref = refs[0]
     evals = sorted(ref.evals)
     goal = fraction * max(it for it, _ in evals)
     it, loss = next((it, loss) for it, loss in evals if it >= goal)
-    return loss, (f"auto: validation loss of the no-failure run {ref.name} at iteration {it} "
-                  f"({fraction:.0%} of its {max(i for i, _ in evals)} iterations)")
+    return loss, (
+        f"auto: validation loss of the no-failure run {ref.name} at iteration {it} "
+        f"({fraction:.0%} of its {max(i for i, _ in evals)} iterations)"
+    )
 
 
 def analyse(runs: list[Run], models: dict[str, TimingModel], target: float) -> list[Group]:
@@ -156,7 +179,9 @@ def analyse(runs: list[Run], models: dict[str, TimingModel], target: float) -> l
         row = Row(run, tl, cross, hours, tl.hours_at(run.iterations))
         groups.setdefault(group_key(run), Group(group_key(run))).rows.append(row)
     out = []
-    for g in sorted(groups.values(), key=lambda g: (g.config, g.rate if math.isfinite(g.rate) else 1e9, str(g.key))):
+    for g in sorted(
+        groups.values(), key=lambda g: (g.config, g.rate if math.isfinite(g.rate) else 1e9, str(g.key))
+    ):
         g.rows.sort(key=lambda r: (STRATEGY_ORDER.get(r.run.strategy, 99), r.run.swaps, r.run.name))
         ref = g.by_strategy("checkpoint")
         for row in g.rows:
@@ -167,14 +192,31 @@ def analyse(runs: list[Run], models: dict[str, TimingModel], target: float) -> l
             elif row.hours_to_target is None:
                 row.speedup_note = "never reached the target"
             else:
-                row.speedup_vs_checkpoint = ref.hours_to_target / row.hours_to_target if row.hours_to_target else None
+                row.speedup_vs_checkpoint = (
+                    ref.hours_to_target / row.hours_to_target if row.hours_to_target else None
+                )
         out.append(g)
     return out
 
 
-STRATEGY_ORDER = {name: i for i, name in enumerate(
-    ["no_failure", "random", "copy", "zero", "average", "checkfree", "checkfree_plus", "checkpoint", "one",
-     "redundant", "ec_snapshot"])}
+STRATEGY_ORDER = {
+    name: i
+    for i, name in enumerate(
+        [
+            "no_failure",
+            "random",
+            "copy",
+            "zero",
+            "average",
+            "checkfree",
+            "checkfree_plus",
+            "checkpoint",
+            "one",
+            "redundant",
+            "ec_snapshot",
+        ]
+    )
+}
 
 
 def rate_context(group: Group, model: TimingModel) -> str:
@@ -185,8 +227,10 @@ def rate_context(group: Group, model: TimingModel) -> str:
     implied = hourly_rate(p, model.iteration_seconds)
     text = f"p_iter {p:g} per stage per iteration is {implied:.4g} %/h at the modelled {model.iteration_seconds:.4g} s"
     if math.isfinite(group.rate) and 0 < group.rate < 100:
-        text += (f"; the nominal {group.rate:g} %/h corresponds to "
-                 f"{implied_iteration_seconds(group.rate, p):.4g} s per iteration")
+        text += (
+            f"; the nominal {group.rate:g} %/h corresponds to "
+            f"{implied_iteration_seconds(group.rate, p):.4g} s per iteration"
+        )
     return text
 
 
@@ -227,8 +271,10 @@ def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
             continue
         losses = [r.run.final_eval["val_loss"] for r in rows]
         holds = all(a > b for a, b in zip(losses, losses[1:], strict=False))
-        gaps = (f"; gap random−copy {losses[0] - losses[1]:.4f} vs copy−{names[3]} {losses[1] - losses[3]:.4f} "
-                "(≫ read as: the first gap is the larger)")
+        gaps = (
+            f"; gap random−copy {losses[0] - losses[1]:.4f} vs copy−{names[3]} {losses[1] - losses[3]:.4f} "
+            "(≫ read as: the first gap is the larger)"
+        )
         much = losses[0] - losses[1] > losses[1] - losses[3]
         out.append(Verdict(claim, holds and much, evidence + gaps))
     return out
@@ -247,7 +293,11 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
                 out.append(Verdict(claim, None, f"runs missing: {evidence}"))
                 continue
             h = [_hours(r) for r in need]
-            holds = h[0] < h[1] < h[2] if math.isfinite(h[0]) or math.isfinite(h[1]) or math.isfinite(h[2]) else None
+            holds = (
+                h[0] < h[1] < h[2]
+                if math.isfinite(h[0]) or math.isfinite(h[1]) or math.isfinite(h[2])
+                else None
+            )
             out.append(Verdict(claim, holds, evidence))
         elif g.rate == 16.0:
             claim = f"Table 2 ({g.title}): redundant computation has the shortest time to target"
@@ -256,8 +306,11 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
                 continue
             h = {s: _hours(r) for s, r in rows.items()}
             others = [v for s, v in h.items() if s != "redundant"]
-            holds = None if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others)) else \
-                all(h["redundant"] < v for v in others)
+            holds = (
+                None
+                if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others))
+                else all(h["redundant"] < v for v in others)
+            )
             out.append(Verdict(claim, holds, evidence))
     return out
 
@@ -275,6 +328,12 @@ def fig4c_verdict(runs: list[Run]) -> list[Verdict]:
             out.append(Verdict(claim, None, "needs no_failure runs both with and without swaps"))
             continue
         a, b = pair[False].final_eval["val_loss"], pair[True].final_eval["val_loss"]
-        out.append(Verdict(claim, b > a, f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
-                                         f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}"))
+        out.append(
+            Verdict(
+                claim,
+                b > a,
+                f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
+                f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}",
+            )
+        )
     return out

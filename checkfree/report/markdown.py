@@ -29,14 +29,19 @@ def _f(value: float, spec: str = ".4f") -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |"
-                                                                            for r in rows]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
 
 
 def _to_target(row: Row) -> tuple[str, str]:
     c = row.crossing
     if not c.reached:
-        best = f"best {_f(c.best_loss)} at it. {c.best_iteration}" if c.best_iteration is not None else "no finite loss"
+        best = (
+            f"best {_f(c.best_loss)} at it. {c.best_iteration}"
+            if c.best_iteration is not None
+            else "no finite loss"
+        )
         return f"not reached ({best})", "not reached"
     its = f"{c.iteration:.1f}" + (" (interpolated)" if c.interpolated else "")
     return its, f"{row.hours_to_target:.4g}"
@@ -47,15 +52,43 @@ def results_table(group: Group) -> list[str]:
     for row in group.rows:
         run = row.run
         its, hours = _to_target(row)
-        speed = (f"{row.speedup_vs_checkpoint:.2f}×" if row.speedup_vs_checkpoint is not None
-                 else f"— ({row.speedup_note})")
+        speed = (
+            f"{row.speedup_vs_checkpoint:.2f}×"
+            if row.speedup_vs_checkpoint is not None
+            else f"— ({row.speedup_note})"
+        )
         rate = f"{run.rate:g} %/h (p {run.p_iter:g})" if math.isfinite(run.rate) else f"p {run.p_iter:g}"
         name = run.label + (" [partial]" if run.partial else "")
         fe = run.final_eval
-        body.append([f"{name} <br>`{run.name}`", rate, str(run.count("failures")), str(run.count("recoveries")),
-                     str(run.count("fallbacks")), _f(fe["val_loss"]), _f(fe["perplexity"], ".2f"), its, hours, speed])
-    return _table(["setting", "failure rate", "failures", "recoveries", "fallbacks", "final val loss", "perplexity",
-                   "iterations to target", "simulated hours to target", "speed-up vs checkpoint"], body)
+        body.append(
+            [
+                f"{name} <br>`{run.name}`",
+                rate,
+                str(run.count("failures")),
+                str(run.count("recoveries")),
+                str(run.count("fallbacks")),
+                _f(fe["val_loss"]),
+                _f(fe["perplexity"], ".2f"),
+                its,
+                hours,
+                speed,
+            ]
+        )
+    return _table(
+        [
+            "setting",
+            "failure rate",
+            "failures",
+            "recoveries",
+            "fallbacks",
+            "final val loss",
+            "perplexity",
+            "iterations to target",
+            "simulated hours to target",
+            "speed-up vs checkpoint",
+        ],
+        body,
+    )
 
 
 def cost_table(group: Group) -> list[str]:
@@ -65,40 +98,80 @@ def cost_table(group: Group) -> list[str]:
         x = row.crossing.iteration if row.crossing.reached else row.run.iterations
         b = row.timeline.breakdown(x)
         stall = b["save_stall"] + b["snapshot_stall"]
-        ratio = f"{row.timeline.ratio:.3f} ({row.timeline.ratio_source})" if row.timeline.ratio_source else "1"
+        ratio = (
+            f"{row.timeline.ratio:.3f} ({row.timeline.ratio_source})" if row.timeline.ratio_source else "1"
+        )
         mem = (row.run.summary.get("strategy_stats") or {}).get("extra_memory_bytes")
         traffic = costs.save_bytes + costs.snapshot_bytes + costs.parity_bytes
-        body.append([row.run.label, f"{row.timeline.iteration_seconds:.4g}", ratio, str(row.run.iterations),
-                     f"{costs.iterations_lost} ({costs.rollbacks} rollbacks)",
-                     f"{b['recovery'] / 3600:.3g}", f"{stall:.3g}", f"{b['total'] / 3600:.4g}",
-                     f"{row.hours_total:.4g}", f"{traffic / 2**20:.1f}" if traffic else "0",
-                     f"{mem / 2**20:.1f}" if isinstance(mem, int | float) else "—"])
-    return _table(["setting", "s / iteration", "iteration-time ratio", "wall iterations run",
-                   "iterations redone", "recovery h (to target or end)", "save + snapshot stalls s",
-                   "simulated h (to target or end)", "simulated h (whole run)", "checkpoint/snapshot MiB",
-                   "extra memory MiB"], body)
+        body.append(
+            [
+                row.run.label,
+                f"{row.timeline.iteration_seconds:.4g}",
+                ratio,
+                str(row.run.iterations),
+                f"{costs.iterations_lost} ({costs.rollbacks} rollbacks)",
+                f"{b['recovery'] / 3600:.3g}",
+                f"{stall:.3g}",
+                f"{b['total'] / 3600:.4g}",
+                f"{row.hours_total:.4g}",
+                f"{traffic / 2**20:.1f}" if traffic else "0",
+                f"{mem / 2**20:.1f}" if isinstance(mem, int | float) else "—",
+            ]
+        )
+    return _table(
+        [
+            "setting",
+            "s / iteration",
+            "iteration-time ratio",
+            "wall iterations run",
+            "iterations redone",
+            "recovery h (to target or end)",
+            "save + snapshot stalls s",
+            "simulated h (to target or end)",
+            "simulated h (whole run)",
+            "checkpoint/snapshot MiB",
+            "extra memory MiB",
+        ],
+        body,
+    )
 
 
 def timing_section(models: dict[str, TimingModel], swarms: list[SwarmRun] | None = None) -> list[str]:
     f = IterationTimeFormula()
-    lines = ["## Timing model", "",
-             "Simulated hours = wall-clock iterations × seconds per iteration + recovery seconds per recovered stage + "
-             "checkpoint/snapshot save stalls (as recorded). Iterations a rollback redoes are wall-clock iterations, "
-             "so checkpointing pays for them naturally. Redundant computation's iteration time is multiplied by its "
-             "ratio (measured when the run recorded its redundant forward time, else the paper's "
-             f"{PAPER_REDUNDANT_ITERATION_SECONDS} s / {PAPER_ITERATION_SECONDS} s; the cost table says which).", ""]
+    lines = [
+        "## Timing model",
+        "",
+        "Simulated hours = wall-clock iterations × seconds per iteration + recovery seconds per recovered stage + "
+        "checkpoint/snapshot save stalls (as recorded). Iterations a rollback redoes are wall-clock iterations, "
+        "so checkpointing pays for them naturally. Redundant computation's iteration time is multiplied by its "
+        "ratio (measured when the run recorded its redundant forward time, else the paper's "
+        f"{PAPER_REDUNDANT_ITERATION_SECONDS} s / {PAPER_ITERATION_SECONDS} s; the cost table says which).",
+        "",
+    ]
     for config, m in models.items():
-        lines += [f"- **{config}**: T_iter = {m.iteration_seconds:.4g} s — {m.iteration_source}.",
-                  f"  Recovery: {m.recovery_seconds:.4g} s per stage — {m.recovery_source}."]
-    used = [f"{s.name} ({_f(s.steady_iteration_seconds, '.4g')} s)" for s in swarms or []
-            if s.steady_iteration_seconds is not None]
+        lines += [
+            f"- **{config}**: T_iter = {m.iteration_seconds:.4g} s — {m.iteration_source}.",
+            f"  Recovery: {m.recovery_seconds:.4g} s per stage — {m.recovery_source}.",
+        ]
+    used = [
+        f"{s.name} ({_f(s.steady_iteration_seconds, '.4g')} s)"
+        for s in swarms or []
+        if s.steady_iteration_seconds is not None
+    ]
     if used and any("swarm" in m.iteration_source for m in models.values()):
-        lines += ["", f"Swarm runs averaged for T_iter (steady iterations, crashes left out): {', '.join(used)}. "
-                  "When they trained another model than the simulator runs, give --iteration-seconds instead."]
-    lines += ["", f"Formula constants (SPEC §5, the authors' estimate): backward factor {f.backward_factor}, waves "
-              f"{f.waves}, {f.bytes_per_element:g} bytes per element, activations {f.activation_bandwidth_gib_s} "
-              f"GiB/s, data parallel {f.dp_bandwidth_gib_s} GiB/s. Paper: {PAPER_ITERATION_SECONDS} s per iteration "
-              f"(500M), {PAPER_RECOVERY_SECONDS:g} s per stage recovery (geo-distributed testbed).", ""]
+        lines += [
+            "",
+            f"Swarm runs averaged for T_iter (steady iterations, crashes left out): {', '.join(used)}. "
+            "When they trained another model than the simulator runs, give --iteration-seconds instead.",
+        ]
+    lines += [
+        "",
+        f"Formula constants (SPEC §5, the authors' estimate): backward factor {f.backward_factor}, waves "
+        f"{f.waves}, {f.bytes_per_element:g} bytes per element, activations {f.activation_bandwidth_gib_s} "
+        f"GiB/s, data parallel {f.dp_bandwidth_gib_s} GiB/s. Paper: {PAPER_ITERATION_SECONDS} s per iteration "
+        f"(500M), {PAPER_RECOVERY_SECONDS:g} s per stage recovery (geo-distributed testbed).",
+        "",
+    ]
     return lines
 
 
@@ -117,37 +190,78 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
         times, lat = s.iteration_times, s.recovery_latencies
         mean, steady = s.mean_iteration_seconds, s.steady_iteration_seconds
         total_bytes = sum(s.bytes_by_type.values())
-        body.append([s.name, s.setting, str(s.rate if s.rate is not None else "—"), str(s.iterations or "—"),
-                     _f(mean, ".3f"), _f(steady, ".3f"), _f(statistics.median(times), ".3f") if times else "—",
-                     _f(s.tokens_per_second, ".1f") if s.tokens_per_second is not None else "—",
-                     str(len(s.recoveries)), _f(sum(lat) / len(lat), ".2f") if lat else "—",
-                     _f(max(lat), ".2f") if lat else "—", f"{total_bytes / 2**20:.1f}" if total_bytes else "—"])
+        body.append(
+            [
+                s.name,
+                s.setting,
+                str(s.rate if s.rate is not None else "—"),
+                str(s.iterations or "—"),
+                _f(mean, ".3f"),
+                _f(steady, ".3f"),
+                _f(statistics.median(times), ".3f") if times else "—",
+                _f(s.tokens_per_second, ".1f") if s.tokens_per_second is not None else "—",
+                str(len(s.recoveries)),
+                _f(sum(lat) / len(lat), ".2f") if lat else "—",
+                _f(max(lat), ".2f") if lat else "—",
+                f"{total_bytes / 2**20:.1f}" if total_bytes else "—",
+            ]
+        )
     lines = ["## Swarm runs (throughput experiment)", ""]
-    lines += _table(["run", "setting", "rate", "iterations", "mean iteration s", "steady iteration s",
-                     "median iteration s", "tokens/s",
-                     "crashes/recoveries", "mean crash→serving s", "max crash→serving s", "MiB sent"], body)
+    lines += _table(
+        [
+            "run",
+            "setting",
+            "rate",
+            "iterations",
+            "mean iteration s",
+            "steady iteration s",
+            "median iteration s",
+            "tokens/s",
+            "crashes/recoveries",
+            "mean crash→serving s",
+            "max crash→serving s",
+            "MiB sent",
+        ],
+        body,
+    )
     lines.append("")
     for s in swarms:
-        detail = [f"node {r.get('node', '?')} (stage {r.get('stage', '?')}, iteration {r.get('iteration', '?')}) "
-                  f"→ {r.get('rule', '?')} from {r.get('sources', r.get('source_peers', '?'))}, "
-                  f"{_f(_num(r.get('latency_s', r.get('latency_seconds'))), '.2f')} s, {r.get('bytes', '?')} B"
-                  for r in s.recoveries]
+        detail = [
+            f"node {r.get('node', '?')} (stage {r.get('stage', '?')}, iteration {r.get('iteration', '?')}) "
+            f"→ {r.get('rule', '?')} from {r.get('sources', r.get('source_peers', '?'))}, "
+            f"{_f(_num(r.get('latency_s', r.get('latency_seconds'))), '.2f')} s, {r.get('bytes', '?')} B"
+            for r in s.recoveries
+        ]
         if detail:
             lines.append(f"- {s.name} recoveries: " + "; ".join(detail))
         if s.bytes_by_type:
-            lines.append(f"- {s.name} bytes by message type: " + ", ".join(
-                f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(s.bytes_by_type.items())))
+            lines.append(
+                f"- {s.name} bytes by message type: "
+                + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in sorted(s.bytes_by_type.items()))
+            )
         if s.missing:
             lines.append(f"- {s.name}: throughput.json lacks {', '.join(s.missing)}")
     return lines + [""]
 
 
-def render(groups: list[Group], models: dict[str, TimingModel], target: float, target_source: str,
-           verdicts: list[Verdict], swarms: list[SwarmRun], skipped: list[tuple[Path, str]], runs: list[Run],
-           plots: list[Path]) -> str:
-    lines = ["# CheckFree run report", "",
-             f"{len(runs)} simulator run(s), {len(swarms)} swarm run(s), {len(skipped)} directory(ies) skipped. "
-             f"Target validation loss **{target:.4f}** ({target_source}).", ""]
+def render(
+    groups: list[Group],
+    models: dict[str, TimingModel],
+    target: float,
+    target_source: str,
+    verdicts: list[Verdict],
+    swarms: list[SwarmRun],
+    skipped: list[tuple[Path, str]],
+    runs: list[Run],
+    plots: list[Path],
+) -> str:
+    lines = [
+        "# CheckFree run report",
+        "",
+        f"{len(runs)} simulator run(s), {len(swarms)} swarm run(s), {len(skipped)} directory(ies) skipped. "
+        f"Target validation loss **{target:.4f}** ({target_source}).",
+        "",
+    ]
     lines += timing_section(models, swarms)
     for g in groups:
         m = models[g.config]

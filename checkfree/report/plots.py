@@ -14,9 +14,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 from checkfree.report.analysis import Group, Row  # noqa: E402
 from checkfree.report.runs import Run  # noqa: E402
 
-_COLOURS = {"no_failure": "black", "random": "tab:red", "copy": "tab:orange", "zero": "tab:brown",
-            "average": "tab:olive", "checkfree": "tab:green", "checkfree_plus": "tab:blue",
-            "checkpoint": "tab:purple", "one": "tab:pink", "redundant": "tab:gray", "ec_snapshot": "tab:cyan"}
+_COLOURS = {
+    "no_failure": "black",
+    "random": "tab:red",
+    "copy": "tab:orange",
+    "zero": "tab:brown",
+    "average": "tab:olive",
+    "checkfree": "tab:green",
+    "checkfree_plus": "tab:blue",
+    "checkpoint": "tab:purple",
+    "one": "tab:pink",
+    "redundant": "tab:gray",
+    "ec_snapshot": "tab:cyan",
+}
 
 
 def slug(text: str) -> str:
@@ -26,8 +36,12 @@ def slug(text: str) -> str:
 
 def _style(run: Run) -> dict:
     colour = _COLOURS.get(run.strategy, None)
-    return {"color": colour, "linestyle": "--" if run.swaps and run.strategy != "checkfree_plus" else "-",
-            "label": run.label, "linewidth": 1.4}
+    return {
+        "color": colour,
+        "linestyle": "--" if run.swaps and run.strategy != "checkfree_plus" else "-",
+        "label": run.label,
+        "linewidth": 1.4,
+    }
 
 
 def _grid(n: int) -> tuple[plt.Figure, list[plt.Axes]]:
@@ -44,10 +58,14 @@ def _finite(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
 
 
-def validation_plots(groups: list[Group], references: dict[tuple, Run], target: float, out: Path) -> list[Path]:
+def validation_plots(
+    groups: list[Group], references: dict[tuple, Run], target: float, out: Path
+) -> list[Path]:
     """Validation loss against wall-clock iterations and against simulated hours: one panel per group."""
     paths = []
-    row_of = {id(row.run): row for g in groups for row in g.rows}  # a reference's timing comes from its own group
+    row_of = {
+        id(row.run): row for g in groups for row in g.rows
+    }  # a reference's timing comes from its own group
     for axis in ("iterations", "hours"):
         fig, axes = _grid(len(groups))
         for ax, g in zip(axes, groups, strict=True):
@@ -60,14 +78,22 @@ def validation_plots(groups: list[Group], references: dict[tuple, Run], target: 
                     ax.plot(*zip(*data, strict=True), **_style(row.run))
             ref = references.get(g.key[:1] + g.key[2:4])
             ref_row = row_of.get(id(ref)) if ref is not None else None
-            if ref is not None and not any(r.run.strategy == "no_failure" for r in rows) and (
-                    axis == "iterations" or ref_row is not None):
+            if (
+                ref is not None
+                and not any(r.run.strategy == "no_failure" for r in rows)
+                and (axis == "iterations" or ref_row is not None)
+            ):
                 pts = sorted(ref.evals)
                 xs = [it if axis == "iterations" else ref_row.timeline.hours_at(it) for it, _ in pts]
                 data = _finite(list(zip(xs, [v for _, v in pts], strict=True)))
                 if data:
-                    ax.plot(*zip(*data, strict=True), color="black", linestyle=":", linewidth=1.0,
-                            label="no_failure (reference run)")
+                    ax.plot(
+                        *zip(*data, strict=True),
+                        color="black",
+                        linestyle=":",
+                        linewidth=1.0,
+                        label="no_failure (reference run)",
+                    )
             ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label=f"target {target:.3f}")
             ax.set_title(g.title, fontsize=8)
             ax.set_xlabel("wall-clock iteration" if axis == "iterations" else "simulated hours")
@@ -87,22 +113,35 @@ def training_plot(group: Group, out: Path) -> Path:
     fig, axes = _grid(len(group.rows))
     for ax, row in zip(axes, group.rows, strict=True):
         run = row.run
-        train = sorted((int(r["iteration"]), float(r["loss"])) for r in run.kind("train")
-                       if isinstance(r.get("loss"), int | float) and math.isfinite(r["loss"]))
+        train = sorted(
+            (int(r["iteration"]), float(r["loss"]))
+            for r in run.kind("train")
+            if isinstance(r.get("loss"), int | float) and math.isfinite(r["loss"])
+        )
         loss_at = dict(train)
         if train:
             ax.plot(*zip(*train, strict=True), color=_COLOURS.get(run.strategy), linewidth=0.8)
         top = max((v for _, v in train), default=1.0)
-        for i, it in enumerate(sorted({int(r["iteration"]) for r in run.kind("failure") if "iteration" in r})):
-            ax.axvline(it, color="red", linewidth=0.7, alpha=0.6, linestyle="--", label="failure" if i == 0 else None)
-        for kind, style in (("recovery", dict(marker="^", color="green", s=18, label="recovery")),
-                            ("rollback", dict(marker="v", color="purple", s=30, label="rollback"))):
-            pts = [(int(r["iteration"]), loss_at.get(int(r["iteration"]), top)) for r in run.kind(kind)
-                   if "iteration" in r]
+        for i, it in enumerate(
+            sorted({int(r["iteration"]) for r in run.kind("failure") if "iteration" in r})
+        ):
+            ax.axvline(
+                it, color="red", linewidth=0.7, alpha=0.6, linestyle="--", label="failure" if i == 0 else None
+            )
+        for kind, style in (
+            ("recovery", dict(marker="^", color="green", s=18, label="recovery")),
+            ("rollback", dict(marker="v", color="purple", s=30, label="rollback")),
+        ):
+            pts = [
+                (int(r["iteration"]), loss_at.get(int(r["iteration"]), top))
+                for r in run.kind(kind)
+                if "iteration" in r
+            ]
             if pts:
                 ax.scatter(*zip(*pts, strict=True), zorder=3, **style)
-        ax.set_title(f"{run.label}: {run.count('failures')} failures, {run.count('recoveries')} recoveries",
-                     fontsize=8)
+        ax.set_title(
+            f"{run.label}: {run.count('failures')} failures, {run.count('recoveries')} recoveries", fontsize=8
+        )
         ax.set_xlabel("wall-clock iteration")
         ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)

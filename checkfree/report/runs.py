@@ -23,8 +23,13 @@ log = logging.getLogger(__name__)
 
 # The authors' SETTING names (SPEC §4) for runs whose summary.json is missing. A copy of
 # checkfree.recovery.base.ALIASES for display only: importing the registry would import torch (seconds).
-_SETTING_NAMES = {"ours-naive": "copy", "ours-random": "random", "ours-zero": "zero",
-                  "ours-avg-ablation": "average", "whole_model": "checkpoint"}
+_SETTING_NAMES = {
+    "ours-naive": "copy",
+    "ours-random": "random",
+    "ours-zero": "zero",
+    "ours-avg-ablation": "average",
+    "whole_model": "checkpoint",
+}
 
 
 class RunDirError(ValueError):
@@ -133,14 +138,20 @@ class Run:
     def final_eval(self) -> dict[str, float]:
         fe = self.summary.get("final_eval")
         if isinstance(fe, dict) and "val_loss" in fe:
-            return {"iteration": _num(fe.get("iteration")), "val_loss": _num(fe["val_loss"]),
-                    "perplexity": _num(fe.get("perplexity"))}
+            return {
+                "iteration": _num(fe.get("iteration")),
+                "val_loss": _num(fe["val_loss"]),
+                "perplexity": _num(fe.get("perplexity")),
+            }
         evals = self.kind("eval")
         if not evals:
             return {"iteration": math.nan, "val_loss": math.nan, "perplexity": math.nan}
         last = evals[-1]
-        return {"iteration": _num(last.get("iteration")), "val_loss": _num(last.get("val_loss")),
-                "perplexity": _num(last.get("perplexity"))}
+        return {
+            "iteration": _num(last.get("iteration")),
+            "val_loss": _num(last.get("val_loss")),
+            "perplexity": _num(last.get("perplexity")),
+        }
 
     def count(self, key: str) -> int:
         """failures / recoveries / fallbacks: summary.json's value, else counted from metrics.jsonl."""
@@ -161,8 +172,9 @@ class Run:
 
     def costs(self) -> RunCosts:
         summary = dict(self.summary, strategy=self.strategy, iterations=self.iterations)
-        return RunCosts.from_records(self.records, summary, mb_count=self.mb_count,
-                                     n_stages=int(self.config.get("n_stages", 1) or 1))
+        return RunCosts.from_records(
+            self.records, summary, mb_count=self.mb_count, n_stages=int(self.config.get("n_stages", 1) or 1)
+        )
 
 
 @dataclass
@@ -194,15 +206,24 @@ class SwarmRun:
     @property
     def iteration_times(self) -> list[float]:
         """Per-iteration wall seconds (crash and recovery iterations included)."""
-        raw = self._first("iteration_seconds", "iteration_times", "iteration_wall_seconds",
-                          "per_iteration_seconds", "iteration_times_s")
+        raw = self._first(
+            "iteration_seconds",
+            "iteration_times",
+            "iteration_wall_seconds",
+            "per_iteration_seconds",
+            "iteration_times_s",
+        )
         if raw is None and isinstance(self.data.get("iterations"), list):
             raw = self.data["iterations"]  # checkfree.swarm.results: rows with "wall_s"
         if isinstance(raw, dict):
             raw = list(raw.values())
         if isinstance(raw, list):
-            values = (_num(next((x[k] for k in ("wall_s", "seconds", "wall_seconds") if k in x), None))
-                      if isinstance(x, dict) else _num(x) for x in raw)
+            values = (
+                _num(next((x[k] for k in ("wall_s", "seconds", "wall_seconds") if k in x), None))
+                if isinstance(x, dict)
+                else _num(x)
+                for x in raw
+            )
             return [v for v in values if math.isfinite(v) and v > 0]
         return []
 
@@ -247,7 +268,13 @@ class SwarmRun:
     def recovery_latencies(self) -> list[float]:
         out = []
         for r in self.recoveries:
-            for k in ("latency_s", "latency_seconds", "crash_to_serving_seconds", "recovery_seconds", "seconds"):
+            for k in (
+                "latency_s",
+                "latency_seconds",
+                "crash_to_serving_seconds",
+                "recovery_seconds",
+                "seconds",
+            ):
                 v = _num(r.get(k))
                 if math.isfinite(v):
                     out.append(v)
@@ -263,11 +290,13 @@ class SwarmRun:
 
     def check(self) -> None:
         """Fill :attr:`missing` with the quantities the report looks for and could not find."""
-        checks = {"per-iteration wall times": bool(self.iteration_times) or self.mean_iteration_seconds is not None,
-                  "iterations completed": self.iterations is not None,
-                  "tokens/s": self.tokens_per_second is not None,
-                  "crashes/recoveries": self._first("recoveries", "crashes", "recovery") is not None,
-                  "bytes by message type": bool(self.bytes_by_type)}
+        checks = {
+            "per-iteration wall times": bool(self.iteration_times) or self.mean_iteration_seconds is not None,
+            "iterations completed": self.iterations is not None,
+            "tokens/s": self.tokens_per_second is not None,
+            "crashes/recoveries": self._first("recoveries", "crashes", "recovery") is not None,
+            "bytes by message type": bool(self.bytes_by_type),
+        }
         self.missing = [k for k, ok in checks.items() if not ok]
         if self.recoveries and not self.recovery_latencies:
             self.missing.append("recovery latency seconds")
@@ -319,7 +348,9 @@ def load_run(path: Path) -> Run | SwarmRun:
     summary: dict[str, Any] = {}
     partial = not summary_path.is_file()
     if partial:
-        warnings.append("no summary.json: partial run (still running or killed); counts come from metrics.jsonl")
+        warnings.append(
+            "no summary.json: partial run (still running or killed); counts come from metrics.jsonl"
+        )
     else:
         summary = _read_json(summary_path)
         if not isinstance(summary, dict):
@@ -330,8 +361,10 @@ def load_run(path: Path) -> Run | SwarmRun:
     train_its = [r.get("iteration") for r in records if r.get("kind") == "train"]
     dups = len(train_its) - len(set(train_its))
     if dups:
-        warnings.append(f"metrics.jsonl repeats {dups} training iteration(s): two processes wrote to this "
-                        "directory? the first record of each is used")
+        warnings.append(
+            f"metrics.jsonl repeats {dups} training iteration(s): two processes wrote to this "
+            "directory? the first record of each is used"
+        )
         seen: set[Any] = set()
         kept = []
         for r in records:

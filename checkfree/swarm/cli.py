@@ -22,40 +22,80 @@ log = logging.getLogger("checkfree.swarm")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("swarm", help="decentralized swarm: real node processes over an emulated WAN",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "swarm",
+        help="decentralized swarm: real node processes over an emulated WAN",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     cmds = p.add_subparsers(dest="swarm_command", required=True)
-    r = cmds.add_parser("run", help="start the swarm's nodes on this machine and train (SPEC §8)",
-                        description="Start nodes START..END-1 (one stage replica each) plus, for checkpoint, the "
-                                    "storage node; replay the crash schedule; write runs/<name>/throughput.json.")
-    r.add_argument("--setting", required=True, choices=["no_failure", "checkpoint", "ours", "ours-plus"],
-                   help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
-                        "ours: CheckFree; ours-plus: CheckFree+ (swaps on odd microbatches)")
-    r.add_argument("--rate", default="16", help="failure rate in %%/h: selects failure_p_configs/RATE.json "
-                                                "unless --schedule is given")
-    r.add_argument("--config", default="swarm_paper.json",
-                   help="swarm topology config (working directory first, then configs/)")
-    r.add_argument("--schedule", type=Path, help="crash schedule in the authors' format (node id -> "
-                                                 "[crash iterations..., sentinel]); default failure_p_configs/RATE.json")
+    r = cmds.add_parser(
+        "run",
+        help="start the swarm's nodes on this machine and train (SPEC §8)",
+        description="Start nodes START..END-1 (one stage replica each) plus, for checkpoint, the "
+        "storage node; replay the crash schedule; write runs/<name>/throughput.json.",
+    )
+    r.add_argument(
+        "--setting",
+        required=True,
+        choices=["no_failure", "checkpoint", "ours", "ours-plus"],
+        help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
+        "ours: CheckFree; ours-plus: CheckFree+ (swaps on odd microbatches)",
+    )
+    r.add_argument(
+        "--rate",
+        default="16",
+        help="failure rate in %%/h: selects failure_p_configs/RATE.json unless --schedule is given",
+    )
+    r.add_argument(
+        "--config",
+        default="swarm_paper.json",
+        help="swarm topology config (working directory first, then configs/)",
+    )
+    r.add_argument(
+        "--schedule",
+        type=Path,
+        help="crash schedule in the authors' format (node id -> "
+        "[crash iterations..., sentinel]); default failure_p_configs/RATE.json",
+    )
     r.add_argument("--no-schedule", action="store_true", help="no crashes at all")
     r.add_argument("--start", type=int, default=0, help="first node id this machine starts (START)")
-    r.add_argument("--end", type=int, help="one past the last node id this machine starts (END; default: all)")
+    r.add_argument(
+        "--end", type=int, help="one past the last node id this machine starts (END; default: all)"
+    )
     r.add_argument("--iterations", type=int, default=500, help="committed iterations to train")
     r.add_argument("--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>)")
-    r.add_argument("--bind-host", default="127.0.0.1",
-                   help="interface the supervisor and nodes listen on (0.0.0.0 for a multi-machine swarm)")
+    r.add_argument(
+        "--bind-host",
+        default="127.0.0.1",
+        help="interface the supervisor and nodes listen on (0.0.0.0 for a multi-machine swarm)",
+    )
     r.add_argument("--advertise-host", help="host name other machines dial (with --bind-host 0.0.0.0)")
     r.add_argument("--port", type=int, default=0, help="supervisor (bootstrap) port; 0 = any free port")
-    r.add_argument("--bootstrap", help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
-                                       "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)")
+    r.add_argument(
+        "--bootstrap",
+        help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
+        "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)",
+    )
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
     r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
     r.add_argument("--replicas", type=int, help="override replicas per stage")
-    r.add_argument("--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes")
-    r.add_argument("--cache-dir", type=Path, help="data cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)")
-    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any swarm config key, e.g. --set in_flight=3 (JSON value)")
-    r.add_argument("--dry-run", action="store_true", help="print the topology and the node commands; start nothing")
+    r.add_argument(
+        "--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes"
+    )
+    r.add_argument(
+        "--cache-dir", type=Path, help="data cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)"
+    )
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any swarm config key, e.g. --set in_flight=3 (JSON value)",
+    )
+    r.add_argument(
+        "--dry-run", action="store_true", help="print the topology and the node commands; start nothing"
+    )
     r.set_defaults(func=cmd_run)
     t = cmds.add_parser("table", help="print the summary table of finished runs")
     t.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding throughput.json")
@@ -63,8 +103,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {"time_scale": args.time_scale, "checkpoint_interval": args.checkpoint_interval,
-                           "replicas": args.replicas, "data": args.data}
+    out: dict[str, Any] = {
+        "time_scale": args.time_scale,
+        "checkpoint_interval": args.checkpoint_interval,
+        "replicas": args.replicas,
+        "data": args.data,
+    }
     from checkfree.cli import parse_sets
 
     out.update(parse_sets(args.set))
@@ -90,9 +134,16 @@ def _vocab_size(cfg, cache_dir: Path | None) -> int:
     from checkfree.swarm.pipeline_driver import default_cache_dir
 
     m = cfg.model
-    spec = DataSpec(dataset=m.dataset, tokenizer=m.tokenizer_name, vocab_size=m.vocab_size, seq_len=m.seq_l,
-                    validation_sequences=m.validation * m.batch_size, max_train_tokens=m.max_train_tokens,
-                    seed=m.data_seed, cache_dir=cache_dir or default_cache_dir())
+    spec = DataSpec(
+        dataset=m.dataset,
+        tokenizer=m.tokenizer_name,
+        vocab_size=m.vocab_size,
+        seq_len=m.seq_l,
+        validation_sequences=m.validation * m.batch_size,
+        max_train_tokens=m.max_train_tokens,
+        seed=m.data_seed,
+        cache_dir=cache_dir or default_cache_dir(),
+    )
     corpus = prepare_corpus(spec)
     log.info("data: %s", corpus.describe())
     return corpus.vocab_size
@@ -108,16 +159,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_swarm_config(args.config, _overrides(args))
     strategy = make_recovery(args.setting)
     if strategy.swaps and cfg.n_stages < 4:
-        raise ValueError(f"ours-plus needs at least 4 transformer stages for its swaps; the config has "
-                         f"{cfg.n_stages}.")
+        raise ValueError(
+            f"ours-plus needs at least 4 transformer stages for its swaps; the config has {cfg.n_stages}."
+        )
     schedule, schedule_path = _schedule(args)
     run_dir = args.run_dir or Path("runs") / f"swarm-{args.setting}-{args.rate}"
     end = cfg.n_nodes if args.end is None else args.end
     if args.dry_run:
         host = LocalHost(run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir)
-        print(f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
-              f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
-              f"setting {args.setting}, schedule {schedule_path}, run dir {run_dir}")
+        print(
+            f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
+            f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
+            f"setting {args.setting}, schedule {schedule_path}, run dir {run_dir}"
+        )
         for n in range(args.start, end):
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
@@ -125,15 +179,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.bootstrap:
         from checkfree.swarm.launcher import run_launcher
 
-        return run_launcher(args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host,
-                            args.cache_dir)
+        return run_launcher(
+            args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host, args.cache_dir
+        )
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("checkfree").addHandler(handler)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
-    sup = Supervisor(cfg, args.setting, schedule, args.iterations, run_dir, _vocab_size(cfg, args.cache_dir),
-                     start=args.start, end=end, bind_host=args.bind_host, port=args.port,
-                     advertise_host=args.advertise_host, cache_dir=args.cache_dir)
+    sup = Supervisor(
+        cfg,
+        args.setting,
+        schedule,
+        args.iterations,
+        run_dir,
+        _vocab_size(cfg, args.cache_dir),
+        start=args.start,
+        end=end,
+        bind_host=args.bind_host,
+        port=args.port,
+        advertise_host=args.advertise_host,
+        cache_dir=args.cache_dir,
+    )
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     sup.write_config()
     try:
@@ -142,7 +208,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("swarm run failed: %s (logs in %s)", exc, run_dir)
         return 1
     print(summary_table([results]))
-    print(f"bytes sent by message type: {json.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}")
+    print(
+        f"bytes sent by message type: {json.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}"
+    )
     print(f"results: {run_dir / 'throughput.json'}")
     return 0
 

@@ -77,8 +77,11 @@ class SwarmConfig:
     """The model config inline (as sent to nodes); None = load ``model_config``."""
 
     def __post_init__(self, model_json: dict[str, Any] | None) -> None:
-        self.model: Config = (config_from_dict(model_json, "swarm model config") if model_json is not None
-                              else load_config(self.model_config))
+        self.model: Config = (
+            config_from_dict(model_json, "swarm model config")
+            if model_json is not None
+            else load_config(self.model_config)
+        )
         self._validate()
 
     # ------------------------------------------------------------------ derived topology
@@ -141,27 +144,43 @@ class SwarmConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 1.")
-        if self.microbatches is not None and (not isinstance(self.microbatches, int) or self.microbatches < 1):
-            raise ConfigError(f"swarm config: 'microbatches' is {self.microbatches!r}; expected an integer >= 1.")
-        for key in ("heartbeat_interval", "peer_timeout", "microbatch_timeout", "iteration_timeout",
-                    "recovery_timeout", "request_timeout"):
+        if self.microbatches is not None and (
+            not isinstance(self.microbatches, int) or self.microbatches < 1
+        ):
+            raise ConfigError(
+                f"swarm config: 'microbatches' is {self.microbatches!r}; expected an integer >= 1."
+            )
+        for key in (
+            "heartbeat_interval",
+            "peer_timeout",
+            "microbatch_timeout",
+            "iteration_timeout",
+            "recovery_timeout",
+            "request_timeout",
+        ):
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"swarm config: {key!r} is {value!r}; expected seconds > 0.")
         if not isinstance(self.time_scale, int | float) or not 0 <= self.time_scale < math.inf:
             raise ConfigError(f"swarm config: 'time_scale' is {self.time_scale!r}; expected a number >= 0.")
         if not 0 <= self.crash_point <= 10:
-            raise ConfigError(f"swarm config: 'crash_point' is {self.crash_point!r}; expected a fraction in [0, 10].")
+            raise ConfigError(
+                f"swarm config: 'crash_point' is {self.crash_point!r}; expected a fraction in [0, 10]."
+            )
         if self.data not in DATA_SOURCES:
             raise ConfigError(f"swarm config: 'data' is {self.data!r}; expected one of {list(DATA_SOURCES)}.")
         table = self.location_table()
         for name in [*(self.locations or []), self.storage_location]:
             if name not in table.names:
-                raise ConfigError(f"swarm config: location {name!r} is not in the table; expected one of "
-                                  f"{sorted(table.names)}.")
+                raise ConfigError(
+                    f"swarm config: location {name!r} is not in the table; expected one of "
+                    f"{sorted(table.names)}."
+                )
         if self.peer_timeout <= 2 * self.heartbeat_interval:
-            raise ConfigError(f"swarm config: 'peer_timeout' {self.peer_timeout} s is not above twice "
-                              f"'heartbeat_interval' {self.heartbeat_interval} s; live peers would look dead.")
+            raise ConfigError(
+                f"swarm config: 'peer_timeout' {self.peer_timeout} s is not above twice "
+                f"'heartbeat_interval' {self.heartbeat_interval} s; live peers would look dead."
+            )
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SwarmConfig)}
@@ -191,7 +210,9 @@ def load_swarm_config(path: str | Path, overrides: dict[str, Any] | None = None)
     try:
         raw = json.loads(resolved.read_text())
     except json.JSONDecodeError as e:
-        raise ConfigError(f"swarm config {resolved} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+        raise ConfigError(
+            f"swarm config {resolved} is not valid JSON ({e.msg} at line {e.lineno})."
+        ) from None
     if not isinstance(raw, dict):
         raise ConfigError(f"swarm config {resolved}: expected a JSON object.")
     raw.pop("model", None)

@@ -49,8 +49,14 @@ class GradientSync:
         self.epoch = node.epoch
         grads = W.grad_tensors(node.module)
         for peer in self.replicas():
-            node.send(peer, MessageType.GRADIENTS, node.iteration, -1,
-                      {"epoch": node.epoch, "microbatches": node.worker.microbatches}, grads)
+            node.send(
+                peer,
+                MessageType.GRADIENTS,
+                node.iteration,
+                -1,
+                {"epoch": node.epoch, "microbatches": node.worker.microbatches},
+                grads,
+            )
         self._try_reduce()
 
     def on_gradients(self, msg: Message) -> None:
@@ -66,7 +72,9 @@ class GradientSync:
         grads = W.split(msg.tensors, "g")
         for name, p in node.module.named_parameters():
             if grads[name].shape != p.shape or grads[name].dtype != p.dtype:
-                raise ValueError(f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}")
+                raise ValueError(
+                    f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}"
+                )
         self.received[msg.sender] = (grads, int(msg.meta["microbatches"]))
         self._try_reduce()
 
@@ -89,5 +97,9 @@ class GradientSync:
         self.norm = grad_norm(node.module)
         scale_grads(node.module, clip_coefficient(self.norm, node.model_cfg.grad_clip))
         self.epoch = -1
-        node.send(SUPERVISOR_ID, MessageType.CONTROL, node.iteration,
-                  meta={"command": "ready", "epoch": node.epoch, "grad_norm": self.norm, "pipelines": pipelines})
+        node.send(
+            SUPERVISOR_ID,
+            MessageType.CONTROL,
+            node.iteration,
+            meta={"command": "ready", "epoch": node.epoch, "grad_norm": self.norm, "pipelines": pipelines},
+        )

@@ -78,9 +78,16 @@ class LocalHost:
         to nodes. cache_dir: data cache for stage-0 nodes. python: interpreter (default: this one).
     """
 
-    def __init__(self, run_dir: Path, bootstrap: str, bind_host: str = "127.0.0.1",
-                 advertise_host: str | None = None, cache_dir: Path | None = None,
-                 python: str = sys.executable, mode: str = "fork") -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        bootstrap: str,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        cache_dir: Path | None = None,
+        python: str = sys.executable,
+        mode: str = "fork",
+    ) -> None:
         if mode not in ("fork", "exec"):
             raise ValueError(f"process start mode is {mode!r}; expected 'fork' or 'exec'.")
         self.run_dir, self.bootstrap, self.bind_host = Path(run_dir), bootstrap, bind_host
@@ -91,8 +98,21 @@ class LocalHost:
 
     def command(self, node: int, stage: int, location: str, replacement: bool) -> list[str]:
         """The command line that starts node ``node``."""
-        cmd = [self.python, "-m", "checkfree.swarm.node", "--id", str(node), "--stage", str(stage),
-               "--location", location, "--bootstrap", self.bootstrap, "--bind-host", self.bind_host]
+        cmd = [
+            self.python,
+            "-m",
+            "checkfree.swarm.node",
+            "--id",
+            str(node),
+            "--stage",
+            str(stage),
+            "--location",
+            location,
+            "--bootstrap",
+            self.bootstrap,
+            "--bind-host",
+            self.bind_host,
+        ]
         if self.advertise_host:
             cmd += ["--advertise-host", self.advertise_host]
         if self.cache_dir is not None:
@@ -107,8 +127,9 @@ class LocalHost:
         cmd = self.command(node, stage, location, replacement)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
-            child = _forkserver().Process(target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False,
-                                          name=f"node{node}")
+            child = _forkserver().Process(
+                target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=f"node{node}"
+            )
             child.start()
             proc: subprocess.Popen | _Forked = _Forked(child)
         else:
@@ -116,12 +137,24 @@ class LocalHost:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
             env.setdefault("OMP_NUM_THREADS", "1")
-            proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                    cwd=self.run_dir)
+            proc = subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.run_dir,
+            )
             self._logs[node] = logf
         self.procs[node] = proc
-        log.info("host: started node %d (stage %d, %s%s), pid %d", node, stage, location,
-                 ", replacement" if replacement else "", proc.pid)
+        log.info(
+            "host: started node %d (stage %d, %s%s), pid %d",
+            node,
+            stage,
+            location,
+            ", replacement" if replacement else "",
+            proc.pid,
+        )
         return proc.pid
 
     def exited(self, node: int) -> int | None:

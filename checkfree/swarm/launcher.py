@@ -29,9 +29,16 @@ LAUNCHER_STAGE = -2
 """The JOIN ``stage`` that marks a launcher."""
 
 
-def run_launcher(bootstrap: str, start: int, end: int, run_dir: Path, bind_host: str = "127.0.0.1",
-                 advertise_host: str | None = None, cache_dir: Path | None = None,
-                 join_timeout: float = 120.0) -> int:
+def run_launcher(
+    bootstrap: str,
+    start: int,
+    end: int,
+    run_dir: Path,
+    bind_host: str = "127.0.0.1",
+    advertise_host: str | None = None,
+    cache_dir: Path | None = None,
+    join_timeout: float = 120.0,
+) -> int:
     """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code."""
     me = LAUNCHER_ID_BASE + start
     transport = Transport(me, bind_host=bind_host)
@@ -49,8 +56,19 @@ def run_launcher(bootstrap: str, start: int, end: int, run_dir: Path, bind_host:
 
     try:
         transport.connect(SUPERVISOR_ID, bootstrap)
-        transport.send(SUPERVISOR_ID, Message(MessageType.JOIN, me, meta={
-            "stage": LAUNCHER_STAGE, "location": "", "address": address, "slots": list(range(start, end))}))
+        transport.send(
+            SUPERVISOR_ID,
+            Message(
+                MessageType.JOIN,
+                me,
+                meta={
+                    "stage": LAUNCHER_STAGE,
+                    "location": "",
+                    "address": address,
+                    "slots": list(range(start, end)),
+                },
+            ),
+        )
         deadline = time.monotonic() + join_timeout
         heard = False
         while True:
@@ -73,7 +91,9 @@ def run_launcher(bootstrap: str, start: int, end: int, run_dir: Path, bind_host:
                     reported.add(node)
                     send({"command": "exited", "node": node, "code": code})
             if not heard and time.monotonic() > deadline:
-                log.error("launcher %d: no word from the supervisor at %s in %.0f s", me, bootstrap, join_timeout)
+                log.error(
+                    "launcher %d: no word from the supervisor at %s in %.0f s", me, bootstrap, join_timeout
+                )
                 return 3
             if heard and SUPERVISOR_ID in transport.dead_peers():
                 log.error("launcher %d: the supervisor is gone; stopping its nodes", me)

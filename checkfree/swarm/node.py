@@ -77,8 +77,17 @@ class SwarmNetEm(NetEm):
 class Node:
     """A stage replica. Args: ids and addresses as on the command line; ``cache_dir``: data cache."""
 
-    def __init__(self, node_id: int, stage: int, location: str, bootstrap: str, bind_host: str = "127.0.0.1",
-                 advertise_host: str | None = None, replacement: bool = False, cache_dir: Path | None = None):
+    def __init__(
+        self,
+        node_id: int,
+        stage: int,
+        location: str,
+        bootstrap: str,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        replacement: bool = False,
+        cache_dir: Path | None = None,
+    ):
         self.id, self.stage, self.location = node_id, stage, location
         self.bootstrap, self.replacement = bootstrap, replacement
         self.cache_dir = cache_dir
@@ -106,13 +115,24 @@ class Node:
         """Join, (recover,) serve until shutdown; returns the process exit code."""
         try:
             self.transport.connect(SUPERVISOR_ID, self.bootstrap)
-            self.send(SUPERVISOR_ID, MessageType.JOIN, meta={"stage": self.stage, "location": self.location,
-                                                             "address": self.address,
-                                                             "replacement": self.replacement})
+            self.send(
+                SUPERVISOR_ID,
+                MessageType.JOIN,
+                meta={
+                    "stage": self.stage,
+                    "location": self.location,
+                    "address": self.address,
+                    "replacement": self.replacement,
+                },
+            )
             welcome = self._wait_welcome()
             if welcome is None:
-                log.error("node %d: no WELCOME from %s within %.0f s; exiting", self.id, self.bootstrap,
-                          JOIN_TIMEOUT_S)
+                log.error(
+                    "node %d: no WELCOME from %s within %.0f s; exiting",
+                    self.id,
+                    self.bootstrap,
+                    JOIN_TIMEOUT_S,
+                )
                 return 3
             self._setup(welcome.meta)
             if self.replacement:
@@ -142,7 +162,11 @@ class Node:
             msg = self.transport.recv(timeout=0.1)
             if msg is None:
                 continue
-            if msg.type == MessageType.CONTROL and msg.sender == SUPERVISOR_ID and msg.meta["command"] == "welcome":
+            if (
+                msg.type == MessageType.CONTROL
+                and msg.sender == SUPERVISOR_ID
+                and msg.meta["command"] == "welcome"
+            ):
                 return msg
             self.future.append(msg)
         return None
@@ -162,22 +186,35 @@ class Node:
         self.opt = W.make_optimizer(self.module, self.model_cfg.lr)
         self.worker = StageWorker(self.module, self.stage)
         self.driver = PipelineDriver(self, meta) if self.stage == 0 else None
-        log.info("node %d: stage %d at %s, %s, %d peers, setting %s", self.id, self.stage, self.location,
-                 self.address, len(self.peers), self.strategy.name)
+        log.info(
+            "node %d: stage %d at %s, %s, %d peers, setting %s",
+            self.id,
+            self.stage,
+            self.location,
+            self.address,
+            len(self.peers),
+            self.strategy.name,
+        )
 
     def _serve(self, record: dict[str, Any]) -> None:
         self.serving = True
         self.task = None
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta={"command": "serving", "stage": self.stage,
-                                                             "version": self.version, "record": record})
+        self.send(
+            SUPERVISOR_ID,
+            MessageType.CONTROL,
+            meta={"command": "serving", "stage": self.stage, "version": self.version, "record": record},
+        )
         for msg in self._take_future(lambda m: m.type == MessageType.WEIGHTS_REQUEST):
             self.dispatch(msg)
 
     def _tick(self) -> bool:
         """Timeouts; True when the node must exit (its supervisor is gone)."""
         if SUPERVISOR_ID in self.transport.dead_peers():
-            log.error("node %d: the supervisor has been silent for %.1f s; exiting", self.id,
-                      self.transport.peer_timeout)
+            log.error(
+                "node %d: the supervisor has been silent for %.1f s; exiting",
+                self.id,
+                self.transport.peer_timeout,
+            )
             return True
         if self.task is not None:
             self.task.tick()
@@ -187,8 +224,15 @@ class Node:
 
     # ------------------------------------------------------------------ messaging
 
-    def send(self, peer: int, mtype: MessageType, iteration: int = -1, microbatch: int = -1,
-             meta: dict[str, Any] | None = None, tensors: dict[str, torch.Tensor] | None = None) -> None:
+    def send(
+        self,
+        peer: int,
+        mtype: MessageType,
+        iteration: int = -1,
+        microbatch: int = -1,
+        meta: dict[str, Any] | None = None,
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> None:
         """Send to a connected peer; a peer that is gone is logged (the supervisor handles the death)."""
         meta = meta if meta is not None else {}
         meta.setdefault("stage", self.stage)
@@ -224,9 +268,12 @@ class Node:
     def dispatch(self, msg: Message) -> None:
         """Route one message; nonsense from a peer is logged and counted, never fatal."""
         handler = {
-            MessageType.FORWARD: self._on_pipeline, MessageType.BACKWARD: self._on_pipeline,
-            MessageType.GRADIENTS: self.gradients.on_gradients, MessageType.WEIGHTS_REQUEST: self._on_weights_request,
-            MessageType.WEIGHTS_RESPONSE: self._on_weights_response, MessageType.CONTROL: self._on_control,
+            MessageType.FORWARD: self._on_pipeline,
+            MessageType.BACKWARD: self._on_pipeline,
+            MessageType.GRADIENTS: self.gradients.on_gradients,
+            MessageType.WEIGHTS_REQUEST: self._on_weights_request,
+            MessageType.WEIGHTS_RESPONSE: self._on_weights_response,
+            MessageType.CONTROL: self._on_control,
             MessageType.STAGE0_COPY: self.stage0_copies.on_copy,
         }.get(msg.type)
         if handler is None:
@@ -235,8 +282,14 @@ class Node:
             handler(msg)
         except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
             self.bad_messages += 1
-            log.warning("node %d: dropped a %s from %d that does not fit: %s: %s", self.id, msg.type.name,
-                        msg.sender, type(exc).__name__, exc)
+            log.warning(
+                "node %d: dropped a %s from %d that does not fit: %s: %s",
+                self.id,
+                msg.type.name,
+                msg.sender,
+                type(exc).__name__,
+                exc,
+            )
 
     def epoch_of(self, msg: Message) -> int | None:
         """The message's epoch; None (dropped) when stale, buffered when it is ahead of this node."""
@@ -258,8 +311,10 @@ class Node:
         key = (int(pipeline), msg.microbatch)
         tensor = msg.tensors["activations" if msg.type == MessageType.FORWARD else "gradients"]
         if tensor.dtype != torch.float32 or tensor.dim() != 3 or tensor.shape[-1] != self.model_cfg.dmodel:
-            raise ValueError(f"tensor is {tuple(tensor.shape)} {tensor.dtype}; expected (B, T, "
-                             f"{self.model_cfg.dmodel}) float32")
+            raise ValueError(
+                f"tensor is {tuple(tensor.shape)} {tensor.dtype}; expected (B, T, "
+                f"{self.model_cfg.dmodel}) float32"
+            )
         if self.driver is not None:
             self.driver.on_message(msg, route, pos, key, tensor)
             return
@@ -269,14 +324,26 @@ class Node:
         if msg.type == MessageType.FORWARD:
             out = self.worker.forward(key, tensor)
             nxt = pos + 1
-            self.send(route[nxt % len(route)], MessageType.FORWARD, self.iteration, msg.microbatch,
-                      {**meta, "pos": nxt}, {"activations": out})
+            self.send(
+                route[nxt % len(route)],
+                MessageType.FORWARD,
+                self.iteration,
+                msg.microbatch,
+                {**meta, "pos": nxt},
+                {"activations": out},
+            )
         else:
             grad = self.worker.backward(key, tensor)
             if grad is None:
                 raise ValueError(f"no saved forward for pipeline {key[0]} microbatch {key[1]}")
-            self.send(route[pos - 1], MessageType.BACKWARD, self.iteration, msg.microbatch,
-                      {**meta, "pos": pos - 1}, {"gradients": grad})
+            self.send(
+                route[pos - 1],
+                MessageType.BACKWARD,
+                self.iteration,
+                msg.microbatch,
+                {**meta, "pos": pos - 1},
+                {"gradients": grad},
+            )
 
     def _begin(self, meta: dict[str, Any]) -> None:
         self.epoch, self.iteration = meta["epoch"], meta["iteration"]
@@ -288,8 +355,11 @@ class Node:
             self.driver.begin()
         for msg in self._take_future(lambda m: m.meta.get("epoch") == self.epoch):
             self.dispatch(msg)
-        self.future = [m for m in self.future if not (isinstance(m.meta.get("epoch"), int)
-                                                      and m.meta["epoch"] < self.epoch)]
+        self.future = [
+            m
+            for m in self.future
+            if not (isinstance(m.meta.get("epoch"), int) and m.meta["epoch"] < self.epoch)
+        ]
 
     def _commit(self, meta: dict[str, Any]) -> None:
         if meta["epoch"] != self.epoch:
@@ -303,27 +373,44 @@ class Node:
             self.send_checkpoint()
         self.stage0_copies.push()
         self.worker.reset()
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, self.iteration,
-                  meta={"command": "committed", "epoch": self.epoch, **self.report()})
+        self.send(
+            SUPERVISOR_ID,
+            MessageType.CONTROL,
+            self.iteration,
+            meta={"command": "committed", "epoch": self.epoch, **self.report()},
+        )
 
     def report(self) -> dict[str, Any]:
         """Cumulative stats for the supervisor: bytes per message type, compute seconds, bad messages."""
         stats = self.transport.stats
-        return {"sent_bytes": stats["sent_bytes"], "sent_messages": stats["sent_messages"],
-                "dropped_malformed": stats["dropped_malformed"], "bad_messages": self.bad_messages,
-                "compute": {**self.worker.compute, "step_cpu_s": self.step_s}, "version": self.version}
+        return {
+            "sent_bytes": stats["sent_bytes"],
+            "sent_messages": stats["sent_messages"],
+            "dropped_malformed": stats["dropped_malformed"],
+            "bad_messages": self.bad_messages,
+            "compute": {**self.worker.compute, "step_cpu_s": self.step_s},
+            "version": self.version,
+        }
 
     # ------------------------------------------------------------------ weights and checkpoints
 
     def weights_meta(self) -> dict[str, Any]:
-        return {"version": self.version, "grad_norm": self.grad_norm, "lr": W.current_lr(self.opt),
-                "step": W.adam_step(self.opt)}
+        return {
+            "version": self.version,
+            "grad_norm": self.grad_norm,
+            "lr": W.current_lr(self.opt),
+            "step": W.adam_step(self.opt),
+        }
 
     def send_checkpoint(self) -> None:
         """Ship weights + Adam state to the storage node (asynchronous: the send never blocks)."""
-        self.send(self.storage_id, MessageType.WEIGHTS_RESPONSE, self.iteration,
-                  meta={**self.weights_meta(), "checkpoint": self.version},
-                  tensors=W.stage_tensors(self.module, self.opt))
+        self.send(
+            self.storage_id,
+            MessageType.WEIGHTS_RESPONSE,
+            self.iteration,
+            meta={**self.weights_meta(), "checkpoint": self.version},
+            tensors=W.stage_tensors(self.module, self.opt),
+        )
 
     def _on_weights_request(self, msg: Message) -> None:
         meta = msg.meta
@@ -333,7 +420,11 @@ class Node:
         if msg.sender not in self.peers and isinstance(meta.get("address"), str):
             self.netem.set_location(msg.sender, str(meta.get("location", "")))
             self.transport.connect(msg.sender, meta["address"])
-            self.peers[msg.sender] = {"stage": -1, "location": meta.get("location"), "address": meta["address"]}
+            self.peers[msg.sender] = {
+                "stage": -1,
+                "location": meta.get("location"),
+                "address": meta["address"],
+            }
         reply = {"request": meta.get("request", ""), **self.weights_meta()}
         if "part" in meta:  # a stage-0 replacement asks for the copy this node holds (CheckFree+)
             self.stage0_copies.answer(msg, reply)
@@ -342,7 +433,9 @@ class Node:
             self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta={**reply, "error": "wrong stage"})
             return
         opt = self.opt if meta.get("optimizer") else None
-        self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=reply, tensors=W.stage_tensors(self.module, opt))
+        self.send(
+            msg.sender, MessageType.WEIGHTS_RESPONSE, meta=reply, tensors=W.stage_tensors(self.module, opt)
+        )
 
     def _on_weights_response(self, msg: Message) -> None:
         if self.task is not None:
@@ -404,25 +497,42 @@ class Node:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m checkfree.swarm.node", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m checkfree.swarm.node", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--id", type=int, required=True, help="this node's id (>= 0)")
-    parser.add_argument("--stage", type=int, required=True, help="stage it holds (0 = embedding/head; -1 = storage)")
+    parser.add_argument(
+        "--stage", type=int, required=True, help="stage it holds (0 = embedding/head; -1 = storage)"
+    )
     parser.add_argument("--location", required=True, help="its location in the WAN table")
     parser.add_argument("--bootstrap", required=True, help="the supervisor's address, tcp://HOST:PORT")
     parser.add_argument("--bind-host", default="127.0.0.1", help="interface to listen on")
     parser.add_argument("--advertise-host", help="host name peers should dial (when binding 0.0.0.0)")
-    parser.add_argument("--replacement", action="store_true", help="recover the stage from peers before serving")
+    parser.add_argument(
+        "--replacement", action="store_true", help="recover the stage from peers before serving"
+    )
     parser.add_argument("--cache-dir", type=Path, help="data cache of stage-0 nodes")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"%(asctime)s node{args.id} %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s node{args.id} %(levelname)s %(name)s: %(message)s",
+    )
     torch.set_num_threads(1)
     if args.stage == -1:
         from checkfree.swarm.storage import StorageNode
 
         return StorageNode(args.id, args.location, args.bootstrap, args.bind_host, args.advertise_host).run()
-    node = Node(args.id, args.stage, args.location, args.bootstrap, args.bind_host, args.advertise_host,
-                args.replacement, args.cache_dir)
+    node = Node(
+        args.id,
+        args.stage,
+        args.location,
+        args.bootstrap,
+        args.bind_host,
+        args.advertise_host,
+        args.replacement,
+        args.cache_dir,
+    )
     return node.run()
 
 

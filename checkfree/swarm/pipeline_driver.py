@@ -38,8 +38,14 @@ class PipelineDriver:
         self.node = node
         cfg = node.cfg
         self.rank = int(welcome["rank"])
-        self.batches = make_batches(cfg.model, cfg.data, self.rank, cfg.replicas, int(welcome["vocab_size"]),
-                                    node.cache_dir or default_cache_dir())
+        self.batches = make_batches(
+            cfg.model,
+            cfg.data,
+            self.rank,
+            cfg.replicas,
+            int(welcome["vocab_size"]),
+            node.cache_dir or default_cache_dir(),
+        )
         self.active = False
         self.pipeline = -1
         self._clear()
@@ -80,12 +86,18 @@ class PipelineDriver:
             self.labels[mb], self.routes[mb] = batch[:, 1:], path
             self.inflight[mb] = time.monotonic()
             h = node.worker.embed((self.pipeline, mb), batch[:, :-1])
-            node.send(path[1], MessageType.FORWARD, node.iteration, mb,
-                      {"epoch": node.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
-                      {"activations": h})
+            node.send(
+                path[1],
+                MessageType.FORWARD,
+                node.iteration,
+                mb,
+                {"epoch": node.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {"activations": h},
+            )
 
-    def on_message(self, msg: Message, path: list[int], pos: int, key: tuple[int, int],
-                   tensor: torch.Tensor) -> None:
+    def on_message(
+        self, msg: Message, path: list[int], pos: int, key: tuple[int, int], tensor: torch.Tensor
+    ) -> None:
         """A microbatch returning: final activations (head + loss) or the first stage's input gradient."""
         node, mb = self.node, msg.microbatch
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
@@ -96,8 +108,14 @@ class PipelineDriver:
                 raise ValueError(f"microbatch {mb} came back twice")
             loss, grad = node.worker.head_loss(tensor, self.labels[mb], node.cfg.mb_count)
             self.losses[mb] = loss
-            node.send(path[-1], MessageType.BACKWARD, node.iteration, mb, {**meta, "pos": len(path) - 1},
-                      {"gradients": grad})
+            node.send(
+                path[-1],
+                MessageType.BACKWARD,
+                node.iteration,
+                mb,
+                {**meta, "pos": len(path) - 1},
+                {"gradients": grad},
+            )
         elif msg.type == MessageType.BACKWARD and pos == 0:
             if not node.worker.embed_backward(key, tensor):
                 raise ValueError(f"no saved embedding for microbatch {mb}")
@@ -112,17 +130,30 @@ class PipelineDriver:
         node = self.node
         losses = [self.losses[mb] for mb in sorted(self.losses)]
         b, t = node.cfg.model.batch_size, node.cfg.model.seq_l
-        node.send(SUPERVISOR_ID, MessageType.ITERATION_END, node.iteration, -1,
-                  {"epoch": node.epoch, "loss": sum(losses) / len(losses), "tokens": len(losses) * b * t,
-                   "seconds": time.monotonic() - self.t_begin})
+        node.send(
+            SUPERVISOR_ID,
+            MessageType.ITERATION_END,
+            node.iteration,
+            -1,
+            {
+                "epoch": node.epoch,
+                "loss": sum(losses) / len(losses),
+                "tokens": len(losses) * b * t,
+                "seconds": time.monotonic() - self.t_begin,
+            },
+        )
         self.active = False
 
     def _stalled(self, reason: str) -> None:
         if not self.stall_reported:
             self.stall_reported = True
             log.warning("node %d: epoch %d stalled: %s", self.node.id, self.node.epoch, reason)
-            self.node.send(SUPERVISOR_ID, MessageType.CONTROL, self.node.iteration,
-                           meta={"command": "stalled", "epoch": self.node.epoch, "reason": reason})
+            self.node.send(
+                SUPERVISOR_ID,
+                MessageType.CONTROL,
+                self.node.iteration,
+                meta={"command": "stalled", "epoch": self.node.epoch, "reason": reason},
+            )
 
     def tick(self) -> None:
         """Report a microbatch that has been out longer than ``microbatch_timeout``."""

@@ -40,8 +40,14 @@ class Recovery:
 
     def start(self) -> None:
         node = self.node
-        log.info("node %d: recovering stage %d by rule %s from stages %s%s", node.id, node.stage, self.plan.rule,
-                 self.plan.stages, f" ({self.plan.fallback})" if self.plan.fallback else "")
+        log.info(
+            "node %d: recovering stage %d by rule %s from stages %s%s",
+            node.id,
+            node.stage,
+            self.plan.rule,
+            self.plan.stages,
+            f" ({self.plan.fallback})" if self.plan.fallback else "",
+        )
         for i, stage in enumerate(self.plan.stages):
             if self.plan.rule == "storage":
                 candidates = [node.storage_id]
@@ -51,8 +57,9 @@ class Recovery:
                 node.give_up(f"no serving node of stage {stage} to recover from")
                 return
             part = self.plan.parts[i] if self.plan.parts else None
-            self.requests.append({"stage": stage, "part": part, "candidates": candidates, "tries": 0,
-                                  "response": None})
+            self.requests.append(
+                {"stage": stage, "part": part, "candidates": candidates, "tries": 0, "response": None}
+            )
             self._send(i)
         if not self.requests:  # nothing to fetch (every stage-0 copy holder is lost too): fresh init
             self._finish()
@@ -63,8 +70,14 @@ class Recovery:
         req["id"] = f"{node.id}:{i}:{req['tries']}"
         req["deadline"] = time.monotonic() + node.cfg.request_timeout
         req["tries"] += 1
-        meta = {"stage": req["stage"], "optimizer": self.plan.with_optimizer, "request": req["id"],
-                "address": node.address, "location": node.location, "version": self.checkpoint_version}
+        meta = {
+            "stage": req["stage"],
+            "optimizer": self.plan.with_optimizer,
+            "request": req["id"],
+            "address": node.address,
+            "location": node.location,
+            "version": self.checkpoint_version,
+        }
         if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
             meta.update(stage=0, part=req["part"])
         node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
@@ -72,10 +85,17 @@ class Recovery:
     def _retry(self, i: int, why: str) -> None:
         req = self.requests[i]
         if req["tries"] >= self.node.cfg.max_attempts * len(req["candidates"]):
-            self.node.give_up(f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}")
+            self.node.give_up(
+                f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}"
+            )
             return
-        log.warning("node %d: request %s to %d failed (%s); asking the next candidate", self.node.id, req["id"],
-                    req["target"], why)
+        log.warning(
+            "node %d: request %s to %d failed (%s); asking the next candidate",
+            self.node.id,
+            req["id"],
+            req["target"],
+            why,
+        )
         self._send(i)
 
     def tick(self) -> None:
@@ -88,7 +108,11 @@ class Recovery:
 
     def on_response(self, msg: Message) -> None:
         for i, req in enumerate(self.requests):
-            if req.get("id") == msg.meta.get("request") and req["response"] is None and msg.sender == req["target"]:
+            if (
+                req.get("id") == msg.meta.get("request")
+                and req["response"] is None
+                and msg.sender == req["target"]
+            ):
                 if "error" in msg.meta:
                     self._retry(i, str(msg.meta["error"]))
                     return
@@ -110,8 +134,10 @@ class Recovery:
             for m, state in zip(answers, states, strict=True):
                 W.check_state(node.module, state, f"node {m.sender}")
             if plan.rule == "checkfree":
-                omegas = [checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
-                          for m in answers]
+                omegas = [
+                    checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
+                    for m in answers
+                ]
                 new = weighted_average(states[0], states[1], omegas[0], omegas[1])
             else:
                 new = copy_state(states[0])
@@ -124,12 +150,19 @@ class Recovery:
             node.opt = W.make_optimizer(node.module, cfg.lr * cfg.lr_scale)
             node.grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
         node.version = max((int(m.meta["version"]) for m in answers), default=node.version)
-        return {"rule": plan.rule, "sources": [m.sender for m in answers], "source_stages": plan.stages,
-                "parts": plan.parts or None,
-                "omegas": omegas, "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
-                "fallback": plan.fallback, "lr": W.current_lr(node.opt), "version": node.version,
-                "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
-                "fetch_s": time.monotonic() - self.t0}
+        return {
+            "rule": plan.rule,
+            "sources": [m.sender for m in answers],
+            "source_stages": plan.stages,
+            "parts": plan.parts or None,
+            "omegas": omegas,
+            "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
+            "fallback": plan.fallback,
+            "lr": W.current_lr(node.opt),
+            "version": node.version,
+            "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
+            "fetch_s": time.monotonic() - self.t0,
+        }
 
     def _merge_stage0_parts(self, answers: list[Message], states: list[dict[str, Any]]) -> dict[str, Any]:
         """Stage 0 from its copies: each answer must hold exactly its part's entries; a part with no holder
@@ -143,8 +176,10 @@ class Recovery:
         for m, state, part in zip(answers, states, self.plan.parts, strict=True):
             want = {k for k in own if stage0_part(k) == part}
             if set(state) != want:
-                raise ValueError(f"stage-0 {part} copy from node {m.sender} has keys "
-                                 f"{sorted(set(state) ^ want)[:3]} wrong; expected exactly {sorted(want)}.")
+                raise ValueError(
+                    f"stage-0 {part} copy from node {m.sender} has keys "
+                    f"{sorted(set(state) ^ want)[:3]} wrong; expected exactly {sorted(want)}."
+                )
             new.update(state)
         W.check_state(self.node.module, new, f"nodes {[m.sender for m in answers]}")
         return new

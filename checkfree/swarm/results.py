@@ -53,8 +53,14 @@ class Results:
         """The previous iteration's wall time (1 s before the first), for placing a crash mid-iteration."""
         return self.rows[-1]["wall_s"] if self.rows else 1.0
 
-    def iteration(self, it: int, epoch: int, ends: dict[int, dict], ready: dict[int, dict],
-                  members: dict[int, list[int]]) -> None:
+    def iteration(
+        self,
+        it: int,
+        epoch: int,
+        ends: dict[int, dict],
+        ready: dict[int, dict],
+        members: dict[int, list[int]],
+    ) -> None:
         t = self.now()
         prev = self.rows[-1]["t_commit"] if self.rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
@@ -62,17 +68,33 @@ class Results:
         for node, meta in ready.items():
             norms.setdefault(str(stage_of[node]), float(meta["grad_norm"]))
         losses = [float(m["loss"]) for m in ends.values()]
-        self.rows.append({"iteration": it, "epoch": epoch, "attempts": 1 + self.failed_attempts.get(it, 0),
-                          "t_commit": t, "wall_s": t - prev, "loss": sum(losses) / len(losses),
-                          "tokens": sum(int(m["tokens"]) for m in ends.values()), "grad_norms": norms})
+        self.rows.append(
+            {
+                "iteration": it,
+                "epoch": epoch,
+                "attempts": 1 + self.failed_attempts.get(it, 0),
+                "t_commit": t,
+                "wall_s": t - prev,
+                "loss": sum(losses) / len(losses),
+                "tokens": sum(int(m["tokens"]) for m in ends.values()),
+                "grad_norms": norms,
+            }
+        )
 
     def served(self, crash: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
         t = self.now()
-        out = {"t_serving": t, "latency_s": t - crash["t_crash"], "rule": record.get("rule"),
-               "sources": record.get("sources"), "source_stages": record.get("source_stages"),
-               "parts": record.get("parts"),
-               "omegas": record.get("omegas"), "fallback": record.get("fallback"),
-               "bytes": record.get("bytes", 0), "fetch_s": record.get("fetch_s")}
+        out = {
+            "t_serving": t,
+            "latency_s": t - crash["t_crash"],
+            "rule": record.get("rule"),
+            "sources": record.get("sources"),
+            "source_stages": record.get("source_stages"),
+            "parts": record.get("parts"),
+            "omegas": record.get("omegas"),
+            "fallback": record.get("fallback"),
+            "bytes": record.get("bytes", 0),
+            "fetch_s": record.get("fetch_s"),
+        }
         if "t_join" in crash:
             out["join_latency_s"] = crash["t_join"] - crash["t_crash"]
         return out
@@ -98,23 +120,36 @@ class Results:
         quiet = [r["wall_s"] for r in self.rows if r["iteration"] not in crash_iters]
         latencies = [c["latency_s"] for c in self.crashes if "latency_s" in c]
         out = {
-            "setting": self.setting, "nodes": self.cfg.n_nodes, "stages": self.cfg.n_stages + 1,
-            "replicas": self.cfg.replicas, "microbatches": self.cfg.mb_count, "in_flight": self.cfg.in_flight,
-            "time_scale": self.cfg.time_scale, "iterations_target": self.target,
-            "iterations_completed": completed, "iterations_executed": len(self.rows),
-            "total_s": total, "mean_iteration_s": total / len(self.rows) if self.rows else None,
+            "setting": self.setting,
+            "nodes": self.cfg.n_nodes,
+            "stages": self.cfg.n_stages + 1,
+            "replicas": self.cfg.replicas,
+            "microbatches": self.cfg.mb_count,
+            "in_flight": self.cfg.in_flight,
+            "time_scale": self.cfg.time_scale,
+            "iterations_target": self.target,
+            "iterations_completed": completed,
+            "iterations_executed": len(self.rows),
+            "total_s": total,
+            "mean_iteration_s": total / len(self.rows) if self.rows else None,
             "median_iteration_s": statistics.median(walls) if walls else None,
             "mean_iteration_s_without_crashes": statistics.mean(quiet) if quiet else None,
             "tokens_per_s": completed * self.cfg.tokens_per_iteration() / total if total else None,
-            "crashes_count": len(self.crashes), "recovered_count": len(latencies),
+            "crashes_count": len(self.crashes),
+            "recovered_count": len(latencies),
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
-            "aborted_attempts": self.aborts, "crashes": self.crashes, "skipped_crashes": self.skipped,
-            "rollbacks": self.rollbacks, "rollback_bytes": self.rollback_bytes,
+            "aborted_attempts": self.aborts,
+            "crashes": self.crashes,
+            "skipped_crashes": self.skipped,
+            "rollbacks": self.rollbacks,
+            "rollback_bytes": self.rollback_bytes,
             "bytes_sent_by_type": self.bytes_by_type(),
             "loss_curve": [[r["iteration"], r["loss"]] for r in self.rows],
-            "iterations": self.rows, "node_compute": self.compute(),
+            "iterations": self.rows,
+            "node_compute": self.compute(),
             "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
-            "vocab_size": self.vocab_size, "config": self.cfg.to_json(),
+            "vocab_size": self.vocab_size,
+            "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "throughput.json").write_text(json.dumps(out, indent=1))
@@ -123,8 +158,10 @@ class Results:
 
 def summary_table(results: list[dict[str, Any]]) -> str:
     """A Markdown table, one row per run: setting, iterations, crashes/recovered, times, loss."""
-    head = ("| setting | iterations (executed) | crashes | recovered | mean iteration s | w/o crashes s | "
-            "crash→serving s | tokens/s | first → last loss |")
+    head = (
+        "| setting | iterations (executed) | crashes | recovered | mean iteration s | w/o crashes s | "
+        "crash→serving s | tokens/s | first → last loss |"
+    )
     lines = [head, "|" + "---|" * 9]
     for r in results:
         curve = r["loss_curve"]
@@ -133,7 +170,8 @@ def summary_table(results: list[dict[str, Any]]) -> str:
             f"| {r['setting']} | {r['iterations_completed']} ({r['iterations_executed']}) | {r['crashes_count']} | "
             f"{r['recovered_count']} | {_f(r['mean_iteration_s'])} | {_f(r['mean_iteration_s_without_crashes'])} | "
             f"{_f(lat)} | {_f(r['tokens_per_s'], 0)} | "
-            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} |")
+            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} |"
+        )
     return "\n".join(lines)
 
 

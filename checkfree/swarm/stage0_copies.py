@@ -59,8 +59,13 @@ class Stage0Copies:
                 continue
             tensors = W.join({k: v for k, v in state.items() if stage0_part(k) == part}, "w")
             for peer in targets:
-                node.send(peer, MessageType.STAGE0_COPY, node.iteration,
-                          meta={"stage": 0, "part": part, "version": node.version}, tensors=tensors)
+                node.send(
+                    peer,
+                    MessageType.STAGE0_COPY,
+                    node.iteration,
+                    meta={"stage": 0, "part": part, "version": node.version},
+                    tensors=tensors,
+                )
                 self.sent[peer] = node.version
 
     def on_copy(self, msg: Message) -> None:
@@ -83,8 +88,9 @@ class Stage0Copies:
             raise ValueError("stage-0 copy holds no tensors or tensors not named w.<key>")
         for key, tensor in state.items():
             if stage0_part(key) != part or not torch.is_floating_point(tensor):
-                raise ValueError(f"stage-0 copy entry {key!r} ({tensor.dtype}) is not a floating-point "
-                                 f"{part} entry")
+                raise ValueError(
+                    f"stage-0 copy entry {key!r} ({tensor.dtype}) is not a floating-point {part} entry"
+                )
         old = self.held.get(part)
         if old is None or version >= old[0]:
             self.held[part] = (int(version), state)
@@ -94,10 +100,16 @@ class Stage0Copies:
         node, part = self.node, msg.meta["part"]
         held = self.held.get(part) if msg.meta["stage"] == 0 else None
         if held is None:
-            node.send(msg.sender, MessageType.WEIGHTS_RESPONSE,
-                      meta={**reply, "stage": 0, "error": f"node {node.id} holds no copy of the stage-0 {part!r}"})
+            node.send(
+                msg.sender,
+                MessageType.WEIGHTS_RESPONSE,
+                meta={**reply, "stage": 0, "error": f"node {node.id} holds no copy of the stage-0 {part!r}"},
+            )
             return
         version, state = held
-        node.send(msg.sender, MessageType.WEIGHTS_RESPONSE,
-                  meta={**reply, "stage": 0, "part": part, "version": version, "grad_norm": 1.0},
-                  tensors=W.join(state, "w"))
+        node.send(
+            msg.sender,
+            MessageType.WEIGHTS_RESPONSE,
+            meta={**reply, "stage": 0, "part": part, "version": version, "grad_norm": 1.0},
+            tensors=W.join(state, "w"),
+        )

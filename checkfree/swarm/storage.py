@@ -25,8 +25,14 @@ KEEP_VERSIONS = 2
 class StorageNode:
     """Holds stage snapshots in memory; serves them to replacements and rolling-back nodes."""
 
-    def __init__(self, node_id: int, location: str, bootstrap: str, bind_host: str = "127.0.0.1",
-                 advertise_host: str | None = None) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        location: str,
+        bootstrap: str,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+    ) -> None:
         from checkfree.swarm.node import SwarmNetEm
 
         self.id, self.location, self.bootstrap = node_id, location, bootstrap
@@ -45,8 +51,14 @@ class StorageNode:
         try:
             t = self.transport
             t.connect(SUPERVISOR_ID, self.bootstrap)
-            self._send(SUPERVISOR_ID, Message(MessageType.JOIN, self.id, meta={
-                "stage": -1, "location": self.location, "address": self.address}))
+            self._send(
+                SUPERVISOR_ID,
+                Message(
+                    MessageType.JOIN,
+                    self.id,
+                    meta={"stage": -1, "location": self.location, "address": self.address},
+                ),
+            )
             deadline, welcome = time.monotonic() + JOIN_TIMEOUT_S, None
             while welcome is None and time.monotonic() < deadline:
                 msg = t.recv(0.1)
@@ -60,17 +72,33 @@ class StorageNode:
             self.netem = SwarmNetEm(cfg.location_table(), cfg.geo(), time_scale=cfg.time_scale)
             t.netem = self.netem
             self._peers(welcome.meta["peers"])
-            self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta={
-                "command": "serving", "stage": -1, "version": 0, "record": {"rule": "storage"}}))
+            self._send(
+                SUPERVISOR_ID,
+                Message(
+                    MessageType.CONTROL,
+                    self.id,
+                    meta={"command": "serving", "stage": -1, "version": 0, "record": {"rule": "storage"}},
+                ),
+            )
             while SUPERVISOR_ID not in t.dead_peers():
                 msg = t.recv(0.1)
                 if msg is None:
                     continue
                 if msg.type == MessageType.CONTROL and msg.sender == SUPERVISOR_ID:
                     if msg.meta["command"] == "shutdown":
-                        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta={
-                            "command": "final", "sent_bytes": t.stats["sent_bytes"],
-                            "sent_messages": t.stats["sent_messages"], "stored_versions": self._versions()}))
+                        self._send(
+                            SUPERVISOR_ID,
+                            Message(
+                                MessageType.CONTROL,
+                                self.id,
+                                meta={
+                                    "command": "final",
+                                    "sent_bytes": t.stats["sent_bytes"],
+                                    "sent_messages": t.stats["sent_messages"],
+                                    "stored_versions": self._versions(),
+                                },
+                            ),
+                        )
                         time.sleep(0.3)
                         return 0
                     if msg.meta["command"] == "peers":
@@ -114,10 +142,22 @@ class StorageNode:
         for old in sorted(kept)[:-KEEP_VERSIONS]:
             del kept[old]
         nbytes = sum(x.numel() * x.element_size() for x in msg.tensors.values())
-        log.info("storage %d: stored stage %d version %d (%d bytes) from node %d", self.id, stage, version,
-                 nbytes, msg.sender)
-        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta={
-            "command": "stored", "stage": stage, "version": version, "bytes": nbytes}))
+        log.info(
+            "storage %d: stored stage %d version %d (%d bytes) from node %d",
+            self.id,
+            stage,
+            version,
+            nbytes,
+            msg.sender,
+        )
+        self._send(
+            SUPERVISOR_ID,
+            Message(
+                MessageType.CONTROL,
+                self.id,
+                meta={"command": "stored", "stage": stage, "version": version, "bytes": nbytes},
+            ),
+        )
 
     def _serve(self, msg: Message) -> None:
         stage, version = msg.meta["stage"], msg.meta.get("version")

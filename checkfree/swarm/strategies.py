@@ -102,13 +102,16 @@ class Ours(SwarmRecovery):
         if stage == 0:
             raise RecoveryImpossible(
                 f"setting {self.name!r} cannot recover stage 0 (embedding and head) when all its replicas are "
-                "lost; use the checkpoint setting or a schedule that keeps a stage-0 replica.")
+                "lost; use the checkpoint setting or a schedule that keeps a stage-0 replica."
+            )
         left, right = live_neighbours(stage, lost, n_stages)
         if left is not None and right is not None:
             return RecoveryPlan("checkfree", [left, right], fresh_lr_scale=True)
         only = left if left is not None else right
         if only is None:
-            raise RecoveryImpossible(f"stage {stage} lost every transformer neighbour; nothing to recover from.")
+            raise RecoveryImpossible(
+                f"stage {stage} lost every transformer neighbour; nothing to recover from."
+            )
         return RecoveryPlan("copy", [only], fresh_lr_scale=True, fallback="single live neighbour: copy")
 
 
@@ -124,8 +127,13 @@ class OursPlus(Ours):
             holders = stage0_copy_holders(n_stages)
             kept = [part for part in holders if holders[part] not in lost]
             gone = [part for part in holders if part not in kept]
-            return RecoveryPlan("stage0_copy", [holders[p] for p in kept], parts=kept, fresh_lr_scale=True,
-                                fallback=f"copy holder lost too: fresh init of {gone}" if gone else None)
+            return RecoveryPlan(
+                "stage0_copy",
+                [holders[p] for p in kept],
+                parts=kept,
+                fresh_lr_scale=True,
+                fallback=f"copy holder lost too: fresh init of {gone}" if gone else None,
+            )
         partner = {1: 2, n_stages: n_stages - 1}.get(stage)
         if partner is not None and partner >= 1 and partner not in lost:
             return RecoveryPlan("copy", [partner], fresh_lr_scale=True)

@@ -86,29 +86,53 @@ class Supervisor:
         swarm is paused (tests inspect weights through :meth:`fetch_weights`).
     """
 
-    def __init__(self, cfg: SwarmConfig, setting: str, schedule: dict[int, list[int]], iterations: int,
-                 run_dir: Path, vocab_size: int, start: int = 0, end: int | None = None,
-                 bind_host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None,
-                 cache_dir: Path | None = None,
-                 on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        setting: str,
+        schedule: dict[int, list[int]],
+        iterations: int,
+        run_dir: Path,
+        vocab_size: int,
+        start: int = 0,
+        end: int | None = None,
+        bind_host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        cache_dir: Path | None = None,
+        on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None,
+    ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
         self.run_dir, self.vocab_size, self.on_recovered = Path(run_dir), vocab_size, on_recovered
         end = cfg.n_nodes if end is None else end
         if not 0 <= start < end <= cfg.n_nodes:
-            raise ValueError(f"node range {start}..{end} is outside the swarm's 0..{cfg.n_nodes}; expected "
-                             f"0 <= START < END <= {cfg.n_nodes}.")
+            raise ValueError(
+                f"node range {start}..{end} is outside the swarm's 0..{cfg.n_nodes}; expected "
+                f"0 <= START < END <= {cfg.n_nodes}."
+            )
         bad = sorted(n for n in schedule if n >= cfg.n_nodes)
         if bad:
-            raise ValueError(f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}.")
+            raise ValueError(
+                f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}."
+            )
         self.schedule = schedule
         table = cfg.location_table()
-        self.slots = [Slot(n, cfg.stage_of(n), cfg.location_of(n, table), start <= n < end)
-                      for n in range(cfg.n_nodes)]
-        self.storage = Slot(cfg.storage_id, -1, cfg.storage_location, start == 0) \
-            if self.strategy.rollback_on_stage_loss else None
-        self.transport = Transport(SUPERVISOR_ID, bind_host=bind_host, port=port,
-                                   heartbeat_interval=cfg.heartbeat_interval, peer_timeout=cfg.peer_timeout)
+        self.slots = [
+            Slot(n, cfg.stage_of(n), cfg.location_of(n, table), start <= n < end) for n in range(cfg.n_nodes)
+        ]
+        self.storage = (
+            Slot(cfg.storage_id, -1, cfg.storage_location, start == 0)
+            if self.strategy.rollback_on_stage_loss
+            else None
+        )
+        self.transport = Transport(
+            SUPERVISOR_ID,
+            bind_host=bind_host,
+            port=port,
+            heartbeat_interval=cfg.heartbeat_interval,
+            peer_timeout=cfg.peer_timeout,
+        )
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
@@ -153,8 +177,11 @@ class Supervisor:
         """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
         the CheckFree+ copy of stage 0's "embedding" or "head" it holds; for tests."""
         rid = f"supervisor:{time.monotonic()}"
-        self._send(node, MessageType.WEIGHTS_REQUEST, {"stage": stage, "request": rid}
-                   | ({"part": part} if part else {}))
+        self._send(
+            node,
+            MessageType.WEIGHTS_REQUEST,
+            {"stage": stage, "request": rid} | ({"part": part} if part else {}),
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             msg = self.transport.recv(0.05)
@@ -193,8 +220,11 @@ class Supervisor:
         return out
 
     def _peer_rows(self) -> list[list[Any]]:
-        return [[s.occupant, s.stage, s.location, s.address] for s in self._all_slots()
-                if s.address is not None and not s.dead]
+        return [
+            [s.occupant, s.stage, s.location, s.address]
+            for s in self._all_slots()
+            if s.address is not None and not s.dead
+        ]
 
     def _poll(self, timeout: float = POLL_S) -> None:
         msg = self.transport.recv(timeout)
@@ -235,8 +265,14 @@ class Supervisor:
 
     def _on_launcher(self, msg: Message) -> None:
         """Another machine's launcher offers to host slots; start their initial nodes there."""
-        slots = [n for n in msg.meta.get("slots", []) if isinstance(n, int) and 0 <= n < self.cfg.n_nodes
-                 and not self.slots[n].local and self.slots[n].launcher is None]
+        slots = [
+            n
+            for n in msg.meta.get("slots", [])
+            if isinstance(n, int)
+            and 0 <= n < self.cfg.n_nodes
+            and not self.slots[n].local
+            and self.slots[n].launcher is None
+        ]
         self.launchers.add(msg.sender)
         self.transport.connect(msg.sender, msg.meta["address"])
         log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
@@ -254,19 +290,32 @@ class Supervisor:
             slot = self.slots[node]  # started by another machine's launcher
             self.by_node[node] = slot
         if slot is None or slot.occupant != node or slot.stage != meta["stage"]:
-            log.warning("supervisor: ignored a JOIN from node %d (stage %s): not expected", node, meta["stage"])
+            log.warning(
+                "supervisor: ignored a JOIN from node %d (stage %s): not expected", node, meta["stage"]
+            )
             return
         slot.address = meta["address"]
         self.transport.connect(node, slot.address)
         if slot.crash is not None:
             slot.crash["t_join"] = self.results.now()
-        self._send(node, MessageType.CONTROL, {
-            "command": "welcome", "config": self.cfg.to_json(), "setting": self.setting,
-            "peers": self._peer_rows(), "members": {str(k): v for k, v in self._members().items()},
-            "vocab_size": self.vocab_size, "rank": slot.slot % self.cfg.replicas,
-            "checkpoint_version": self._complete_checkpoint()})
+        self._send(
+            node,
+            MessageType.CONTROL,
+            {
+                "command": "welcome",
+                "config": self.cfg.to_json(),
+                "setting": self.setting,
+                "peers": self._peer_rows(),
+                "members": {str(k): v for k, v in self._members().items()},
+                "vocab_size": self.vocab_size,
+                "rank": slot.slot % self.cfg.replicas,
+                "checkpoint_version": self._complete_checkpoint(),
+            },
+        )
         self._broadcast("peers", peers=self._peer_rows())
-        log.info("supervisor: node %d joined (stage %d, %s, %s)", node, slot.stage, slot.location, slot.address)
+        log.info(
+            "supervisor: node %d joined (stage %d, %s, %s)", node, slot.stage, slot.location, slot.address
+        )
 
     def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> None:
         slot.serving, slot.version = True, int(meta["version"])
@@ -274,9 +323,14 @@ class Supervisor:
         if slot.crash is not None:
             slot.crash.update(self.results.served(slot.crash, meta["record"]))
             self.results.crashes.append(slot.crash)
-            log.info("supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
-                     slot.occupant, slot.stage, slot.crash["latency_s"], meta["record"].get("rule"),
-                     meta["record"].get("sources"))
+            log.info(
+                "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
+                slot.occupant,
+                slot.stage,
+                slot.crash["latency_s"],
+                meta["record"].get("rule"),
+                meta["record"].get("sources"),
+            )
             slot.crash = None
 
     # ------------------------------------------------------------------ processes and deaths
@@ -284,8 +338,10 @@ class Supervisor:
     def _spawn(self, slot: Slot, replacement: bool) -> None:
         slot.tries += 1
         if slot.tries > self.cfg.max_attempts:
-            raise SwarmError(f"slot {slot.slot} (stage {slot.stage}) failed to start or recover "
-                             f"{slot.tries - 1} times; giving up.")
+            raise SwarmError(
+                f"slot {slot.slot} (stage {slot.stage}) failed to start or recover "
+                f"{slot.tries - 1} times; giving up."
+            )
         if replacement:
             slot.occupant, self.next_id = self.next_id, self.next_id + 1
         slot.address, slot.serving, slot.dead = None, False, False
@@ -294,9 +350,17 @@ class Supervisor:
         if slot.local:
             self.host.spawn(slot.occupant, slot.stage, slot.location, replacement)
         elif slot.launcher is not None:
-            self._send(slot.launcher, MessageType.CONTROL, {"command": "spawn", "node": slot.occupant,
-                                                            "stage": slot.stage, "location": slot.location,
-                                                            "replacement": replacement})
+            self._send(
+                slot.launcher,
+                MessageType.CONTROL,
+                {
+                    "command": "spawn",
+                    "node": slot.occupant,
+                    "stage": slot.stage,
+                    "location": slot.location,
+                    "replacement": replacement,
+                },
+            )
         if slot.crash is not None:
             slot.crash.update(replacement_node=slot.occupant, t_spawn=self.results.now())
 
@@ -310,13 +374,20 @@ class Supervisor:
     def _mark_dead(self, slot: Slot, why: str) -> None:
         if slot.dead:
             return
-        log.warning("supervisor: node %d (slot %d, stage %d) is gone: %s", slot.occupant, slot.slot, slot.stage,
-                    why)
+        log.warning(
+            "supervisor: node %d (slot %d, stage %d) is gone: %s", slot.occupant, slot.slot, slot.stage, why
+        )
         slot.dead, slot.serving = True, False
         self.deaths += slot is not self.storage
         if slot.crash is None:
-            slot.crash = {"slot": slot.slot, "node": slot.occupant, "stage": slot.stage, "cause": why,
-                          "t_crash": self.results.now(), "iteration": self.results.current_iteration}
+            slot.crash = {
+                "slot": slot.slot,
+                "node": slot.occupant,
+                "stage": slot.stage,
+                "cause": why,
+                "t_crash": self.results.now(),
+                "iteration": self.results.current_iteration,
+            }
         self.transport.disconnect(slot.occupant)
         self._broadcast("peers", peers=self._peer_rows())
 
@@ -346,8 +417,10 @@ class Supervisor:
             self._check_deaths()
             orphans = [s.slot for s in self.slots if not s.local and s.launcher is None]
             if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
-                raise SwarmError(f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
-                                 f"them with run_throughput.sh START END ... --bootstrap {self.address}.")
+                raise SwarmError(
+                    f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
+                    f"them with run_throughput.sh START END ... --bootstrap {self.address}."
+                )
             for slot in self._all_slots():
                 if slot.dead and (slot.local or slot.launcher is not None):
                     if initial:
@@ -371,13 +444,21 @@ class Supervisor:
         if lost and self.strategy.rollback_on_stage_loss:
             version = self._complete_checkpoint()
             self._rollback(version)
-            self.results.rollbacks.append({"at_iteration": it, "to_iteration": version, "lost_stages": sorted(lost),
-                                           "t": self.results.now()})
+            self.results.rollbacks.append(
+                {
+                    "at_iteration": it,
+                    "to_iteration": version,
+                    "lost_stages": sorted(lost),
+                    "t": self.results.now(),
+                }
+            )
             it = version
         for slot in self.slots:
             slot.tries = 0
         if self.on_recovered is not None:
-            self.on_recovered(self, [c for c in self.results.crashes if c["node"] in {p["node"] for p in pending}])
+            self.on_recovered(
+                self, [c for c in self.results.crashes if c["node"] in {p["node"] for p in pending}]
+            )
         return it
 
     # ------------------------------------------------------------------ iterations
@@ -390,7 +471,9 @@ class Supervisor:
         self.results.current_iteration = it
         self._broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
         t_begin = time.monotonic()
-        due = [s for s in self.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired]
+        due = [
+            s for s in self.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired
+        ]
         crash_at = t_begin + self.cfg.crash_point * self.results.last_wall_s() if due else None
         nodes = [n for ids in members.values() for n in ids]
         phase, deadline = "forward", t_begin + self.cfg.iteration_timeout
@@ -415,7 +498,9 @@ class Supervisor:
             elif phase == "commit" and set(alive) <= set(got.get("committed", {})):
                 self.results.iteration(it, epoch, got["iteration_end"], got["ready"], members)
                 row = self.results.rows[-1]
-                log.info("supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"])
+                log.info(
+                    "supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"]
+                )
                 return True
             if got.get("stalled"):
                 return self._retry(epoch, it, f"stalled: {next(iter(got['stalled'].values()))['reason']}")
@@ -427,10 +512,20 @@ class Supervisor:
             self.fired.add((slot.slot, it))
             if not self.strategy.kills:
                 self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
-                log.info("supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)", slot.slot, it)
+                log.info(
+                    "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)",
+                    slot.slot,
+                    it,
+                )
                 continue
-            slot.crash = {"slot": slot.slot, "node": slot.occupant, "stage": slot.stage, "iteration": it,
-                          "cause": "scheduled SIGKILL", "t_crash": self.results.now()}
+            slot.crash = {
+                "slot": slot.slot,
+                "node": slot.occupant,
+                "stage": slot.stage,
+                "iteration": it,
+                "cause": "scheduled SIGKILL",
+                "t_crash": self.results.now(),
+            }
             self._kill(slot, f"scheduled crash at iteration {it}")
 
     def _commit(self, epoch: int, it: int, members: dict[int, list[int]]) -> None:
@@ -471,8 +566,9 @@ class Supervisor:
 
     def _rollback(self, version: int) -> None:
         targets = {s.occupant for s in self.slots if s.version != version}
-        log.warning("supervisor: a whole stage was lost; rolling %d nodes back to iteration %d", len(targets),
-                    version)
+        log.warning(
+            "supervisor: a whole stage was lost; rolling %d nodes back to iteration %d", len(targets), version
+        )
         self.inbox.pop("restored", None)
         for node in targets:
             self._send(node, MessageType.CONTROL, {"command": "rollback", "version": version})
@@ -480,7 +576,9 @@ class Supervisor:
         while not targets <= set(self.inbox.get("restored", {})):
             self._poll(0.02)
             if self._check_deaths() or time.monotonic() > deadline:
-                raise SwarmError(f"rollback to iteration {version} did not finish (a node died or timed out).")
+                raise SwarmError(
+                    f"rollback to iteration {version} did not finish (a node died or timed out)."
+                )
         self.results.rollback_bytes += sum(m.get("bytes", 0) for m in self.inbox.get("restored", {}).values())
 
     def _shutdown(self) -> None:

@@ -60,26 +60,37 @@ def check_state(module: nn.Module, state: StateDict, source: str) -> None:
     own = module.state_dict()
     if own.keys() != state.keys():
         diff = sorted(set(own) ^ set(state))[:3]
-        raise ValueError(f"weights from {source} differ from this stage in keys {diff}; expected the same stage.")
+        raise ValueError(
+            f"weights from {source} differ from this stage in keys {diff}; expected the same stage."
+        )
     for k, v in own.items():
         if v.shape != state[k].shape or v.dtype != state[k].dtype:
-            raise ValueError(f"weights from {source}: {k!r} is {tuple(state[k].shape)} {state[k].dtype}; "
-                             f"expected {tuple(v.shape)} {v.dtype}.")
+            raise ValueError(
+                f"weights from {source}: {k!r} is {tuple(state[k].shape)} {state[k].dtype}; "
+                f"expected {tuple(v.shape)} {v.dtype}."
+            )
 
 
-def load_optimizer(module: nn.Module, opt: torch.optim.Adam, tensors: dict[str, torch.Tensor], step: int,
-                   lr: float) -> None:
+def load_optimizer(
+    module: nn.Module, opt: torch.optim.Adam, tensors: dict[str, torch.Tensor], step: int, lr: float
+) -> None:
     """Set Adam's moments (``m.*``, ``v.*``), step and lr to a source's, making the replica exact."""
     m, v = split(tensors, "m"), split(tensors, "v")
     opt.state.clear()
     for name, p in module.named_parameters():
         if name in m and name in v:
-            opt.state[p] = {"step": torch.tensor(float(step)), "exp_avg": m[name].clone(),
-                            "exp_avg_sq": v[name].clone()}
+            opt.state[p] = {
+                "step": torch.tensor(float(step)),
+                "exp_avg": m[name].clone(),
+                "exp_avg_sq": v[name].clone(),
+            }
     for group in opt.param_groups:
         group["lr"] = lr
 
 
 def grad_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """``g.<param>`` for every parameter (zeros where no gradient was accumulated)."""
-    return {f"g.{n}": (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in module.named_parameters()}
+    return {
+        f"g.{n}": (p.grad if p.grad is not None else torch.zeros_like(p))
+        for n, p in module.named_parameters()
+    }

@@ -59,13 +59,22 @@ def make_batches(cfg: Config, data: str, rank: int, world: int, vocab_size: int,
         return SyntheticBatches(vocab_size, cfg.seq_l, cfg.batch_size, rank, cfg.data_seed)
     from checkfree.data import BatchSource, DataSpec, prepare_corpus
 
-    spec = DataSpec(dataset=cfg.dataset, tokenizer=cfg.tokenizer_name, vocab_size=cfg.vocab_size,
-                    seq_len=cfg.seq_l, validation_sequences=cfg.validation * cfg.batch_size,
-                    max_train_tokens=cfg.max_train_tokens, seed=cfg.data_seed, cache_dir=cache_dir)
+    spec = DataSpec(
+        dataset=cfg.dataset,
+        tokenizer=cfg.tokenizer_name,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_l,
+        validation_sequences=cfg.validation * cfg.batch_size,
+        max_train_tokens=cfg.max_train_tokens,
+        seed=cfg.data_seed,
+        cache_dir=cache_dir,
+    )
     corpus = prepare_corpus(spec)
     if corpus.vocab_size != vocab_size:
         raise ValueError(f"the local corpus has vocabulary {corpus.vocab_size}; the swarm uses {vocab_size}.")
-    return BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed)
+    return BatchSource(
+        corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed
+    )
 
 
 class StageWorker:
@@ -81,8 +90,14 @@ class StageWorker:
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
-        self.compute = {"forward_s": 0.0, "backward_s": 0.0, "forward_cpu_s": 0.0, "backward_cpu_s": 0.0,
-                        "forward_n": 0, "backward_n": 0}
+        self.compute = {
+            "forward_s": 0.0,
+            "backward_s": 0.0,
+            "forward_cpu_s": 0.0,
+            "backward_cpu_s": 0.0,
+            "forward_n": 0,
+            "backward_n": 0,
+        }
         self._cpu0 = 0.0
 
     def reset(self) -> None:
