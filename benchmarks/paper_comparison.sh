@@ -8,7 +8,10 @@
 #
 # Environment (defaults in brackets):
 #   CONFIG [small_config.json]   ITERATIONS [100]   EVAL_INTERVAL [20]   RATES ["16 10 5"]   SEED [0]
-#   STRATEGIES [random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot]
+#   SEEDS [$SEED; e.g. "0 1 2"]: each seed sets the model seed and the failure seed together; with more than one,
+#   run names end in -s<seed> and the report aggregates over seeds (mean ± 95 % CI, paired differences,
+#   "holds in k of n seeds" with a sign test)
+#   STRATEGIES [random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot ladder]
 #   (ordered so that the runs the paper's orderings need come first: a report of a benchmark still running,
 #   `python -m checkfree report OUT/runs --target-loss auto --out DIR`, judges what it can)
 #   OUT [runs/paper_comparison]  TARGET [auto = the no-failure run's validation loss at 75 % of training]
@@ -41,7 +44,8 @@ ITERATIONS=${ITERATIONS:-100}
 EVAL_INTERVAL=${EVAL_INTERVAL:-20}
 RATES=${RATES:-"16 10 5"}
 SEED=${SEED:-0}
-STRATEGIES=${STRATEGIES:-"random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot"}
+SEEDS=${SEEDS:-$SEED}
+STRATEGIES=${STRATEGIES:-"random copy average checkfree checkfree_plus checkpoint redundant zero one ec_snapshot ladder"}
 OUT=${OUT:-runs/paper_comparison}
 TARGET=${TARGET:-auto}
 SKIP_EXISTING=${SKIP_EXISTING:-1}
@@ -50,35 +54,47 @@ REPORT_ARGS=${REPORT_ARGS:-}
 for v in ITERATIONS EVAL_INTERVAL SEED; do
   case "${!v}" in ''|*[!0-9]*) echo "$v is '${!v}'; expected a non-negative integer." >&2; exit 2;; esac
 done
+for s in $SEEDS; do
+  case "$s" in *[!0-9]*) echo "SEEDS holds '$s'; expected non-negative integers separated by spaces." >&2; exit 2;; esac
+done
+[ -n "${SEEDS// /}" ] || { echo "SEEDS is empty; expected e.g. \"0 1 2\"." >&2; exit 2; }
 mkdir -p "$OUT/runs" "$OUT/logs"
 progress="$OUT/progress.log"
 stem=$(basename "$CONFIG" .json)
 note() { echo "$(date '+%F %T') $*" | tee -a "$progress"; }
-note "paper_comparison: config $CONFIG, $ITERATIONS iterations, eval every $EVAL_INTERVAL, rates $RATES, seed $SEED"
+note "paper_comparison: config $CONFIG, $ITERATIONS iterations, eval every $EVAL_INTERVAL, rates $RATES, seeds $SEEDS"
+n_seeds=$(wc -w <<< "$SEEDS")
 
-# run NAME LAUNCHER SETTING RATE: one simulator run; a failed run is logged and the benchmark goes on.
+# run NAME LAUNCHER SETTING RATE SEED: one simulator run; a failed run is logged and the benchmark goes on.
 run() {
-  local name=$1 launcher=$2 setting=$3 rate=$4 dir="$OUT/runs/$1"
+  local name=$1 launcher=$2 setting=$3 rate=$4 seed=$5
+  [ "$n_seeds" -gt 1 ] && name="$name-s$seed"
+  local dir="$OUT/runs/$name"
   if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
   rm -rf "$dir"
   local t0=$SECONDS
   "$root/simulate_training/$launcher" "$setting" 1 "$rate" "$CONFIG" 0 --max-iterations "$ITERATIONS" \
-    --eval-interval "$EVAL_INTERVAL" --seed "$SEED" --no-progress --run-dir "$dir" > "$OUT/logs/$name.log" 2>&1
+    --eval-interval "$EVAL_INTERVAL" --seed "$seed" --no-progress --run-dir "$dir" > "$OUT/logs/$name.log" 2>&1
   local rc=$?
   note "$name: exit $rc after $((SECONDS - t0)) s"
 }
 
 # Fig. 4c: no failures act, without and with swaps (the no-swap run is also every rate's reference curve).
 first_rate=${RATES%% *}
-run "$stem-nofail-noswap" run_2.sh no_failure "$first_rate"
-run "$stem-nofail-swap" run.sh no_failure "$first_rate"
+for seed in $SEEDS; do
+  run "$stem-nofail-noswap" run_2.sh no_failure "$first_rate" "$seed"
+  run "$stem-nofail-swap" run.sh no_failure "$first_rate" "$seed"
+done
 for rate in $RATES; do
-  for s in $STRATEGIES; do
-    case "$s" in
-      checkfree_plus) run "$stem-r$rate-$s" run.sh ours-grad-avg "$rate" ;;   # CheckFree+ = swaps on
-      checkfree) run "$stem-r$rate-$s" run_2.sh ours-grad-avg "$rate" ;;      # CheckFree = swaps off
-      *) run "$stem-r$rate-$s" run_2.sh "$s" "$rate" ;;
-    esac
+  for seed in $SEEDS; do
+    for s in $STRATEGIES; do
+      case "$s" in
+        checkfree_plus) run "$stem-r$rate-$s" run.sh ours-grad-avg "$rate" "$seed" ;;   # CheckFree+ = swaps on
+        checkfree) run "$stem-r$rate-$s" run_2.sh ours-grad-avg "$rate" "$seed" ;;      # CheckFree = swaps off
+        ladder) run "$stem-r$rate-$s" run.sh ladder "$rate" "$seed" ;;                 # its neighbour rung is CheckFree+
+        *) run "$stem-r$rate-$s" run_2.sh "$s" "$rate" "$seed" ;;
+      esac
+    done
   done
 done
 

@@ -106,6 +106,10 @@ class Config:
     """``ec_snapshot``: iterations between in-memory snapshots (REFT); 0 = the same default as checkpoint_every."""
     redundant_measure_every: int = 10
     """``redundant``: iterations between timings of the extra forward of the next stage (Bamboo); 0 = never."""
+    ladder_rungs: str = "ec_snapshot,neighbour,random"
+    """``ladder``: the rungs kept, comma-separated, from redundant, ec_snapshot, neighbour, random."""
+    ladder_max_stale: int = 0
+    """``ladder``: oldest usable erasure-coded snapshot, in iterations; 0 = any (it is ≤ snapshot_every old)."""
 
     @property
     def tokenizer_name(self) -> str:
@@ -153,10 +157,33 @@ _INT_KEYS = {
     "checkpoint_every",
     "snapshot_every",
     "redundant_measure_every",
+    "ladder_max_stale",
 }
 _FLOAT_KEYS = {"lr_scale", "lr", "grad_clip", "init_std"}
-_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode", "save_mode"}
+_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode", "save_mode", "ladder_rungs"}
 SAVE_MODES = ("sync", "async", "memory")
+LADDER_RUNGS = ("redundant", "ec_snapshot", "neighbour", "random")
+"""The simulator's rungs of the ``ladder`` strategy, most exact first."""
+
+
+def parse_ladder_rungs(text: str) -> tuple[str, ...]:
+    """The ``ladder`` rungs named in ``text`` (comma-separated), in ladder order.
+
+    Raises:
+        ValueError: an unknown or repeated rung, or neither ``neighbour`` nor ``random`` (the rungs that always
+            apply), so that some loss could find no source.
+    """
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if any(n not in LADDER_RUNGS for n in names) or len(set(names)) != len(names):
+        raise ValueError(
+            f"ladder_rungs {text!r} is invalid; expected distinct names from {', '.join(LADDER_RUNGS)}, "
+            "comma-separated."
+        )
+    if not {"neighbour", "random"} & set(names):
+        raise ValueError(
+            f"ladder_rungs {text!r} has neither 'neighbour' nor 'random'; one must end the ladder."
+        )
+    return tuple(r for r in LADDER_RUNGS if r in names)
 
 
 def _check_type(key: str, value: Any, source: str) -> Any:
@@ -210,6 +237,7 @@ def _validate(cfg: Config, source: str) -> None:
         "checkpoint_every",
         "snapshot_every",
         "redundant_measure_every",
+        "ladder_max_stale",
     ):
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
@@ -234,6 +262,10 @@ def _validate(cfg: Config, source: str) -> None:
         raise ConfigError(
             f"{source}: 'grad_norm_mode' is {cfg.grad_norm_mode!r}; expected one of {list(GRAD_NORM_MODES)}."
         )
+    try:
+        parse_ladder_rungs(cfg.ladder_rungs)
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
     if cfg.save_mode not in SAVE_MODES:
         raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:

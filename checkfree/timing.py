@@ -422,9 +422,10 @@ class TimingModel:
         return cls(t, src, r, rsrc, compute_seconds, formula)
 
     def timeline(self, costs: RunCosts) -> RunTimeline:
-        """The simulated clock of one run (redundant ratio applied to ``redundant`` runs only)."""
+        """The simulated clock of one run (the redundant ratio applies to ``redundant`` runs and to runs that kept
+        Bamboo replicas and measured their forward, e.g. ``ladder`` with its ``redundant`` rung)."""
         ratio, ratio_src = 1.0, ""
-        if costs.strategy == "redundant":
+        if costs.strategy == "redundant" or costs.redundant_forward_seconds_per_microbatch is not None:
             ratio, ratio_src = redundant_ratio(
                 costs.redundant_forward_seconds_per_microbatch,
                 costs.mb_count,

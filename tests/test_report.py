@@ -46,12 +46,13 @@ def make_run(
     stats: dict | None = None,
     summary: bool = True,
     iterations: int | None = None,
+    seed: int = 0,
 ) -> Path:
     """A run directory as checkfree.launch writes it, with the given evaluation curve."""
     d = root / name
     d.mkdir(parents=True)
     iterations = iterations if iterations is not None else max(it for it, _ in evals)
-    (d / "config.json").write_text(json.dumps(TINY))
+    (d / "config.json").write_text(json.dumps(dict(TINY, seed=seed)))
     (d / "options.json").write_text(
         json.dumps(
             {

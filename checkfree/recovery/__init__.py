@@ -3,6 +3,7 @@
 from checkfree.recovery import (  # noqa: F401  (importing registers the strategies)
     checkpoint,
     ec_snapshot,
+    ladder,
     neighbours,
     redundant,
 )

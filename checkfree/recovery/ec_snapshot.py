@@ -91,9 +91,9 @@ class ECSnapshot(RecoveryStrategy):
         e = state.effective_iteration
         if self.snapshot_effective is not None and (e % self.every or e == self.snapshot_effective):
             return
-        self._round(state)
+        self.snapshot_round(state)
 
-    def _round(self, state: TrainingState) -> None:
+    def snapshot_round(self, state: TrainingState) -> None:
         """Every transformer stage snapshots itself; the parity block is re-encoded from all of them."""
         e = state.effective_iteration
         t0 = time.perf_counter()
@@ -127,17 +127,19 @@ class ECSnapshot(RecoveryStrategy):
             )
         lost = sorted(failed)
         if len(lost) == 1:
-            return [self._decode(state, lost[0])]
+            return [self.decode(state, lost[0])]
         records = []
         for j in lost:
             t0 = time.perf_counter()
             records.append(self._fallback(state, j, lost))
             records[-1].seconds = time.perf_counter() - t0
             self.fallbacks += 1
-        self._round(state)  # the rebuilt stages have no snapshot: a new round makes the code complete again
+        self.snapshot_round(
+            state
+        )  # the rebuilt stages have no snapshot: a new round makes the code complete again
         return records
 
-    def _decode(self, state: TrainingState, j: int) -> RecoveryRecord:
+    def decode(self, state: TrainingState, j: int) -> RecoveryRecord:
         t0 = time.perf_counter()
         survivors = [self.snapshots[s] for s in sorted(self.snapshots) if s != j]
         vector = decode_lost(self.parity, survivors)

@@ -74,6 +74,20 @@ class Group:
             f"world size {self.key[3]}"
         )
 
+    @property
+    def seed(self) -> Any:
+        return self.key[2]
+
+    @property
+    def scope(self) -> tuple[Any, ...]:
+        """The group key without the failure seed: groups that differ only in seed share it."""
+        return (self.key[0], self.key[1], *self.key[3:])
+
+    @property
+    def scope_title(self) -> str:
+        rate = f"{self.rate:g} %/h" if math.isfinite(self.rate) else "mixed rates"
+        return f"{self.config}, {rate} (p_iter {self.p_iter:g}), world size {self.key[3]}"
+
     def by_strategy(self, label: str) -> Row | None:
         for r in self.rows:
             if r.run.label == label:
@@ -241,6 +255,11 @@ class Verdict:
     holds: bool | None
     """None: the runs needed to judge were not given."""
     evidence: str
+    statement: str = ""
+    """The ordering without its run context, e.g. "Fig. 2: final validation loss random ≫ copy > …"."""
+    scope: tuple[Any, ...] = ()
+    """The run context without the seed: verdicts of the same statement and scope are one claim over seeds."""
+    seed: Any = None
 
 
 def _fmt_loss(row: Row | None) -> str:
@@ -257,6 +276,11 @@ def _hours(row: Row) -> float:
     return math.inf if row.hours_to_target is None else row.hours_to_target
 
 
+def _group_verdict(g: Group, statement: str, holds: bool | None, evidence: str) -> Verdict:
+    head, ordering = statement.split(": ", 1)
+    return Verdict(f"{head} ({g.title}): {ordering}", holds, evidence, statement, g.scope, g.seed)
+
+
 def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
     """Paper Fig. 2 at ``rate``: final validation loss random ≫ copy > average > CheckFree."""
     out = []
@@ -265,9 +289,9 @@ def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
         rows.append(g.by_strategy("checkfree") or g.by_strategy("checkfree_plus"))
         names = ["random", "copy", "average", rows[3].run.strategy if rows[3] else "checkfree"]
         evidence = ", ".join(f"{n} {_fmt_loss(r)}" for n, r in zip(names, rows, strict=True))
-        claim = f"Fig. 2 ({g.title}): final validation loss random ≫ copy > average > {names[3]}"
+        statement = f"Fig. 2: final validation loss random ≫ copy > average > {names[3]}"
         if any(r is None for r in rows):
-            out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+            out.append(_group_verdict(g, statement, None, f"runs missing: {evidence}"))
             continue
         losses = [r.run.final_eval["val_loss"] for r in rows]
         holds = all(a > b for a, b in zip(losses, losses[1:], strict=False))
@@ -276,7 +300,7 @@ def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
             "(≫ read as: the first gap is the larger)"
         )
         much = losses[0] - losses[1] > losses[1] - losses[3]
-        out.append(Verdict(claim, holds and much, evidence + gaps))
+        out.append(_group_verdict(g, statement, holds and much, evidence + gaps))
     return out
 
 
@@ -287,22 +311,18 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
         rows = {s: g.by_strategy(s) for s in ("checkfree_plus", "checkfree", "checkpoint", "redundant")}
         evidence = ", ".join(f"{s} {_fmt_hours(r)}" for s, r in rows.items())
         if g.rate in (5.0, 10.0):
-            claim = f"Table 2 ({g.title}): hours to target CheckFree+ < CheckFree < checkpointing"
+            statement = "Table 2: hours to target CheckFree+ < CheckFree < checkpointing"
             need = [rows["checkfree_plus"], rows["checkfree"], rows["checkpoint"]]
             if any(r is None for r in need):
-                out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+                out.append(_group_verdict(g, statement, None, f"runs missing: {evidence}"))
                 continue
             h = [_hours(r) for r in need]
-            holds = (
-                h[0] < h[1] < h[2]
-                if math.isfinite(h[0]) or math.isfinite(h[1]) or math.isfinite(h[2])
-                else None
-            )
-            out.append(Verdict(claim, holds, evidence))
+            holds = h[0] < h[1] < h[2] if any(map(math.isfinite, h)) else None
+            out.append(_group_verdict(g, statement, holds, evidence))
         elif g.rate == 16.0:
-            claim = f"Table 2 ({g.title}): redundant computation has the shortest time to target"
+            statement = "Table 2: redundant computation has the shortest time to target"
             if any(r is None for r in rows.values()):
-                out.append(Verdict(claim, None, f"runs missing: {evidence}"))
+                out.append(_group_verdict(g, statement, None, f"runs missing: {evidence}"))
                 continue
             h = {s: _hours(r) for s, r in rows.items()}
             others = [v for s, v in h.items() if s != "redundant"]
@@ -311,7 +331,7 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
                 if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others))
                 else all(h["redundant"] < v for v in others)
             )
-            out.append(Verdict(claim, holds, evidence))
+            out.append(_group_verdict(g, statement, holds, evidence))
     return out
 
 
@@ -323,17 +343,17 @@ def fig4c_verdict(runs: list[Run]) -> list[Verdict]:
     for r in refs:
         pairs.setdefault((r.config_name, r.config.get("seed"), r.world_size, r.iterations), {})[r.swaps] = r
     for key, pair in sorted(pairs.items(), key=lambda kv: str(kv[0])):
+        statement = "Fig. 4c: with no failures, swaps give a slightly higher validation loss"
         claim = f"Fig. 4c ({key[0]}, seed {key[1]}): with no failures, swaps give a slightly higher validation loss"
+        scope = (key[0], key[2], key[3])
         if len(pair) < 2:
-            out.append(Verdict(claim, None, "needs no_failure runs both with and without swaps"))
+            evidence = "needs no_failure runs both with and without swaps"
+            out.append(Verdict(claim, None, evidence, statement, scope, key[1]))
             continue
         a, b = pair[False].final_eval["val_loss"], pair[True].final_eval["val_loss"]
-        out.append(
-            Verdict(
-                claim,
-                b > a,
-                f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
-                f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}",
-            )
+        evidence = (
+            f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
+            f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}"
         )
+        out.append(Verdict(claim, b > a, evidence, statement, scope, key[1]))
     return out

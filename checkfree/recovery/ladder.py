@@ -1,0 +1,157 @@
+"""``ladder``: the exactness ladder. For each lost stage, the most exact source that exists, in order:
+
+1. ``replica``: a live replica of the stage (swarm only: in the simulator a failure loses every replica);
+2. ``redundant``: the exact copy its predecessor holds (Bamboo's ring, :mod:`checkfree.recovery.redundant`),
+   if the predecessor survived; then ``ec_snapshot``: the stage's REFT snapshot decoded from the parity block
+   (:mod:`checkfree.recovery.ec_snapshot`), if it is the only transformer stage lost in this event and the
+   snapshot is at most ``ladder_max_stale`` iterations old (0 = any age; snapshots are taken every
+   ``snapshot_every`` iterations);
+3. ``neighbour``: the CheckFree+ rule (paper §4.2: partner copy at the ends, the gradient-norm-weighted average of
+   §4.1 Eq. 2 in the middle, stage 0 from the embedding/head copies on stages 1 and S) from the stages that are
+   alive or were restored exactly in step 2, with a fresh Adam at lr × lr_scale;
+4. ``random``: a fresh N(0, init_std) initialisation with a fresh Adam at lr × lr_scale.
+
+Which rungs exist is the config key ``ladder_rungs`` (comma-separated; default ``ec_snapshot,neighbour,random``):
+``redundant`` is off by default because it doubles every stage's memory and adds a forward per microbatch;
+``ec_snapshot`` keeps one snapshot per stage in host memory plus one parity block. Memory and traffic are the sum
+of the rungs kept (``strategy_stats``). Every recovery record names its ``rung``. None of the systems compared in
+the paper chooses, per failure, between an exact and an approximate recovery; this strategy does.
+
+The ladder runs CheckFree+ out-of-order execution (its neighbour rung is CheckFree+), so it needs swaps (run.sh).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+
+from checkfree.config import parse_ladder_rungs
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.ec_snapshot import ECSnapshot
+from checkfree.recovery.neighbours import CheckFreePlus, live_neighbours, random_state, recovery_seed
+from checkfree.recovery.redundant import Redundant, predecessor
+from checkfree.recovery.stage_copy import restore_copy
+from checkfree.training_state import TrainingState
+
+
+@register
+class Ladder(RecoveryStrategy):
+    """``ladder``: per lost stage, the most exact rung available; see the module docstring."""
+
+    name = "ladder"
+    recovers_stage0 = True
+    requires_swaps = True
+
+    def __init__(self, cfg, seed: int = 0):
+        super().__init__(cfg, seed)
+        self.rungs = parse_ladder_rungs(cfg.ladder_rungs)
+        self.redundant = Redundant(cfg, seed) if "redundant" in self.rungs else None
+        self.ec = ECSnapshot(cfg, seed) if "ec_snapshot" in self.rungs else None
+        self.neighbour = CheckFreePlus(cfg, seed) if "neighbour" in self.rungs else None
+        self.used: Counter[str] = Counter()
+
+    @property
+    def _parts(self) -> list[RecoveryStrategy]:
+        return [s for s in (self.redundant, self.ec, self.neighbour) if s is not None]
+
+    # ------------------------------------------------------------------ hooks: every rung kept keeps its state
+    def bind(self, ctx: Any) -> None:
+        super().bind(ctx)
+        for part in self._parts:
+            part.bind(ctx)
+
+    def setup(self, state: TrainingState) -> None:
+        for part in self._parts:
+            part.setup(state)
+
+    def begin_iteration(self, state: TrainingState, failed: list[int]) -> None:
+        for part in self._parts:
+            part.begin_iteration(state, failed)
+
+    def before_optimizer_step(self, state: TrainingState) -> None:
+        for part in self._parts:
+            part.before_optimizer_step(state)
+
+    def after_step(self, state: TrainingState) -> None:
+        for part in self._parts:
+            part.after_step(state)
+
+    def finish(self, state: TrainingState) -> None:
+        for part in self._parts:
+            part.finish(state)
+
+    # ------------------------------------------------------------------ recovery
+    def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
+        lost = set(failed)
+        records: dict[int, RecoveryRecord] = {}
+        for j in sorted(lost):  # rung 2a: the predecessor's exact replica
+            t0 = time.perf_counter()
+            if self.redundant is not None and predecessor(j, state.n_stages) not in lost:
+                restore_copy(self.redundant.replicas[j], state, j)
+                holder = predecessor(j, state.n_stages)
+                records[j] = RecoveryRecord(j, self.name, [holder], [1.0], rule="replica", seconds=0.0)
+                self._finish(records[j], "redundant", t0, lost)
+        decoded = self._ec_decode(state, lost, records)
+        remaining = [j for j in sorted(lost) if j not in records]
+        for j in remaining:  # rungs 3 and 4, from the stages alive or restored exactly
+            t0 = time.perf_counter()
+            records[j], rung = self._approximate(state, j, remaining, failed)
+            state.fresh_optimizer(j, self.cfg.lr_scale)
+            self._finish(records[j], rung, t0, lost)
+        if self.ec is not None and any(j >= 1 and j != decoded for j in lost):
+            self.ec.snapshot_round(
+                state
+            )  # snapshots died with their stages: a new round makes the code complete again
+        return [records[j] for j in sorted(records)]
+
+    def _ec_decode(
+        self, state: TrainingState, lost: set[int], records: dict[int, RecoveryRecord]
+    ) -> int | None:
+        """Rung 2b: decode the only lost transformer stage from the parity, if fresh enough; its stage or None."""
+        transformer_lost = [j for j in lost if j >= 1]
+        if self.ec is None or self.ec.parity is None or len(transformer_lost) != 1:
+            return None
+        (j,) = transformer_lost
+        stale = state.effective_iteration - (self.ec.snapshot_effective or 0)
+        if j in records or (self.cfg.ladder_max_stale and stale > self.cfg.ladder_max_stale):
+            return None
+        t0 = time.perf_counter()
+        records[j] = self.ec.decode(state, j)
+        self._finish(records[j], "ec_snapshot", t0, lost)
+        return j
+
+    def _approximate(
+        self, state: TrainingState, j: int, remaining: list[int], failed: list[int]
+    ) -> tuple[RecoveryRecord, str]:
+        if self.neighbour is not None:
+            if j == 0:  # the copies held by stages 1 and S died with them even if those were restored
+                return self.neighbour.recover_stage0(state, failed), "neighbour"
+            left, right = live_neighbours(j, remaining, state.n_stages)
+            new, record = self.neighbour.rebuild(state, j, left, right, remaining)
+            state.load_stage(j, new)
+            return record, "random" if record.rule == "random" else "neighbour"
+        gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, j))
+        state.load_stage(j, random_state(state.stages[j].state_dict(), gen, self.cfg.init_std))
+        return RecoveryRecord(j, self.name, [], None, rule="random"), "random"
+
+    def _finish(self, record: RecoveryRecord, rung: str, t0: float, lost: set[int]) -> None:
+        record.strategy = self.name
+        record.extra["rung"] = rung
+        record.consecutive = (record.stage - 1) in lost or (record.stage + 1) in lost
+        record.seconds = time.perf_counter() - t0
+        self.used[rung] += 1
+
+    def stats(self) -> dict[str, Any]:
+        parts = [part.stats() for part in self._parts]
+        out: dict[str, Any] = {
+            "rungs": list(self.rungs),
+            "rungs_used": dict(self.used),
+            "extra_memory_bytes": sum(p.get("extra_memory_bytes", 0) for p in parts),
+        }
+        for p in parts:  # the kept rungs' own costs (parity traffic, redundant forward, …)
+            for k, v in p.items():
+                out.setdefault(k, v)
+        return out
