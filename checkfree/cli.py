@@ -167,7 +167,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 # Modules that add their own sub-commands through ``add_parser(subparsers)``.
-SUBCOMMAND_MODULES = ("checkfree.failures_cli", "checkfree.swarm.cli", "checkfree.report", "checkfree.export")
+SUBCOMMAND_MODULES = (
+    "checkfree.failures_cli",
+    "checkfree.swarm.cli",
+    "checkfree.report",
+    "checkfree.export",
+    "checkfree.probe",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The mechanism of the paper's Fig. 2 without a long failing run: train a base model with no failures, then lose
+# every middle stage (1 < i < S) of the trained state and rebuild it with every neighbour rule (random, copy, zero,
+# average, checkfree, checkfree_plus), SEEDS seeds each, measuring validation loss after 0, 1, 10 and STEPS steps
+# of continued training (`python -m checkfree probe`). Writes OUT/probe/probe.md (mean ± 95 % interval per cell,
+# and which of Fig. 2's orderings are separated by non-overlapping intervals), probe.json and probe.png.
+#
+# usage: benchmarks/fig2_probe.sh                                        # tiny config, 1,500 base iterations
+#        CONFIG=small_config.json ITERATIONS=1000 SEEDS=3 STEPS=50 benchmarks/fig2_probe.sh   # deeper stages
+#        SMOKE=1 benchmarks/fig2_probe.sh                                # a minute: 20 base iterations, K = 2
+#
+# Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
+#   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] OUT [runs/fig2_probe/<config stem>]
+# The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain).
+#
+# Runtime (2 idle cores, estimated from 0.4 s per tiny iteration and 1.85 s per small iteration): tiny defaults ≈
+# 10 min of base training + 2 stages × 6 rules × 5 seeds + 5 references = 65 cells × 100 steps ≈ 50 min; small
+# (1,000 iterations, 3 seeds, K = 50) ≈ 31 min + 39 cells × 50 steps ≈ 1 h. On shared cores, OMP_NUM_THREADS=1.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+py="$root/.venv/bin/python"
+[ -x "$py" ] || py=python3
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+
+if [ -n "${SMOKE:-}" ] && [ "${SMOKE}" != 0 ]; then
+  : "${ITERATIONS:=20}" "${SEEDS:=2}" "${STEPS:=2}" "${STRATEGIES:=random,checkfree}" "${OUT:=runs/fig2_probe_smoke}"
+fi
+CONFIG=${CONFIG:-tiny_config.json}
+ITERATIONS=${ITERATIONS:-1500}
+SEEDS=${SEEDS:-5}
+STEPS=${STEPS:-100}
+STRATEGIES=${STRATEGIES:-random,copy,zero,average,checkfree,checkfree_plus}
+stem=$(basename "$CONFIG" .json)
+OUT=${OUT:-runs/fig2_probe/$stem}
+
+for v in ITERATIONS SEEDS STEPS; do
+  case "${!v}" in ''|*[!0-9]*|0) echo "$v is '${!v}'; expected a positive integer." >&2; exit 2;; esac
+done
+config_path=$CONFIG
+[ -f "$config_path" ] || config_path="$root/configs/$CONFIG"
+[ -f "$config_path" ] || { echo "CONFIG $CONFIG not found (looked in . and configs/)." >&2; exit 2; }
+n_stages=$("$py" -c 'import json, sys; print(int(json.load(open(sys.argv[1]))["n_stages"]))' "$config_path")
+[ "$n_stages" -ge 3 ] || { echo "CONFIG has $n_stages stages; the probe needs a middle stage (S ≥ 3)." >&2; exit 2; }
+stages=$(seq -s, 2 $((n_stages - 1)))
+
+t0=$SECONDS
+if [ ! -f "$OUT/base/summary.json" ]; then
+  echo "[fig2_probe] base: $CONFIG, $ITERATIONS iterations without failures → $OUT/base"
+  "$root/simulate_training/run_2.sh" no_failure 1 16 "$CONFIG" 0 --max-iterations "$ITERATIONS" \
+    --eval-interval "$ITERATIONS" --no-progress --run-dir "$OUT/base"
+fi
+echo "[fig2_probe] base ready after $((SECONDS - t0)) s; probing stages $stages with $STRATEGIES, $SEEDS seeds, K = $STEPS"
+"$py" -m checkfree probe "$OUT/base" --stages "$stages" --strategies "$STRATEGIES" --seeds "$SEEDS" \
+  --steps "$STEPS" --out "$OUT/probe"
+echo "[fig2_probe] done in $((SECONDS - t0)) s: $OUT/probe/probe.md"

@@ -1,0 +1,295 @@
+"""``python -m checkfree probe CHECKPOINT_DIR``: the stage-loss probe (the mechanism of the paper's Fig. 2, cheaply).
+
+For every (stage, strategy, seed) it loads a trained state, loses the stage, rebuilds it with the strategy, and
+measures the validation loss (mean cross-entropy, nats) after 0, 1, 10 and K steps of continued training, plus
+how far the rebuilt weights are from the lost ones (:func:`weight_distance`). The seed sets the data order after
+the failure (``data_seed + seed``) and the strategy's own seed (random init). Each seed also trains K steps with
+nothing lost: the ``no_failure`` reference every cell is paired with.
+
+Outputs in ``--out``: ``probe.json`` (every cell), ``probe.md`` (mean ± 95 % Student-t interval per (stage,
+strategy), see :mod:`checkfree.report.stats`) and ``probe.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkfree import checkpointing
+from checkfree.config import Config, config_from_dict
+from checkfree.model import build_hf_model, split_model
+from checkfree.recovery import REGISTRY, make_strategy
+from checkfree.simulate import RunContext, Trainer
+
+log = logging.getLogger(__name__)
+
+FIG2_RULES = ("random", "copy", "zero", "average", "checkfree", "checkfree_plus")
+"""The neighbour rules of the paper's Fig. 2 (and its ablations): the default ``--strategies``."""
+MARKER = ".checkfree-probe"
+
+
+def weight_distance(lost: dict[str, torch.Tensor], rebuilt: dict[str, torch.Tensor]) -> tuple[float, float]:
+    """(‖W_rebuilt − W_lost‖ / ‖W_lost‖, cos(W_rebuilt, W_lost)) over every floating tensor of a stage, flattened.
+
+    Raises:
+        ValueError: the state dicts differ in keys or shapes, or the lost weights are all zero.
+    """
+    if lost.keys() != rebuilt.keys():
+        raise ValueError("lost and rebuilt stages differ in keys.")
+    keys = [k for k, v in lost.items() if v.is_floating_point()]
+    a = torch.cat([lost[k].detach().double().reshape(-1).cpu() for k in keys])
+    b = torch.cat([rebuilt[k].detach().double().reshape(-1).cpu() for k in keys])
+    if a.shape != b.shape:
+        raise ValueError("lost and rebuilt stages differ in shapes.")
+    norm = float(a.norm())
+    if norm == 0:
+        raise ValueError("the lost stage's weights are all zero: no relative distance.")
+    denom = norm * float(b.norm())
+    cosine = float(a @ b) / denom if denom else 0.0
+    return float((b - a).norm()) / norm, cosine
+
+
+@dataclass
+class ProbeOptions:
+    """What ``python -m checkfree probe`` accepts."""
+
+    checkpoint: Path
+    out: Path
+    strategies: list[str] = field(default_factory=lambda: list(FIG2_RULES))
+    stages: list[int] | None = None
+    """Stages to lose (default: every transformer stage 1..S)."""
+    seeds: int = 3
+    steps: int = 100
+    cache_dir: Path | None = None
+
+
+@dataclass
+class Cell:
+    """One (stage, strategy, seed): validation loss after each step count, and the weight distances."""
+
+    stage: int | None
+    strategy: str
+    seed: int
+    losses: dict[int, float]
+    rule: str = ""
+    weight_rel_l2: float | None = None
+    weight_cosine: float | None = None
+
+
+def resolve_checkpoint(path: Path) -> Path:
+    """A checkpoint directory, or a run directory's newest checkpoint.
+
+    Raises:
+        FileNotFoundError: neither a checkpoint nor a run directory holding one.
+    """
+    if (path / "meta.json").is_file():
+        return path
+    found = checkpointing.list_checkpoints(path / "checkpoints") if (path / "checkpoints").is_dir() else []
+    if not found:
+        raise FileNotFoundError(
+            f"{path} is neither a checkpoint directory (with meta.json) nor a run directory with checkpoints/."
+        )
+    return found[-1]
+
+
+def validate(opts: ProbeOptions, cfg: Config) -> list[int]:
+    """The stages to probe; raises ValueError for an unknown strategy, a bad stage, seed count or step count."""
+    for name in opts.strategies:
+        if name not in REGISTRY or not REGISTRY[name].loses_state:
+            rebuilds = sorted(n for n, c in REGISTRY.items() if c.loses_state)
+            raise ValueError(f"--strategies names {name!r}; expected some of: {', '.join(rebuilds)}.")
+    stages = opts.stages if opts.stages is not None else list(range(1, cfg.n_stages + 1))
+    for s in stages:
+        if not 0 <= s <= cfg.n_stages:
+            raise ValueError(f"--stages names {s}; the checkpoint's stages are 0..{cfg.n_stages}.")
+    if opts.seeds < 1 or opts.steps < 1:
+        raise ValueError(f"--seeds {opts.seeds} and --steps {opts.steps} must both be ≥ 1.")
+    return stages
+
+
+def checkpoints_of_steps(k: int) -> list[int]:
+    """Step counts at which the validation loss is measured: 0, 1, 10 and K (those ≤ K)."""
+    return sorted({s for s in (0, 1, 10, k) if s <= k})
+
+
+@dataclass
+class ProbeData:
+    """What the probe trains and validates on (a constructor argument, so tests pass small fakes).
+
+    ``batches(seed)`` returns a batch source (``.batch(step)`` → (B, T+1) token ids) whose order depends on
+    ``seed``; ``val`` are the validation batches, (B, T+1) each.
+    """
+
+    vocab_size: int
+    eos_id: int | None
+    batches: Callable[[int], Any]
+    val: list[torch.Tensor]
+
+
+def corpus_data(cfg: Config, cache_dir: Path | None) -> ProbeData:
+    """The run's own corpus and tokenizer (from the token cache), data order ``data_seed + seed``."""
+    from checkfree.data import BatchSource, prepare_corpus, validation_batches
+    from checkfree.launch import data_spec
+
+    corpus = prepare_corpus(data_spec(cfg, 1, cache_dir))
+
+    def batches(seed: int) -> BatchSource:
+        return BatchSource(
+            corpus.train, cfg.seq_l, cfg.batch_size, rank=0, world_size=1, seed=cfg.data_seed + seed
+        )
+
+    val = validation_batches(corpus, cfg.batch_size, cfg.validation, cfg.seq_l)
+    return ProbeData(corpus.vocab_size, corpus.eos_id, batches, val)
+
+
+class _Probe:
+    """Builds a fresh trainer from the checkpoint for each cell."""
+
+    def __init__(self, snap_path: Path, cfg: Config, data: ProbeData):
+        self.path, self.data = snap_path, data
+        self.cfg = dataclasses.replace(
+            cfg, save_mode="memory"
+        )  # the checkpoint baselines keep RAM copies only
+
+    def trainer(self, strategy: str, seed: int) -> Trainer:
+        cfg, data = self.cfg, self.data
+        stages = split_model(build_hf_model(cfg, data.vocab_size, cfg.seed, data.eos_id), cfg)
+        swaps = REGISTRY[strategy].requires_swaps
+        strat = make_strategy(strategy, cfg, swaps, seed=seed)
+        ctx = RunContext(sink=_Records())
+        t = Trainer(cfg, stages, data.batches(seed), data.val, strat, _NoFailures(), ctx, swaps)
+        t.resume(self.path)
+        strat.setup(t.state)
+        return t
+
+    def cell(self, stage: int | None, strategy: str, seed: int, steps: list[int]) -> Cell:
+        t = self.trainer(strategy, seed)
+        out = Cell(stage, strategy, seed, {})
+        if stage is not None:
+            lost = t.state.stage_state(stage)
+            t.strategy.begin_iteration(t.state, [stage])
+            t._handle_failures([stage])
+            out.weight_rel_l2, out.weight_cosine = weight_distance(lost, t.state.stage_state(stage))
+            rec = [r for r in t.ctx.sink.records if r["kind"] == "recovery"][-1]
+            out.rule = rec["rule"] + (f" ({rec['rung']} rung)" if rec.get("rung") else "")
+        done = 0
+        for k in steps:
+            while done < k:
+                t.step()
+                done += 1
+            out.losses[k] = t.evaluate()[0]
+        t.strategy.finish(t.state)
+        return out
+
+
+class _NoFailures:
+    def draw(self, iteration: int) -> list[int]:
+        return []
+
+
+class _Records:
+    """A metrics sink that keeps the records in memory (the probe reads the recovery's rule from them)."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def write(self, kind: str, **fields: Any) -> None:
+        self.records.append({"kind": kind, **fields})
+
+    def close(self) -> None:
+        pass
+
+
+def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, Any]:
+    """Run every cell; write probe.json, probe.md and probe.png into ``opts.out``; return probe.json's content.
+
+    ``data`` defaults to the run's corpus (:func:`corpus_data`).
+
+    Raises:
+        FileNotFoundError / CheckpointError: the checkpoint is missing or corrupt.
+        ValueError: a bad option (see :func:`validate`), or ``out`` holds something that is not a probe's output.
+    """
+    from checkfree import probe_report
+
+    path = resolve_checkpoint(opts.checkpoint)
+    meta = checkpointing.read_checkpoint(path).meta
+    cfg = config_from_dict(meta["config"], f"checkpoint {path}")
+    stages = validate(opts, cfg)
+    probe_report.claim_out_dir(opts.out, MARKER)
+    probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
+    steps = checkpoints_of_steps(opts.steps)
+    cells: list[Cell] = []
+    t0 = time.perf_counter()
+    jobs = [(None, "no_failure", s) for s in range(opts.seeds)]
+    jobs += [(st, name, s) for st in stages for name in opts.strategies for s in range(opts.seeds)]
+    for i, (stage, name, seed) in enumerate(jobs):
+        if stage == 0 and not REGISTRY[name].recovers_stage0:
+            log.info("skip stage 0 under %s: it cannot recover stage 0", name)
+            continue
+        cells.append(probe.cell(stage, name, seed, steps))
+        log.info(
+            "[%d/%d] stage %s, %s, seed %d: val loss %s (%.0f s)",
+            i + 1,
+            len(jobs),
+            "—" if stage is None else stage,
+            name,
+            seed,
+            ", ".join(f"{k}: {v:.4f}" for k, v in cells[-1].losses.items()),
+            time.perf_counter() - t0,
+        )
+    result = {
+        "format": "checkfree-probe-v1",
+        "checkpoint": str(path),
+        "effective_iteration": meta["effective_iteration"],
+        "config": cfg.to_json(),
+        "steps": steps,
+        "seeds": opts.seeds,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "cells": [c.__dict__ | {"losses": {str(k): v for k, v in c.losses.items()}} for c in cells],
+    }
+    (opts.out / "probe.json").write_text(json.dumps(result, indent=1))
+    probe_report.write(result, opts.out)
+    return result
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``probe`` sub-command."""
+    p = sub.add_parser(
+        "probe", help="lose each stage of a trained checkpoint, rebuild it, measure the damage"
+    )
+    p.add_argument("checkpoint", type=Path, metavar="CHECKPOINT_DIR", help="checkpoint or run directory")
+    p.add_argument("--strategies", default=",".join(FIG2_RULES), help="comma-separated strategy names")
+    p.add_argument("--stages", type=_int_list, help="comma-separated stages to lose (default 1..S)")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per cell (data order after the failure)")
+    p.add_argument("--steps", type=int, default=100, help="K: steps of continued training")
+    p.add_argument(
+        "--out", type=Path, required=True, help="output directory (probe.json, probe.md, probe.png)"
+    )
+    p.add_argument("--cache-dir", type=Path, help="token/tokenizer cache of the run (default as simulate)")
+    p.set_defaults(func=_cmd)
+
+
+def _cmd(args: argparse.Namespace) -> int:
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    opts = ProbeOptions(
+        args.checkpoint, args.out, strategies, args.stages, args.seeds, args.steps, args.cache_dir
+    )
+    result = run_probe(opts)
+    print(f"probe: {len(result['cells'])} cells in {result['seconds']:.0f} s → {args.out / 'probe.md'}")
+    return 0

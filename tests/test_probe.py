@@ -1,0 +1,115 @@
+"""The stage-loss probe on a 2-iteration checkpoint: every cell, exact baselines at zero distance, and the
+interval arithmetic on hand-made numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from checkfree.cli import main
+from checkfree.probe import ProbeData, ProbeOptions, run_probe, weight_distance
+from checkfree.probe_report import fig2_separation, intervals
+from checkfree.report.stats import mean_ci
+
+from helpers import VOCAB, RandomBatches, make_trainer, tiny_config
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("probe")
+    cfg = tiny_config(max_iterations=2, eval_interval=2)
+    make_trainer(cfg, "no_failure", checkpoint_dir=root / "run" / "checkpoints").train()
+    data = ProbeData(
+        VOCAB, None, lambda seed: RandomBatches(cfg, seed=seed), [RandomBatches(cfg, 99).batch(0)]
+    )
+    return root / "run", data
+
+
+def test_probe_measures_every_cell_and_exact_restores_are_the_floor(checkpoint, tmp_path):
+    run, data = checkpoint
+    strategies = ["random", "checkfree", "checkpoint", "redundant"]
+    opts = ProbeOptions(run, tmp_path / "out", strategies, stages=[2, 3], seeds=2, steps=2)
+    result = run_probe(opts, data)
+    cells = {(c["stage"], c["strategy"], c["seed"]): c for c in result["cells"]}
+    expected = {(None, "no_failure", s) for s in (0, 1)}
+    expected |= {(st, name, s) for st in (2, 3) for name in strategies for s in (0, 1)}
+    assert set(cells) == expected
+    assert all(set(c["losses"]) == {"0", "1", "2"} for c in cells.values())
+    for seed in (0, 1):
+        ref = cells[(None, "no_failure", seed)]["losses"]
+        for exact in ("checkpoint", "redundant"):  # an exact restore then trains exactly like no failure
+            cell = cells[(2, exact, seed)]
+            assert cell["weight_rel_l2"] == 0.0 and cell["weight_cosine"] == pytest.approx(1.0)
+            assert cell["losses"] == ref
+        assert cells[(2, "random", seed)]["weight_rel_l2"] > 0.1  # a fresh init is far from the lost stage
+        assert cells[(2, "checkfree", seed)]["rule"] == "checkfree"
+    # seeds change the data order after the failure: the no-failure curves differ after one step
+    assert cells[(None, "no_failure", 0)]["losses"]["1"] != cells[(None, "no_failure", 1)]["losses"]["1"]
+    table = intervals(result)
+    rnd = [cells[(2, "random", s)]["losses"]["2"] for s in (0, 1)]
+    assert table[(2, "random")]["2"] == mean_ci(rnd)
+    paired = [
+        cells[(2, "random", s)]["losses"]["2"] - cells[(None, "no_failure", s)]["losses"]["2"] for s in (0, 1)
+    ]
+    assert table[(2, "random")]["minus_no_failure"] == mean_ci(paired)
+    out = tmp_path / "out"
+    assert json.loads((out / "probe.json").read_text())["cells"] == result["cells"]
+    assert "| 2 | random (random) | 2 |" in (out / "probe.md").read_text()
+    assert (out / "probe.png").read_bytes()[:4] == b"\x89PNG"
+    run_probe(
+        ProbeOptions(run, out, ["copy"], stages=[1], seeds=1, steps=1), data
+    )  # its own output: replaced
+
+
+def test_intervals_and_fig2_separation_from_known_numbers():
+    def cell(stage, name, seed, loss):
+        return {
+            "stage": stage,
+            "strategy": name,
+            "seed": seed,
+            "losses": {"0": loss + 1, "5": loss},
+            "rule": "",
+            "weight_rel_l2": 0.5 if stage else None,
+            "weight_cosine": 0.9 if stage else None,
+        }
+
+    losses = {
+        "no_failure": [1.0, 1.1, 1.2],
+        "random": [3.0, 3.1, 3.2],
+        "copy": [2.0, 2.1, 2.2],
+        "average": [1.95, 2.15, 2.05],
+        "checkfree": [1.2, 1.3, 1.4],
+    }
+    cells = [
+        cell(None if n == "no_failure" else 2, n, s, v) for n, vs in losses.items() for s, v in enumerate(vs)
+    ]
+    result = {"steps": [0, 5], "cells": cells}
+    table = intervals(result)
+    iv = table[(2, "random")]["5"]
+    assert iv.mean == pytest.approx(3.1) and iv.half_width == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    assert table[(2, "copy")]["minus_no_failure"].mean == pytest.approx(1.0)
+    assert table[(2, "copy")]["minus_no_failure"].half_width == pytest.approx(0.0, abs=1e-12)
+    (line,) = fig2_separation(result, table)
+    assert line == (
+        "- stage 2, after 5 steps: random > copy: separated; copy > average: overlapping; "
+        "average > checkfree: separated"
+    )
+
+
+def test_weight_distance_by_hand_and_bad_input_through_the_cli(tmp_path, capsys):
+    lost = {"w": torch.tensor([3.0, 4.0]), "step": torch.tensor([1])}
+    rel, cos = weight_distance(lost, {"w": torch.tensor([3.0, 0.0]), "step": torch.tensor([7])})
+    assert rel == pytest.approx(4 / 5) and cos == pytest.approx(9 / 15)
+    with pytest.raises(ValueError):
+        weight_distance({"w": torch.zeros(2)}, {"w": torch.ones(2)})
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    for argv in (["probe", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")],):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "nowhere" in err[0]
