@@ -34,7 +34,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--setting",
         required=True,
         help="recovery strategy: no_failure, copy, random, zero, average, checkfree, checkfree_plus, "
-        "checkpoint, one, redundant, ec_snapshot, or an authors' name (ours-grad-avg, "
+        "checkpoint, one, redundant, ec_snapshot, ladder, or an authors' name (ours-grad-avg, "
         "ours-naive, ours-random, ours-zero, ours-avg-ablation, whole_model)",
     )
     p.add_argument("--config", required=True, help="config JSON (working directory first, then configs/)")

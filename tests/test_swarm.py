@@ -80,7 +80,7 @@ def test_route_prefers_the_pipelines_replica_and_falls_back_to_a_live_one() -> N
 )
 def test_recovery_plans(setting: str, stage: int, lost: set[int], rule: str, stages: list[int]) -> None:
     plan = make_recovery(setting).plan(stage, lost, 4)
-    assert (plan.rule, plan.stages) == (rule, stages)
+    assert (plan.rule, list(plan.sources)) == (rule, stages)
     assert plan.fresh_lr_scale == (rule in ("checkfree", "copy", "stage0_copy"))
     assert plan.with_optimizer == (rule in ("replica", "storage"))
 
@@ -92,10 +92,14 @@ def test_settings_flags_and_impossible_recoveries() -> None:
     with pytest.raises(RecoveryImpossible, match="stage 0"):
         make_recovery("ours").plan(0, {0}, 4)
     plan = make_recovery("ours-plus").plan(0, {0, 1, 4}, 4)
-    assert (plan.stages, plan.parts) == ([], []) and "fresh init of ['embedding', 'head']" in plan.fallback
-    assert make_recovery("ours-plus").plan(0, {0}, 4).parts == ["embedding", "head"]
-    with pytest.raises(ValueError, match="setting 'oursx' is unknown"):
+    assert (plan.sources, plan.parts) == ((), ()) and "random init of ['embedding', 'head']" in plan.fallback
+    assert make_recovery("ours-plus").plan(0, {0}, 4).parts == ("embedding", "head")
+    with pytest.raises(ValueError, match="unknown setting 'oursx'"):
         make_recovery("oursx")
+    with pytest.raises(ValueError, match="'copy' has no swarm implementation"):
+        make_recovery("copy")
+    assert make_recovery("checkfree").name == make_recovery("ours").name == "checkfree"
+    assert make_recovery("checkfree_plus").name == make_recovery("ours-plus").name == "checkfree_plus"
 
 
 class _FakeNode:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from checkfree.config import Config
+from checkfree.settings import ALIASES, SWAP_DEPENDENT, canonical_name
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -105,15 +106,15 @@ class RecoveryStrategy:
 
 
 REGISTRY: dict[str, type[RecoveryStrategy]] = {}
-# The authors' SETTING names (SPEC §4). "ours-grad-avg" depends on the swaps flag: see resolve_setting.
-ALIASES: dict[str, str] = {
-    "ours-naive": "copy",
-    "ours-random": "random",
-    "ours-zero": "zero",
-    "ours-avg-ablation": "average",
-    "whole_model": "checkpoint",
-}
-_SWAP_DEPENDENT = {"ours-grad-avg", "ours-grad-avg-regularize", "ours"}
+__all__ = [
+    "ALIASES",
+    "REGISTRY",
+    "RecoveryRecord",
+    "RecoveryStrategy",
+    "make_strategy",
+    "register",
+    "resolve_setting",
+]
 
 
 def register(cls: type[RecoveryStrategy]) -> type[RecoveryStrategy]:
@@ -133,11 +134,9 @@ def resolve_setting(setting: str, swaps: bool) -> str:
     Raises:
         ValueError: the name is unknown (the sentence lists the valid names).
     """
-    if setting in _SWAP_DEPENDENT:
-        return "checkfree_plus" if swaps else "checkfree"
-    name = ALIASES.get(setting, setting)
+    name = canonical_name(setting, swaps)
     if name not in REGISTRY:
-        valid = sorted(REGISTRY) + sorted(ALIASES) + sorted(_SWAP_DEPENDENT)
+        valid = sorted(REGISTRY) + sorted(ALIASES) + sorted(SWAP_DEPENDENT)
         raise ValueError(f"unknown setting {setting!r}; expected one of: {', '.join(valid)}.")
     return name
 

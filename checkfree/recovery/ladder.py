@@ -29,9 +29,10 @@ from typing import Any
 import torch
 
 from checkfree.config import parse_ladder_rungs
+from checkfree.recovery import planner
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
 from checkfree.recovery.ec_snapshot import ECSnapshot
-from checkfree.recovery.neighbours import CheckFreePlus, live_neighbours, random_state, recovery_seed
+from checkfree.recovery.neighbours import CheckFreePlus, random_state, recovery_seed
 from checkfree.recovery.redundant import Redundant, predecessor
 from checkfree.recovery.stage_copy import restore_copy
 from checkfree.training_state import TrainingState
@@ -127,10 +128,11 @@ class Ladder(RecoveryStrategy):
         self, state: TrainingState, j: int, remaining: list[int], failed: list[int]
     ) -> tuple[RecoveryRecord, str]:
         if self.neighbour is not None:
-            if j == 0:  # the copies held by stages 1 and S died with them even if those were restored
-                return self.neighbour.recover_stage0(state, failed), "neighbour"
-            left, right = live_neighbours(j, remaining, state.n_stages)
-            new, record = self.neighbour.rebuild(state, j, left, right, remaining)
+            # stages restored exactly count as live neighbours; the stage-0 copies held by stages 1 and S died
+            # with them even if those were restored
+            live = set(range(state.n_stages + 1)) - set(remaining if j else failed)
+            plan = planner.plan([j], state.n_stages, "checkfree_plus", live=live)[j]
+            new, record = self.neighbour.execute(state, j, plan)
             state.load_stage(j, new)
             return record, "random" if record.rule == "random" else "neighbour"
         gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, j))

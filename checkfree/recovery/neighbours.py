@@ -18,7 +18,9 @@ import torch
 
 from checkfree.model import MLP_OUT_SUFFIXES
 from checkfree.pipeline import checkfree_weight
+from checkfree.recovery import planner
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.planner import RecoveryPlan, live_neighbours, stage0_copy_holders  # noqa: F401
 from checkfree.training_state import StateDict, TrainingState
 
 log = logging.getLogger(__name__)
@@ -84,18 +86,6 @@ def random_state(
     return out
 
 
-def live_neighbours(stage: int, failed: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:
-    """Nearest surviving transformer stages left and right of ``stage`` (None where there is none)."""
-    lost = set(failed)
-    left = stage - 1
-    while left >= 1 and left in lost:
-        left -= 1
-    right = stage + 1
-    while right <= n_stages and right in lost:
-        right += 1
-    return (left if left >= 1 else None), (right if right <= n_stages else None)
-
-
 def is_consecutive(stage: int, failed: Iterable[int]) -> bool:
     """A directly adjacent stage (stage 0 included) failed in the same iteration."""
     lost = set(failed)
@@ -116,11 +106,6 @@ def stage0_part(key: str) -> str:
     return "embedding" if key.startswith(STAGE0_EMBED_PREFIXES) else "head"
 
 
-def stage0_copy_holders(n_stages: int) -> dict[str, int]:
-    """CheckFree+ (paper §4.2, SPEC §3): stage 1 keeps a copy of E, stage S keeps a copy of E⁻¹."""
-    return {"embedding": 1, "head": n_stages}
-
-
 # ----------------------------------------------------------------------------------------------- strategies
 
 
@@ -137,20 +122,16 @@ class NoFailure(RecoveryStrategy):
 
 
 class _NeighbourStrategy(RecoveryStrategy):
-    """Shared loop: rebuild each failed transformer stage from its live neighbours, then a fresh Adam."""
-
-    rule = ""
+    """Shared loop: the planner decides each lost stage's rule and sources; this executes the plans on local
+    stages, then gives each rebuilt stage a fresh Adam at lr × lr_scale."""
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
+        plans = planner.plan(failed, state.n_stages, self.name)
         records = []
         for stage in sorted(failed):
             t0 = time.perf_counter()
-            if stage == 0:
-                record = self.recover_stage0(state, failed)
-            else:
-                left, right = live_neighbours(stage, failed, state.n_stages)
-                new_state, record = self.rebuild(state, stage, left, right, failed)
-                state.load_stage(stage, new_state)
+            new, record = self.execute(state, stage, plans[stage])
+            state.load_stage(stage, new)
             state.fresh_optimizer(stage, self.cfg.lr_scale)
             record.consecutive = is_consecutive(stage, failed)
             record.seconds = time.perf_counter() - t0
@@ -163,43 +144,101 @@ class _NeighbourStrategy(RecoveryStrategy):
             records.append(record)
         return records
 
-    def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
-        raise ValueError(f"strategy {self.name!r} cannot recover stage 0 (embedding and head).")
-
-    def rebuild(
-        self, state: TrainingState, stage: int, left: int | None, right: int | None, failed: list[int]
+    def execute(
+        self, state: TrainingState, stage: int, plan: RecoveryPlan
     ) -> tuple[StateDict, RecoveryRecord]:
-        raise NotImplementedError
+        """The new weights of ``stage`` by ``plan`` (read from the live stages of ``state``) and its record.
 
-    def _copy_one(
-        self, state: TrainingState, stage: int, source: int | None, fallback: str | None, failed: list[int]
-    ) -> tuple[StateDict, RecoveryRecord]:
-        """Copy ``source``; with no live transformer stage at all, fall back to a random init."""
-        if source is None:
-            return self._random(state, stage, "no live transformer stage: random init")
-        return copy_state(state.stage_state(source)), RecoveryRecord(
-            stage, self.name, [source], [1.0], rule="copy", fallback=fallback
+        Raises:
+            ValueError: a rule this strategy cannot execute (e.g. "stage0_copy" without the copies).
+        """
+        try:
+            rule = _RULES[plan.rule]
+        except KeyError:
+            raise ValueError(f"strategy {self.name!r} cannot execute rule {plan.rule!r}.") from None
+        new, shares, extra = rule(self, state, stage, plan)
+        record = RecoveryRecord(
+            stage, self.name, list(plan.sources), shares, rule=plan.rule, fallback=plan.fallback, extra=extra
+        )
+        return new, record
+
+    def weights(self, state: TrainingState, left: int, right: int) -> tuple[float, float]:
+        """ω of the two neighbours: their last gradient norms (paper §4.1), or the release's clipped variant."""
+        mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
+        return (
+            checkfree_weight(state.grad_norms[left], clip, mode),
+            checkfree_weight(state.grad_norms[right], clip, mode),
         )
 
-    def _random(
-        self, state: TrainingState, stage: int, fallback: str | None
-    ) -> tuple[StateDict, RecoveryRecord]:
-        gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, stage))
-        new = random_state(state.stages[stage].state_dict(), gen, self.cfg.init_std)
-        return new, RecoveryRecord(stage, self.name, [], None, rule="random", fallback=fallback)
+
+Executed = tuple[StateDict, list[float] | None, dict]
+
+
+def _copy(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
+    return copy_state(state.stage_state(plan.sources[0])), [1.0], {}
+
+
+def _zero(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
+    return zero_mlp_output(state.stage_state(plan.sources[0]), strategy.cfg.architecture), [1.0], {}
+
+
+def _average(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
+    left, right = plan.sources
+    return average(state.stage_state(left), state.stage_state(right)), [0.5, 0.5], {}
+
+
+def _checkfree(
+    strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan
+) -> Executed:
+    left, right = plan.sources
+    w_left, w_right = strategy.weights(state, left, right)
+    new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
+    extra = {"grad_norm_mode": strategy.cfg.grad_norm_mode, "omega": [w_left, w_right]}
+    total = w_left + w_right
+    shares = [0.5, 0.5] if total == 0 else [w_left / total, w_right / total]
+    return new, shares, extra
+
+
+def _random(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
+    gen = torch.Generator().manual_seed(recovery_seed(strategy.seed, state.iteration, stage))
+    return random_state(state.stages[stage].state_dict(), gen, strategy.cfg.init_std), None, {}
+
+
+def _stage0_copy(
+    strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan
+) -> Executed:
+    """E and E⁻¹ from the copies stages 1 and S hold; a part whose holder is lost gets a seeded random init."""
+    copies = getattr(strategy, "stage0_copy", None)
+    if copies is None:
+        raise ValueError(f"strategy {strategy.name!r} keeps no stage-0 copies.")
+    new = state.stages[0].state_dict()
+    fresh = None
+    for k in new:
+        if stage0_part(k) in plan.parts:
+            new[k] = copies[k].clone()
+        else:
+            if fresh is None:
+                fresh, _, _ = _random(strategy, state, 0, plan)
+            new[k] = fresh[k]
+    return new, None, {}
+
+
+_RULES = {
+    "copy": _copy,
+    "zero": _zero,
+    "average": _average,
+    "checkfree": _checkfree,
+    "random": _random,
+    "stage0_copy": _stage0_copy,
+}
+"""Plan rule → its execution on local stages (the swarm executes the same rules on fetched weights)."""
 
 
 @register
 class Copy(_NeighbourStrategy):
-    """``copy`` (ours-naive): copy stage i−1, or stage i+1 for the first stage."""
+    """``copy`` (ours-naive): copy stage i−1, or stage 2 for the first stage."""
 
     name = "copy"
-
-    def rebuild(self, state, stage, left, right, failed):
-        intended = stage - 1 if stage > 1 else 2
-        source = left if left is not None else right
-        fallback = None if source == intended else "intended source lost too: nearest live stage"
-        return self._copy_one(state, stage, source, fallback, failed)
 
 
 @register
@@ -208,22 +247,12 @@ class RandomInit(_NeighbourStrategy):
 
     name = "random"
 
-    def rebuild(self, state, stage, left, right, failed):
-        return self._random(state, stage, None)
-
 
 @register
-class Zero(Copy):
+class Zero(_NeighbourStrategy):
     """``zero`` (ours-zero): copy a neighbour, then zero each block's MLP output projection."""
 
     name = "zero"
-
-    def rebuild(self, state, stage, left, right, failed):
-        new, record = super().rebuild(state, stage, left, right, failed)
-        if record.rule == "copy":
-            new = zero_mlp_output(new, self.cfg.architecture)
-            record.rule = "zero"
-        return new, record
 
 
 @register
@@ -231,14 +260,6 @@ class Average(_NeighbourStrategy):
     """``average`` (ours-avg-ablation): uniform 0.5/0.5 average of the two neighbours."""
 
     name = "average"
-
-    def rebuild(self, state, stage, left, right, failed):
-        if left is None or right is None:
-            return self._copy_one(
-                state, stage, left if left is not None else right, "single live neighbour: copy", failed
-            )
-        new = average(state.stage_state(left), state.stage_state(right))
-        return new, RecoveryRecord(stage, self.name, [left, right], [0.5, 0.5], rule="average")
 
 
 @register
@@ -250,31 +271,6 @@ class CheckFree(_NeighbourStrategy):
     """
 
     name = "checkfree"
-
-    def weights(self, state: TrainingState, left: int, right: int) -> tuple[float, float]:
-        mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
-        return (
-            checkfree_weight(state.grad_norms[left], clip, mode),
-            checkfree_weight(state.grad_norms[right], clip, mode),
-        )
-
-    def rebuild(self, state, stage, left, right, failed):
-        if left is None or right is None:
-            return self._copy_one(
-                state, stage, left if left is not None else right, "single live neighbour: copy", failed
-            )
-        w_left, w_right = self.weights(state, left, right)
-        new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
-        total = w_left + w_right
-        shares = [0.5, 0.5] if total == 0 else [w_left / total, w_right / total]
-        return new, RecoveryRecord(
-            stage,
-            self.name,
-            [left, right],
-            shares,
-            rule="checkfree",
-            extra={"grad_norm_mode": self.cfg.grad_norm_mode, "omega": [w_left, w_right]},
-        )
 
 
 @register
@@ -291,41 +287,13 @@ class CheckFreePlus(CheckFree):
     requires_swaps = True
 
     def setup(self, state: TrainingState) -> None:
-        self._stage0_copy = state.stage_state(0)
+        self.stage0_copy = state.stage_state(0)
 
     def after_step(self, state: TrainingState) -> None:
         with torch.no_grad():
             for k, v in state.stages[0].state_dict().items():
-                self._stage0_copy[k].copy_(v)
-
-    def rebuild(self, state, stage, left, right, failed):
-        partner = {1: 2, state.n_stages: state.n_stages - 1}.get(stage)
-        if partner is not None and partner not in failed:
-            return self._copy_one(state, stage, partner, None, failed)
-        return super().rebuild(state, stage, left, right, failed)
-
-    def recover_stage0(self, state: TrainingState, failed: list[int]) -> RecoveryRecord:
-        holders = stage0_copy_holders(state.n_stages)
-        new = state.stages[0].state_dict()
-        lost_parts = []
-        for k in new:
-            part = stage0_part(k)
-            if holders[part] in failed:
-                lost_parts.append(part)
-            else:
-                new[k] = self._stage0_copy[k].clone()
-        fallback = None
-        if lost_parts:  # the neighbour holding that copy died too: re-initialise that part
-            gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, 0))
-            fresh = random_state(new, gen, self.cfg.init_std)
-            for k in new:
-                if stage0_part(k) in lost_parts:
-                    new[k] = fresh[k]
-            fallback = f"copy holder lost too: random init of {sorted(set(lost_parts))}"
-        state.load_stage(0, new)
-        sources = sorted({holders[p] for p in holders if p not in lost_parts})
-        return RecoveryRecord(0, self.name, sources, None, rule="neighbour_copy", fallback=fallback)
+                self.stage0_copy[k].copy_(v)
 
     def stats(self) -> dict:
-        copy = getattr(self, "_stage0_copy", {})
+        copy = getattr(self, "stage0_copy", {})
         return {"extra_memory_bytes": sum(t.numel() * t.element_size() for t in copy.values())}

@@ -228,6 +228,7 @@ STRATEGY_ORDER = {
             "one",
             "redundant",
             "ec_snapshot",
+            "ladder",
         ]
     )
 }

@@ -16,20 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from checkfree.metrics import read_metrics
+from checkfree.settings import canonical_name
 from checkfree.timing import RunCosts
 
 log = logging.getLogger(__name__)
-
-
-# The authors' SETTING names (SPEC §4) for runs whose summary.json is missing. A copy of
-# checkfree.recovery.base.ALIASES for display only: importing the registry would import torch (seconds).
-_SETTING_NAMES = {
-    "ours-naive": "copy",
-    "ours-random": "random",
-    "ours-zero": "zero",
-    "ours-avg-ablation": "average",
-    "whole_model": "checkpoint",
-}
 
 
 class RunDirError(ValueError):
@@ -77,10 +67,7 @@ class Run:
         for r in self.records:
             if r.get("kind") == "recovery" and r.get("strategy"):
                 return str(r["strategy"])
-        setting = str(self.options.get("setting", "?"))
-        if setting in ("ours-grad-avg", "ours-grad-avg-regularize", "ours"):
-            return "checkfree_plus" if self.swaps else "checkfree"
-        return _SETTING_NAMES.get(setting, setting)
+        return canonical_name(str(self.options.get("setting", "?")), self.swaps)
 
     @property
     def swaps(self) -> bool:

@@ -38,9 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--setting",
         required=True,
-        choices=["no_failure", "checkpoint", "ours", "ours-plus"],
+        choices=["no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus"],
         help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
-        "ours: CheckFree; ours-plus: CheckFree+ (swaps on odd microbatches)",
+        "ours (= checkfree): CheckFree; ours-plus (= checkfree_plus): CheckFree+ (swaps on odd microbatches)",
     )
     r.add_argument(
         "--rate",

@@ -45,10 +45,10 @@ class Recovery:
             node.id,
             node.stage,
             self.plan.rule,
-            self.plan.stages,
+            self.plan.sources,
             f" ({self.plan.fallback})" if self.plan.fallback else "",
         )
-        for i, stage in enumerate(self.plan.stages):
+        for i, stage in enumerate(self.plan.sources):
             if self.plan.rule == "storage":
                 candidates = [node.storage_id]
             else:
@@ -153,7 +153,7 @@ class Recovery:
         return {
             "rule": plan.rule,
             "sources": [m.sender for m in answers],
-            "source_stages": plan.stages,
+            "source_stages": plan.sources,
             "parts": plan.parts or None,
             "omegas": omegas,
             "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
@@ -194,7 +194,9 @@ class Rollback(Recovery):
     """Checkpoint baseline: reload this stage's weights and Adam state of ``version`` from storage."""
 
     def __init__(self, node: Node, version: int) -> None:
-        super().__init__(node, RecoveryPlan("storage", [node.stage], with_optimizer=True), version)
+        super().__init__(
+            node, RecoveryPlan("storage", (node.stage,), with_optimizer=True, fresh_lr_scale=False), version
+        )
 
     def _finish(self) -> None:
         record = self._load()

@@ -1,8 +1,9 @@
 """How a swarm node recovers its stage, per ``SETTING`` (SPEC §2, §3, §8); a registry, not an if-chain.
 
 A replacement node learns which stages have no serving replica (``lost``) and asks its setting for a
-:class:`RecoveryPlan`: which stages to fetch weights from and how to combine them. The math itself is
-``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_state``), shared with the simulator.
+:class:`~checkfree.recovery.planner.RecoveryPlan`: which stages to fetch weights from and how to combine them.
+The neighbour rules come from :func:`checkfree.recovery.planner.plan`, the one planner the simulator uses too;
+the math is ``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_state``), shared as well.
 
 | setting | a replica of my stage serves | my whole stage is lost |
 |---|---|---|
@@ -21,40 +22,18 @@ recover stage 0, and the run stops with that reason.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from checkfree.recovery import planner
+from checkfree.recovery.base import resolve_setting
+from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 
-from checkfree.recovery.neighbours import live_neighbours, stage0_copy_holders
-
-
-class RecoveryImpossible(ValueError):
-    """The setting cannot recover this stage (the message names the stage and why)."""
-
-
-@dataclass
-class RecoveryPlan:
-    """What a replacement fetches and how it combines it.
-
-    Attributes:
-        rule: "replica" (copy a live same-stage replica), "checkfree" (weighted average of two neighbours),
-            "copy" (copy one neighbour stage), "storage" (load the checkpoint), "stage0_copy" (load E and E⁻¹
-            from the copies that stages 1 and S hold, CheckFree+).
-        stages: source stages, in combination order (left, right for "checkfree").
-        parts: for "stage0_copy", the copy asked of each source stage ("embedding" or "head").
-        with_optimizer: fetch and load the source's Adam state and lr (exact copies).
-        fresh_lr_scale: a fresh Adam at lr × lr_scale (neighbour rules, SPEC §2).
-        fallback: why a simpler rule than intended was used, or None.
-    """
-
-    rule: str
-    stages: list[int] = field(default_factory=list)
-    parts: list[str] = field(default_factory=list)
-    with_optimizer: bool = False
-    fresh_lr_scale: bool = False
-    fallback: str | None = None
+__all__ = ["STRATEGIES", "RecoveryImpossible", "RecoveryPlan", "SwarmRecovery", "make_recovery"]
 
 
 class SwarmRecovery:
-    """Base: a partial failure copies a live replica; subclasses decide what a lost stage does."""
+    """Base: a partial failure copies a live replica; subclasses decide what a lost stage does.
+
+    ``name`` is the canonical setting (the simulator's name; ``ours`` / ``ours-plus`` are aliases).
+    """
 
     name = ""
     kills = True
@@ -67,13 +46,13 @@ class SwarmRecovery:
     """Stage 1 and stage S hold copies of E and E⁻¹, refreshed after every step (CheckFree+, SPEC §3)."""
 
     def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
-        """The plan for a replacement of ``stage`` given the stages with no serving replica.
+        """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``).
 
         Raises:
             RecoveryImpossible: the setting has no rule for this loss (e.g. stage 0 under ``ours``).
         """
         if stage not in lost:
-            return RecoveryPlan("replica", [stage], with_optimizer=True)
+            return RecoveryPlan("replica", (stage,), with_optimizer=True, fresh_lr_scale=False)
         return self.plan_lost(stage, lost, n_stages)
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
@@ -90,68 +69,50 @@ class Checkpoint(SwarmRecovery):
     rollback_on_stage_loss = True
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
-        return RecoveryPlan("storage", [stage], with_optimizer=True)
+        return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
-class Ours(SwarmRecovery):
-    """CheckFree (SPEC §2)."""
+class CheckFree(SwarmRecovery):
+    """CheckFree (SPEC §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
-    name = "ours"
+    name = "checkfree"
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
-        if stage == 0:
+        live = set(range(n_stages + 1)) - set(lost)
+        plan = planner.plan([stage], n_stages, self.name, live=live)[stage]
+        if plan.rule == "random":
             raise RecoveryImpossible(
-                f"setting {self.name!r} cannot recover stage 0 (embedding and head) when all its replicas are "
-                "lost; use the checkpoint setting or a schedule that keeps a stage-0 replica."
+                f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
+                "rule, so there is nothing to recover from."
             )
-        left, right = live_neighbours(stage, lost, n_stages)
-        if left is not None and right is not None:
-            return RecoveryPlan("checkfree", [left, right], fresh_lr_scale=True)
-        only = left if left is not None else right
-        if only is None:
-            raise RecoveryImpossible(
-                f"stage {stage} lost every transformer neighbour; nothing to recover from."
-            )
-        return RecoveryPlan("copy", [only], fresh_lr_scale=True, fallback="single live neighbour: copy")
+        return plan
 
 
-class OursPlus(Ours):
-    """CheckFree+ (SPEC §3): swaps on odd microbatches; first/last stages copy their swap partner."""
+class CheckFreePlus(CheckFree):
+    """CheckFree+ (SPEC §3): swaps on odd microbatches; first/last stages copy their swap partner; stage 0 from
+    the copies of E and E⁻¹ that stages 1 and S hold."""
 
-    name = "ours-plus"
+    name = "checkfree_plus"
     swaps = True
     keeps_stage0_copy = True
 
-    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
-        if stage == 0:
-            holders = stage0_copy_holders(n_stages)
-            kept = [part for part in holders if holders[part] not in lost]
-            gone = [part for part in holders if part not in kept]
-            return RecoveryPlan(
-                "stage0_copy",
-                [holders[p] for p in kept],
-                parts=kept,
-                fresh_lr_scale=True,
-                fallback=f"copy holder lost too: fresh init of {gone}" if gone else None,
-            )
-        partner = {1: 2, n_stages: n_stages - 1}.get(stage)
-        if partner is not None and partner >= 1 and partner not in lost:
-            return RecoveryPlan("copy", [partner], fresh_lr_scale=True)
-        return super().plan_lost(stage, lost, n_stages)
-
 
 STRATEGIES: dict[str, type[SwarmRecovery]] = {
-    cls.name: cls for cls in (NoFailure, Checkpoint, Ours, OursPlus)
+    cls.name: cls for cls in (NoFailure, Checkpoint, CheckFree, CheckFreePlus)
 }
 
 
 def make_recovery(setting: str) -> SwarmRecovery:
-    """The strategy of a ``SETTING`` name.
+    """The strategy of a ``SETTING`` name: canonical (``checkfree``, ``checkfree_plus``) or the authors' (``ours``
+    = CheckFree, ``ours-plus`` = CheckFree+), resolved by the simulator's one table of names and aliases.
 
     Raises:
-        ValueError: the name is unknown.
+        ValueError: the name is unknown, or names a strategy the swarm does not run.
     """
-    try:
-        return STRATEGIES[setting]()
-    except KeyError:
-        raise ValueError(f"setting {setting!r} is unknown; expected one of {sorted(STRATEGIES)}.") from None
+    canonical = resolve_setting(setting, swaps=False)
+    if canonical not in STRATEGIES:
+        raise ValueError(
+            f"setting {setting!r} has no swarm implementation; expected one of no_failure, checkpoint, "
+            "ours (checkfree), ours-plus (checkfree_plus)."
+        )
+    return STRATEGIES[canonical]()

@@ -1,0 +1,144 @@
+"""The one place that decides how each lost stage is rebuilt: a pure function of the loss event.
+
+:func:`plan` maps a loss event (the stages that lost a replica, the stages that still have a serving replica)
+to a :class:`RecoveryPlan` per stage: the rule, the source stages and the documented fallback. The simulator's
+neighbour strategies (:mod:`checkfree.recovery.neighbours`) execute the plans against local stages; the swarm
+(:mod:`checkfree.swarm.strategies`) executes the same plans against weights fetched from peers. The arithmetic is
+elsewhere (``weighted_average`` & co.); ω shares are computed when a plan is executed, from the sources' last
+gradient norms.
+
+Rules (paper §4.1–4.2; the README's settings table):
+
+| setting | lost transformer stage i | lost stage 0 |
+|---|---|---|
+| ``copy`` | copy of i−1 (of stage 2 for the first stage) | impossible |
+| ``zero`` | as ``copy``, then every block's MLP output projection zeroed | impossible |
+| ``random`` | a fresh N(0, init_std) initialisation | impossible |
+| ``average`` | uniform average of the two neighbours | impossible |
+| ``checkfree`` | ω-weighted average of the two neighbours (Eq. 2) | impossible |
+| ``checkfree_plus`` | first stage ← copy of stage 2, last ← copy of S−1, others as ``checkfree`` | E from stage 1's copy, E⁻¹ from stage S's |
+
+Neighbours are the nearest stages on each side that still serve (stage 0 never is one: its shapes differ). When
+a rule cannot apply, the fallback is: one live neighbour → a copy of it; none → a random init; for stage 0, a part
+whose holder is lost too → a random init of that part. A stage that still has a live replica is copied from it
+(``replica``, Adam state included): a partial failure loses nothing (SPEC §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+NEIGHBOUR_SETTINGS = ("copy", "zero", "random", "average", "checkfree", "checkfree_plus")
+"""Canonical settings whose lost stages this planner rebuilds from neighbours."""
+
+
+class RecoveryImpossible(ValueError):
+    """The setting has no rule for this loss (the message names the stage and why)."""
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """How one lost stage is rebuilt.
+
+    Attributes:
+        rule: "replica" (copy a live replica of the stage), "copy", "zero", "random", "average", "checkfree",
+            or "stage0_copy" (E and E⁻¹ from the copies stages 1 and S hold, CheckFree+).
+        sources: source stages, in combination order (left, right for "average" and "checkfree").
+        parts: for "stage0_copy", the part each source holds ("embedding" or "head").
+        with_optimizer: the source's Adam state and lr multiplier come along (exact copies only).
+        fresh_lr_scale: a fresh Adam at lr × lr_scale (every neighbour rule, SPEC §2).
+        fallback: why a simpler rule than the setting's own was used, or None.
+    """
+
+    rule: str
+    sources: tuple[int, ...] = ()
+    parts: tuple[str, ...] = ()
+    with_optimizer: bool = False
+    fresh_lr_scale: bool = True
+    fallback: str | None = None
+
+
+def live_neighbours(stage: int, lost: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:
+    """Nearest transformer stages left and right of ``stage`` that are not in ``lost`` (None where none is)."""
+    gone = set(lost)
+    left = stage - 1
+    while left >= 1 and left in gone:
+        left -= 1
+    right = stage + 1
+    while right <= n_stages and right in gone:
+        right += 1
+    return (left if left >= 1 else None), (right if right <= n_stages else None)
+
+
+def stage0_copy_holders(n_stages: int) -> dict[str, int]:
+    """CheckFree+ (paper §4.2, SPEC §3): stage 1 keeps a copy of E, stage S keeps a copy of E⁻¹."""
+    return {"embedding": 1, "head": n_stages}
+
+
+def plan(
+    failed: Iterable[int], n_stages: int, setting: str, live: Iterable[int] | None = None
+) -> dict[int, RecoveryPlan]:
+    """The plan of every stage in ``failed``.
+
+    Args:
+        failed: stages that lost at least one replica in this event (0..S).
+        n_stages: transformer stages S.
+        setting: a canonical neighbour setting (:data:`NEIGHBOUR_SETTINGS`).
+        live: stages with a serving replica after the event; default: every stage not in ``failed`` (the
+            simulator, where a failure loses every replica). Stages outside ``live`` are never sources.
+    Raises:
+        RecoveryImpossible: the setting cannot rebuild a lost stage (stage 0 without CheckFree+).
+        ValueError: an unknown setting or a stage outside 0..S.
+    """
+    if setting not in NEIGHBOUR_SETTINGS:
+        raise ValueError(f"setting {setting!r} has no neighbour plan; expected one of {NEIGHBOUR_SETTINGS}.")
+    failed = sorted(set(failed))
+    if any(not 0 <= s <= n_stages for s in failed):
+        raise ValueError(f"failed stages {failed} must lie in 0..{n_stages}.")
+    live_set = set(range(n_stages + 1)) - set(failed) if live is None else set(live)
+    lost = sorted(set(range(n_stages + 1)) - live_set)  # every stage without a serving replica
+    return {
+        s: RecoveryPlan("replica", (s,), with_optimizer=True, fresh_lr_scale=False)
+        if s in live_set
+        else _plan_lost(s, lost, n_stages, setting)
+        for s in failed
+    }
+
+
+def _plan_lost(stage: int, lost: list[int], n_stages: int, setting: str) -> RecoveryPlan:
+    if stage == 0:
+        if setting != "checkfree_plus":
+            raise RecoveryImpossible(
+                f"setting {setting!r} cannot recover stage 0 (embedding and head) when all its replicas are "
+                "lost; only checkfree_plus and the checkpoint-based strategies can."
+            )
+        holders = stage0_copy_holders(n_stages)
+        kept = tuple(p for p, h in holders.items() if h not in lost)
+        gone = [p for p in holders if p not in kept]
+        fallback = f"copy holder lost too: random init of {gone}" if gone else None
+        return RecoveryPlan("stage0_copy", tuple(holders[p] for p in kept), kept, fallback=fallback)
+    if setting == "random":
+        return RecoveryPlan("random")
+    if setting == "checkfree_plus":
+        partner = {1: 2, n_stages: n_stages - 1}.get(stage)
+        if partner is not None and partner >= 1 and partner not in lost:
+            return RecoveryPlan("copy", (partner,))
+    left, right = live_neighbours(stage, lost, n_stages)
+    if setting in ("copy", "zero"):
+        intended = stage - 1 if stage > 1 else 2
+        source = left if left is not None else right
+        if source is None:
+            return RecoveryPlan("random", fallback="no live transformer stage: random init")
+        return RecoveryPlan(
+            setting,
+            (source,),
+            fallback=None if source == intended else "intended source lost too: nearest live stage",
+        )
+    rule = "average" if setting == "average" else "checkfree"
+    if left is not None and right is not None:
+        return RecoveryPlan(rule, (left, right))
+    only = left if left is not None else right
+    if only is None:
+        return RecoveryPlan("random", fallback="no live transformer stage: random init")
+    return RecoveryPlan("copy", (only,), fallback="single live neighbour: copy")
