@@ -68,6 +68,8 @@ class SimulateOptions:
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
+    recovery_accounting: bool = True
+    """Per-failure accounting on every recovery record (weight distance, probe-loss spike; checkfree.accounting)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""
 
@@ -261,7 +263,17 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             device=device,
             progress=progress,
         )
-        trainer = Trainer(cfg, stages, batches, val, strategy, source, ctx, swaps=opts.swaps)
+        trainer = Trainer(
+            cfg,
+            stages,
+            batches,
+            val,
+            strategy,
+            source,
+            ctx,
+            swaps=opts.swaps,
+            recovery_accounting=opts.recovery_accounting,
+        )
         resume = opts.resume_from or (
             run_dir / "checkpoints" / f"iter_{opts.start_iter:07d}" if opts.start_iter > 0 else None
         )

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from checkfree import checkpointing
+from checkfree.accounting import weight_distance
 from checkfree.config import Config, config_from_dict
 from checkfree.model import build_hf_model, split_model
 from checkfree.recovery import REGISTRY, make_strategy
@@ -35,27 +36,6 @@ log = logging.getLogger(__name__)
 FIG2_RULES = ("random", "copy", "zero", "average", "checkfree", "checkfree_plus")
 """The neighbour rules of the paper's Fig. 2 (and its ablations): the default ``--strategies``."""
 MARKER = ".checkfree-probe"
-
-
-def weight_distance(lost: dict[str, torch.Tensor], rebuilt: dict[str, torch.Tensor]) -> tuple[float, float]:
-    """(‖W_rebuilt − W_lost‖ / ‖W_lost‖, cos(W_rebuilt, W_lost)) over every floating tensor of a stage, flattened.
-
-    Raises:
-        ValueError: the state dicts differ in keys or shapes, or the lost weights are all zero.
-    """
-    if lost.keys() != rebuilt.keys():
-        raise ValueError("lost and rebuilt stages differ in keys.")
-    keys = [k for k, v in lost.items() if v.is_floating_point()]
-    a = torch.cat([lost[k].detach().double().reshape(-1).cpu() for k in keys])
-    b = torch.cat([rebuilt[k].detach().double().reshape(-1).cpu() for k in keys])
-    if a.shape != b.shape:
-        raise ValueError("lost and rebuilt stages differ in shapes.")
-    norm = float(a.norm())
-    if norm == 0:
-        raise ValueError("the lost stage's weights are all zero: no relative distance.")
-    denom = norm * float(b.norm())
-    cosine = float(a @ b) / denom if denom else 0.0
-    return float((b - a).norm()) / norm, cosine
 
 
 @dataclass

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from checkfree import checkpointing
+from checkfree.accounting import RecoveryAccounting
 from checkfree.config import Config
 from checkfree.failures import StageFailureSource
 from checkfree.metrics import MetricsSink
@@ -84,6 +85,7 @@ class Trainer:
         ctx: RunContext,
         swaps: bool,
         config_json: dict[str, Any] | None = None,
+        recovery_accounting: bool = True,
     ):
         self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
         self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
@@ -95,6 +97,11 @@ class Trainer:
             torch.autocast("cuda", dtype=torch.bfloat16)
             if ctx.device.type == "cuda"
             else torch.autocast("cpu", enabled=False)
+        )
+        self.accounting = (
+            RecoveryAccounting(val_batches[0], lambda: self.autocast)
+            if recovery_accounting and val_batches
+            else None
         )
         self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
         self.last_eval: dict[str, float] = {}
@@ -158,9 +165,18 @@ class Trainer:
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
             return
-        for s in failed:
-            st.destroy(s)
-        for rec in self.strategy.recover(st, list(failed)):
+
+        def lose_and_recover() -> list:
+            for s in failed:
+                st.destroy(s)
+            return self.strategy.recover(st, list(failed))
+
+        records = (
+            lose_and_recover()
+            if self.accounting is None
+            else self.accounting.measure(st, failed, lose_and_recover)
+        )
+        for rec in records:
             self.counts["recoveries"] += 1
             self.counts["fallbacks"] += rec.fallback is not None
             self.counts["consecutive"] += rec.consecutive
@@ -320,4 +336,7 @@ class Trainer:
             **self.counts,
             "seconds": round(time.perf_counter() - t_start, 3),
             "strategy_stats": self.strategy.stats(),
+            "recovery_accounting_seconds": None
+            if self.accounting is None
+            else round(self.accounting.seconds, 6),
         }

@@ -86,6 +86,7 @@ def build_report(
                 refs.setdefault((r.config_name, r.failure_seed, r.world_size), r)
         pngs += plotting.validation_plots(groups, refs, target, out)
         pngs += [plotting.training_plot(g, out) for g in groups]
+        pngs += [p for p in [plotting.recovery_plot(runs, out)] if p is not None]
     text = markdown.render(groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs)
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")

@@ -6,7 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
-from checkfree.report import seeds
+from checkfree.report import recoveries, seeds
 from checkfree.report.analysis import Group, Row, Verdict, rate_context
 from checkfree.report.runs import Run, SwarmRun
 from checkfree.timing import (
@@ -273,6 +273,7 @@ def render(
         lines += results_table(g) + ["", "Where the time went:", ""] + cost_table(g) + [""]
     lines += ["## Paper orderings at this scale", ""] + verdict_lines(verdicts)
     lines += seeds.section(groups, verdicts)
+    lines += recoveries.section(runs)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += swarm_section(swarms)

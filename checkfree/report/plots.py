@@ -153,3 +153,31 @@ def training_plot(group: Group, out: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def recovery_plot(runs: list[Run], out: Path) -> Path | None:
+    """Loss spike against the rebuilt stage's distance to the lost one, one colour per rule; None if no run has
+    accounting fields."""
+    from checkfree.report.recoveries import recovery_rows
+
+    points: dict[str, list[tuple[float, float]]] = {}
+    for row in recovery_rows(runs):
+        x, y = row.record.get("weight_rel_l2"), row.record.get("loss_spike")
+        if isinstance(x, int | float) and isinstance(y, int | float):
+            points.setdefault(row.rule, []).append((float(x), float(y)))
+    if not points:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for rule, pts in sorted(points.items()):
+        pts = _finite(pts)
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=rule, s=18, color=_COLOURS.get(rule))
+    ax.axhline(0.0, color="black", linewidth=0.6)
+    ax.set_xlabel("‖W_rebuilt − W_lost‖ / ‖W_lost‖")
+    ax.set_ylabel("probe loss spike (nats)")
+    ax.set_title("Recoveries: loss spike vs weight distance")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "recoveries.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
