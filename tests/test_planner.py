@@ -8,7 +8,7 @@ import pytest
 
 from checkfree.model import build_stages
 from checkfree.recovery import make_strategy
-from checkfree.recovery.planner import RecoveryImpossible, plan
+from checkfree.recovery.planner import RecoveryImpossible, plan, plan_ladder
 from checkfree.swarm.strategies import make_recovery
 from checkfree.training_state import TrainingState, make_adam
 
@@ -86,3 +86,43 @@ def test_planner_rules_by_hand():
         plan([0], 4, "average")
     with pytest.raises(ValueError):
         plan([5], 4, "checkfree")
+
+
+@pytest.mark.parametrize(
+    ("rungs", "failed", "live", "stage", "rung", "rule", "sources"),
+    [
+        (("replica", "random"), [2], {0, 1, 2, 3, 4}, 2, "replica", "replica", (2,)),  # swarm: a live replica
+        (("redundant", "random"), [2], None, 2, "redundant", "replica", (1,)),  # Bamboo copy on stage 1
+        (("redundant", "random"), [0], None, 0, "redundant", "replica", (4,)),  # stage 0's copy: on stage S
+        (("ec_snapshot", "random"), [3], None, 3, "ec_snapshot", "ec_decode", (1, 2, 4)),
+        (("neighbour",), [2], None, 2, "neighbour", "checkfree", (1, 3)),
+        (("neighbour",), [0], None, 0, "neighbour", "stage0_copy", (1, 4)),
+        (("random",), [2], None, 2, "random", "random", ()),
+        # the full ladder steps down: 2's holder (1) survived; 3's holder (2) died, and two losses defeat parity
+        (
+            ("redundant", "ec_snapshot", "neighbour", "random"),
+            [2, 3],
+            None,
+            3,
+            "neighbour",
+            "checkfree",
+            (2, 4),
+        ),
+        (("redundant", "ec_snapshot", "neighbour", "random"), [2, 3], None, 2, "redundant", "replica", (1,)),
+        (("ec_snapshot", "neighbour"), [0, 1], None, 0, "neighbour", "stage0_copy", (4,)),  # E's holder lost
+    ],
+)
+def test_ladder_picks_each_rung_when_it_is_the_one_available(rungs, failed, live, stage, rung, rule, sources):
+    p = plan_ladder(failed, 4, rungs, live=live, ec_fresh=True)[stage]
+    assert (p.rung, p.rule, p.sources) == (rung, rule, sources)
+
+
+def test_swarm_ladder_takes_a_live_replica_then_the_neighbour_rule():
+    ladder = make_recovery("ladder")
+    assert ladder.swaps and ladder.keeps_stage0_copy
+    assert ladder.plan(2, set(), 4).rung == "replica"
+    assert (ladder.plan(2, {2}, 4).rung, ladder.plan(2, {2}, 4).sources) == ("neighbour", (1, 3))
+    assert ladder.plan(0, {0}, 4).rule == "stage0_copy"
+    with pytest.raises(RecoveryImpossible):
+        ladder.plan(2, {1, 2, 3, 4}, 4)
+    assert not plan_ladder([3], 4, ("ec_snapshot", "random"), ec_fresh=False)[3].rung == "ec_snapshot"

@@ -31,7 +31,9 @@ NOISE = [4.05 if i % 2 == 0 else 3.95 for i in range(60)]  # mean 4.0, σ 0.05 a
 
 def test_band_and_smoothing_by_hand():
     ref = Reference.of(run("nf", "no_failure", NOISE))
-    assert ref.band == pytest.approx(2 * 0.05, rel=1e-3)  # 2 σ (51 residuals: 26 of one sign, 25 of the other)
+    assert ref.band == pytest.approx(
+        2 * 0.05, rel=1e-3
+    )  # 2 σ (51 residuals: 26 of one sign, 25 of the other)
     assert ref.smoothed[30] == pytest.approx(4.0)
     spiked = [v + (0.6 if 20 <= i < 30 else 0.0) for i, v in enumerate(NOISE)]
     # since the failure at 20 the trailing mean holds 10 − k spiked values at iteration 29 + k: 0.06 excess first

@@ -26,14 +26,12 @@ import time
 from collections import Counter
 from typing import Any
 
-import torch
-
 from checkfree.config import parse_ladder_rungs
 from checkfree.recovery import planner
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
 from checkfree.recovery.ec_snapshot import ECSnapshot
-from checkfree.recovery.neighbours import CheckFreePlus, random_state, recovery_seed
-from checkfree.recovery.redundant import Redundant, predecessor
+from checkfree.recovery.neighbours import CheckFreePlus
+from checkfree.recovery.redundant import Redundant
 from checkfree.recovery.stage_copy import restore_copy
 from checkfree.training_state import TrainingState
 
@@ -52,6 +50,7 @@ class Ladder(RecoveryStrategy):
         self.redundant = Redundant(cfg, seed) if "redundant" in self.rungs else None
         self.ec = ECSnapshot(cfg, seed) if "ec_snapshot" in self.rungs else None
         self.neighbour = CheckFreePlus(cfg, seed) if "neighbour" in self.rungs else None
+        self.executor = self.neighbour or CheckFreePlus(cfg, seed)  # runs the neighbour/random plans
         self.used: Counter[str] = Counter()
 
     @property
@@ -87,57 +86,29 @@ class Ladder(RecoveryStrategy):
     # ------------------------------------------------------------------ recovery
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         lost = set(failed)
-        records: dict[int, RecoveryRecord] = {}
-        for j in sorted(lost):  # rung 2a: the predecessor's exact replica
-            t0 = time.perf_counter()
-            if self.redundant is not None and predecessor(j, state.n_stages) not in lost:
+        ec = self.ec
+        stale = None if ec is None or ec.parity is None else state.effective_iteration - ec.snapshot_effective
+        fresh = stale is not None and (not self.cfg.ladder_max_stale or stale <= self.cfg.ladder_max_stale)
+        plans = planner.plan_ladder(failed, state.n_stages, self.rungs, ec_fresh=fresh)
+        records = []
+        for j in sorted(failed):
+            t0, p = time.perf_counter(), plans[j]
+            if p.rung == "redundant":
                 restore_copy(self.redundant.replicas[j], state, j)
-                holder = predecessor(j, state.n_stages)
-                records[j] = RecoveryRecord(j, self.name, [holder], [1.0], rule="replica", seconds=0.0)
-                self._finish(records[j], "redundant", t0, lost)
-        decoded = self._ec_decode(state, lost, records)
-        remaining = [j for j in sorted(lost) if j not in records]
-        for j in remaining:  # rungs 3 and 4, from the stages alive or restored exactly
-            t0 = time.perf_counter()
-            records[j], rung = self._approximate(state, j, remaining, failed)
-            state.fresh_optimizer(j, self.cfg.lr_scale)
-            self._finish(records[j], rung, t0, lost)
-        if self.ec is not None and any(j >= 1 and j != decoded for j in lost):
-            self.ec.snapshot_round(
+                record = RecoveryRecord(j, self.name, list(p.sources), [1.0], rule=p.rule)
+            elif p.rung == "ec_snapshot":
+                record = ec.decode(state, j)
+            else:  # neighbour or random: the planner's rule, a fresh Adam at lr × lr_scale
+                new, record = self.executor.execute(state, j, p)
+                state.load_stage(j, new)
+                state.fresh_optimizer(j, self.cfg.lr_scale)
+            self._finish(record, p.rung, t0, lost)
+            records.append(record)
+        if ec is not None and any(plans[j].rung != "ec_snapshot" for j in lost if j >= 1):
+            ec.snapshot_round(
                 state
             )  # snapshots died with their stages: a new round makes the code complete again
-        return [records[j] for j in sorted(records)]
-
-    def _ec_decode(
-        self, state: TrainingState, lost: set[int], records: dict[int, RecoveryRecord]
-    ) -> int | None:
-        """Rung 2b: decode the only lost transformer stage from the parity, if fresh enough; its stage or None."""
-        transformer_lost = [j for j in lost if j >= 1]
-        if self.ec is None or self.ec.parity is None or len(transformer_lost) != 1:
-            return None
-        (j,) = transformer_lost
-        stale = state.effective_iteration - (self.ec.snapshot_effective or 0)
-        if j in records or (self.cfg.ladder_max_stale and stale > self.cfg.ladder_max_stale):
-            return None
-        t0 = time.perf_counter()
-        records[j] = self.ec.decode(state, j)
-        self._finish(records[j], "ec_snapshot", t0, lost)
-        return j
-
-    def _approximate(
-        self, state: TrainingState, j: int, remaining: list[int], failed: list[int]
-    ) -> tuple[RecoveryRecord, str]:
-        if self.neighbour is not None:
-            # stages restored exactly count as live neighbours; the stage-0 copies held by stages 1 and S died
-            # with them even if those were restored
-            live = set(range(state.n_stages + 1)) - set(remaining if j else failed)
-            plan = planner.plan([j], state.n_stages, "checkfree_plus", live=live)[j]
-            new, record = self.neighbour.execute(state, j, plan)
-            state.load_stage(j, new)
-            return record, "random" if record.rule == "random" else "neighbour"
-        gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, j))
-        state.load_stage(j, random_state(state.stages[j].state_dict(), gen, self.cfg.init_std))
-        return RecoveryRecord(j, self.name, [], None, rule="random"), "random"
+        return records
 
     def _finish(self, record: RecoveryRecord, rung: str, t0: float, lost: set[int]) -> None:
         record.strategy = self.name

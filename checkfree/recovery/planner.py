@@ -26,6 +26,7 @@ whose holder is lost too → a random init of that part. A stage that still has 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class RecoveryPlan:
         with_optimizer: the source's Adam state and lr multiplier come along (exact copies only).
         fresh_lr_scale: a fresh Adam at lr × lr_scale (every neighbour rule, SPEC §2).
         fallback: why a simpler rule than the setting's own was used, or None.
+        rung: the ladder rung (:func:`plan_ladder`) or None.
     """
 
     rule: str
@@ -57,6 +59,8 @@ class RecoveryPlan:
     with_optimizer: bool = False
     fresh_lr_scale: bool = True
     fallback: str | None = None
+    rung: str | None = None
+    """The exactness ladder's rung that produced this plan (:func:`plan_ladder`), else None."""
 
 
 def live_neighbours(stage: int, lost: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:
@@ -142,3 +146,71 @@ def _plan_lost(stage: int, lost: list[int], n_stages: int, setting: str) -> Reco
     if only is None:
         return RecoveryPlan("random", fallback="no live transformer stage: random init")
     return RecoveryPlan("copy", (only,), fallback="single live neighbour: copy")
+
+
+LADDER_RUNGS = ("replica", "redundant", "ec_snapshot", "neighbour", "random")
+"""The exactness ladder's rungs, most exact first (``replica``: a live replica, swarm only)."""
+
+
+def plan_ladder(
+    failed: Iterable[int],
+    n_stages: int,
+    rungs: Iterable[str],
+    live: Iterable[int] | None = None,
+    ec_fresh: bool = False,
+) -> dict[int, RecoveryPlan]:
+    """The exactness ladder: for each stage in ``failed``, the plan of the most exact rung that can apply.
+
+    Rungs, in order (each only when named in ``rungs``): ``replica`` (a live replica of the stage, Adam state
+    included); ``redundant`` (the Bamboo copy held by the predecessor in the ring 0 → 1 → … → S → 0, if the
+    predecessor did not fail: rule "replica", source the predecessor); ``ec_snapshot`` (the stage's snapshot
+    decoded from the parity block: only when it is the one transformer stage lost and ``ec_fresh`` says the
+    snapshot is young enough: rule "ec_decode"); ``neighbour`` (the CheckFree+ plan of :func:`plan`, from the
+    stages alive or restored exactly; stage 0 from the copies of stages 1 and S, which die with them even when
+    those are restored); ``random`` (a fresh init). Each plan's ``rung`` names the rung used.
+
+    Raises:
+        ValueError: an unknown rung, or neither ``neighbour`` nor ``random`` among them.
+    """
+    rungs = set(rungs)
+    if rungs - set(LADDER_RUNGS) or not {"neighbour", "random"} & rungs:
+        raise ValueError(
+            f"ladder rungs {sorted(rungs)} must be from {LADDER_RUNGS} and hold neighbour or random."
+        )
+    failed = sorted(set(failed))
+    live_set = set(range(n_stages + 1)) - set(failed) if live is None else set(live)
+    lost = [s for s in failed if s not in live_set]
+    plans: dict[int, RecoveryPlan] = {}
+    for s in failed:
+        if s in live_set and "replica" in rungs:
+            plans[s] = RecoveryPlan(
+                "replica", (s,), with_optimizer=True, fresh_lr_scale=False, rung="replica"
+            )
+    for s in lost:
+        holder = s - 1 if s >= 1 else n_stages
+        if "redundant" in rungs and holder not in failed:
+            plans[s] = RecoveryPlan(
+                "replica", (holder,), with_optimizer=True, fresh_lr_scale=False, rung="redundant"
+            )
+    transformer_lost = [s for s in lost if s >= 1]
+    if (
+        "ec_snapshot" in rungs
+        and ec_fresh
+        and len(transformer_lost) == 1
+        and transformer_lost[0] not in plans
+    ):
+        s = transformer_lost[0]
+        others = tuple(t for t in range(1, n_stages + 1) if t != s)
+        plans[s] = RecoveryPlan(
+            "ec_decode", others, with_optimizer=True, fresh_lr_scale=False, rung="ec_snapshot"
+        )
+    restored = set(
+        plans
+    )  # exactly: they serve as neighbours, but the stage-0 copies they held died with them
+    for s in [s for s in failed if s not in plans]:
+        if "neighbour" in rungs:
+            p = plan([s], n_stages, "checkfree_plus", live=live_set | restored if s else live_set)[s]
+            plans[s] = dataclasses.replace(p, rung="random" if p.rule == "random" else "neighbour")
+        else:
+            plans[s] = RecoveryPlan("random", rung="random")
+    return plans

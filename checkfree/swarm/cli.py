@@ -38,9 +38,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--setting",
         required=True,
-        choices=["no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus"],
+        choices=["no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder"],
         help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
-        "ours (= checkfree): CheckFree; ours-plus (= checkfree_plus): CheckFree+ (swaps on odd microbatches)",
+        "ours (= checkfree): CheckFree; ours-plus (= checkfree_plus): CheckFree+ (swaps on odd microbatches); "
+        "ladder: a live replica, else the CheckFree+ rule",
     )
     r.add_argument(
         "--rate",

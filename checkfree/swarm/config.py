@@ -26,7 +26,7 @@ from typing import Any
 from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
-SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus")
+SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder")
 """The ``SETTING`` argument of run_throughput.sh (SPEC §8, issue)."""
 DATA_SOURCES = ("corpus", "synthetic")
 

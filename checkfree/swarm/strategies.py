@@ -97,8 +97,26 @@ class CheckFreePlus(CheckFree):
     keeps_stage0_copy = True
 
 
+class Ladder(CheckFreePlus):
+    """The exactness ladder (:func:`checkfree.recovery.planner.plan_ladder`) with the rungs the swarm keeps: a
+    live replica, then the CheckFree+ neighbour rule (stage 0 from the copies on stages 1 and S)."""
+
+    name = "ladder"
+    rungs = ("replica", "neighbour", "random")
+
+    def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        live = set(range(n_stages + 1)) - set(lost)
+        plan = planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage]
+        if plan.rule == "random":
+            raise RecoveryImpossible(
+                f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
+                "rule, so there is nothing to recover from."
+            )
+        return plan
+
+
 STRATEGIES: dict[str, type[SwarmRecovery]] = {
-    cls.name: cls for cls in (NoFailure, Checkpoint, CheckFree, CheckFreePlus)
+    cls.name: cls for cls in (NoFailure, Checkpoint, CheckFree, CheckFreePlus, Ladder)
 }
 
 
@@ -113,6 +131,6 @@ def make_recovery(setting: str) -> SwarmRecovery:
     if canonical not in STRATEGIES:
         raise ValueError(
             f"setting {setting!r} has no swarm implementation; expected one of no_failure, checkpoint, "
-            "ours (checkfree), ours-plus (checkfree_plus)."
+            "ours (checkfree), ours-plus (checkfree_plus), ladder."
         )
     return STRATEGIES[canonical]()
