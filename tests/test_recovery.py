@@ -241,3 +241,32 @@ def test_contract_every_strategy_rebuilds_every_failed_stage(name):
     for stage in trainer.state.stages:
         assert all(torch.isfinite(p).all() for p in stage.parameters())
     assert math.isfinite(trainer.step())
+
+
+@pytest.mark.parametrize(
+    "setting, failed, stage, expected",
+    [
+        # redundant: stage 2 comes back from stage 1's replica (2.0); stage 3's replica died with stage 2, so
+        # CheckFree from stage 2 (ω=2, value 2) and stage 4 (ω=6, value 4): (2·2 + 6·4) / 8 = 3.5
+        ("redundant", [2, 3], 3, 3.5),
+        # ec_snapshot: two losses, one parity block: CheckFree from 1 (ω=1, value 1) and 4 (ω=6, value 4)
+        ("ec_snapshot", [2, 3], 2, 25 / 7),
+        ("ec_snapshot", [2, 3], 3, 25 / 7),
+    ],
+)
+def test_baseline_fallbacks_weight_each_neighbour_by_its_own_gradient_norm(setting, failed, stage, expected):
+    """The CheckFree fallback of redundant and ec_snapshot gives ω_left to the left stage (not swapped)."""
+    state = make_state()
+    strategy = make_strategy(setting, tiny_config(snapshot_every=4), False)
+    strategy.setup(state)
+    strategy.begin_iteration(state, failed)
+    for s in failed:
+        state.destroy(s)
+    records = {r.stage: r for r in strategy.recover(state, failed)}
+    assert weight(state, stage) == pytest.approx(expected)
+    assert records[stage].rule == "checkfree" and records[stage].fallback
+    left, right = records[stage].sources
+    omega = state.grad_norms
+    assert records[stage].weights == pytest.approx(
+        [omega[left] / (omega[left] + omega[right]), omega[right] / (omega[left] + omega[right])]
+    )
