@@ -6,7 +6,8 @@ trains or loads a tokenizer, tokenizes once into an on-disk cache and memory-map
 """
 
 from checkfree.data.batches import BatchSource, validation_batches
-from checkfree.data.corpus import Corpus, DataSpec, load_documents, prepare_corpus
+from checkfree.data.corpus import Corpus, DataSpec, load_documents, prepare_corpus, verify_corpus
+from checkfree.data.shards import TokenStream
 from checkfree.data.sources import HUB_DATASETS, DataUnavailableError, shakespeare_files
 from checkfree.data.tokenizer import EOS_TOKEN, HUB_TOKENIZERS
 
@@ -16,10 +17,12 @@ __all__ = [
     "HUB_TOKENIZERS",
     "BatchSource",
     "Corpus",
+    "TokenStream",
     "DataSpec",
     "DataUnavailableError",
     "load_documents",
     "prepare_corpus",
     "shakespeare_files",
     "validation_batches",
+    "verify_corpus",
 ]
