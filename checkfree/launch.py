@@ -65,6 +65,7 @@ class SimulateOptions:
     iteration_seconds: float = PAPER_ITERATION_SECONDS
     resume_from: Path | None = None
     device: str = "auto"
+    max_train_tokens: int | None = None
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
@@ -81,6 +82,7 @@ def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
         "checkpoint_interval": opts.checkpoint_interval,
         "seed": opts.seed,
         "grad_norm_mode": opts.grad_norm_mode,
+        "max_train_tokens": opts.max_train_tokens,
         **opts.extra,
     }
     cfg = load_config(opts.config, overrides)
@@ -173,20 +175,39 @@ def default_cache_dir() -> Path:
 
 
 def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
-    """The :class:`checkfree.data.DataSpec` of a config (hub datasets stream just enough tokens for the run)."""
-    from checkfree.data import DataSpec
+    """The :class:`checkfree.data.DataSpec` of a config. A hub dataset streams and caches the run's token budget
+    (``train_token_budget``: max_iterations × tokens per iteration × W); a local corpus is cached whole. The
+    config's ``max_train_tokens`` (``--max-train-tokens``) caps either."""
+    from checkfree.data import DataSpec, train_token_budget
 
-    needed = cfg.tokens_per_iteration * world_size * max(1, cfg.max_iterations)
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    wanted = budget if cfg.dataset in HUB_DATASET_NAMES else None
+    if cfg.max_train_tokens is not None:
+        wanted = min(wanted or cfg.max_train_tokens, cfg.max_train_tokens)
     return DataSpec(
         dataset=cfg.dataset,
         tokenizer=cfg.tokenizer_name,
         vocab_size=cfg.vocab_size,
         seq_len=cfg.seq_l,
         validation_sequences=cfg.validation * cfg.batch_size,
-        max_train_tokens=cfg.max_train_tokens or (needed if cfg.dataset in HUB_DATASET_NAMES else None),
+        max_train_tokens=wanted,
         seed=cfg.data_seed,
         cache_dir=Path(cache_dir or default_cache_dir()).resolve(),
     )
+
+
+def data_budget_line(cfg: Config, world_size: int, stream_tokens: int) -> tuple[str, float]:
+    """One log line: the run's training-token budget and how many epochs of the cached stream that is."""
+    from checkfree.data import epochs, train_token_budget
+
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    n = epochs(budget, stream_tokens, cfg.seq_l)
+    line = (
+        f"token budget {budget:,} = {cfg.max_iterations} iterations × {cfg.mb_count} microbatches × "
+        f"{cfg.batch_size} sequences × W {world_size} × {cfg.seq_l + 1} tokens, over {stream_tokens:,} training "
+        f"tokens: {n:.3f} epochs"
+    )
+    return line, n
 
 
 def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
@@ -224,6 +245,8 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         log.info("run directory %s", run_dir)
         corpus, batches, val = _prepare_data(cfg, opts, rank, world)
         log.info("data: %s", corpus.describe())
+        budget_line, data_epochs = data_budget_line(cfg, world, len(corpus.train))
+        log.info("data: %s", budget_line)
         strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
         source = failure_source(opts, cfg, p)
         if (opts.fail_stage0 or _schedule_has_stage0(source)) and not strategy.recovers_stage0:
@@ -284,6 +307,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
                 "run_dir": str(run_dir),
                 "tokenizer_dir": str(corpus.tokenizer_dir),
                 "vocab_size": corpus.vocab_size,
+                "data_epochs": round(data_epochs, 4),
             }
         )
         if rank == 0:
