@@ -30,8 +30,10 @@ from checkfree.failures import (
 )
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
+from checkfree.monitoring import TENSORBOARD_DIR, TensorBoardMirror, progress_bar
 from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.simulate import RunContext, Trainer, autocast_context
+from checkfree.throughput import device_peak
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,10 @@ class SimulateOptions:
     resume_from: Path | None = None
     device: str = "auto"
     max_train_tokens: int | None = None
+    peak_tflops: float | None = None
+    compile: bool = False
+    autocast: str = "auto"
+    tensorboard: bool = False
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
@@ -86,6 +92,9 @@ def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
         **opts.extra,
     }
     cfg = load_config(opts.config, overrides)
+    autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
+    if opts.peak_tflops is not None and not opts.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")
     strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
     p, source = resolve_failure_probability(
         cfg.failure_probabilities, opts.rate, opts.iteration_seconds, opts.failure_probability
@@ -144,6 +153,9 @@ def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.devic
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+        # fp32 matmuls outside autocast (the loss head's .float(), recovery never multiplies) may use TF32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     if env_world == 1:
         return 0, 1, None, device
     if not dist.is_initialized():  # an embedding program (or a test) may have made the group already
@@ -263,18 +275,19 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             cfg.grad_norm_mode,
         )
         stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed, corpus.eos_id), cfg)
+        peak = device_peak(device, opts.peak_tflops)
+        log.info(
+            "device %s, autocast %s, compile %s; MFU peak: %s",
+            device,
+            opts.autocast,
+            opts.compile,
+            peak.source,
+        )
         progress = None
-        if rank == 0 and opts.progress:
-            from tqdm import tqdm
-
-            progress = tqdm(
-                total=cfg.max_iterations,
-                initial=opts.start_iter,
-                desc=strategy.name,
-                unit="it",
-                dynamic_ncols=True,
-            )
-        sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None)
+        if rank == 0 and opts.progress:  # a bar on a terminal only; log lines otherwise (monitoring.py)
+            progress = progress_bar(cfg.max_iterations, opts.start_iter, strategy.name)
+        mirror = TensorBoardMirror(run_dir / TENSORBOARD_DIR) if opts.tensorboard and rank == 0 else None
+        sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None, mirror=mirror)
         ctx = RunContext(
             sink=sink,
             checkpoint_dir=run_dir / "checkpoints",
@@ -283,6 +296,9 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             group=group,
             device=device,
             progress=progress,
+            autocast=opts.autocast,
+            compile=opts.compile,
+            peak=peak,
         )
         trainer = Trainer(cfg, stages, batches, val, strategy, source, ctx, swaps=opts.swaps)
         resume = opts.resume_from or (
