@@ -82,7 +82,7 @@ def test_a_redirected_run_logs_lines_and_writes_tensorboard_and_throughput(tmp_p
             stdout=subprocess.PIPE,
             timeout=110,
         )
-    log = (tmp_path / "stderr.log").read_text()
+    log = (tmp_path / "stderr.log").read_bytes().decode()  # read_text would turn "\r" into "\n"
     assert proc.returncode == 0, log[-2000:]
     assert "\r" not in log and log.count("| loss ") == 4 and "tok/s | MFU" in log
     assert "token budget 272 = 4 iterations × 2 microbatches × 2 sequences × W 1 × 17 tokens" in log
