@@ -74,8 +74,24 @@ def test_a_redirected_run_logs_lines_and_writes_tensorboard_and_throughput(tmp_p
     run_dir = tmp_path / "run"
     with open(tmp_path / "stderr.log", "w") as err:  # not a terminal: no bar frames
         proc = subprocess.run(
-            [sys.executable, "-m", "checkfree", "simulate", "--setting", "checkfree_plus", "--config", str(config)]
-            + ["--failure-probability", "0.3", "--run-dir", str(run_dir), "--cache-dir", str(tmp_path / "cache")]
+            [
+                sys.executable,
+                "-m",
+                "checkfree",
+                "simulate",
+                "--setting",
+                "checkfree_plus",
+                "--config",
+                str(config),
+            ]
+            + [
+                "--failure-probability",
+                "0.3",
+                "--run-dir",
+                str(run_dir),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
             + ["--tensorboard", "--peak-tflops", "0.05"],
             cwd=REPO,
             stderr=err,

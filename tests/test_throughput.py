@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ScriptedFailures, make_trainer, tiny_config
 
 from checkfree.config import load_config
 from checkfree.metrics import MetricsSink
@@ -17,6 +16,8 @@ from checkfree.throughput import (
     model_flops_per_token,
     stages_flops_per_token,
 )
+
+from helpers import ScriptedFailures, make_trainer, tiny_config
 
 
 class ListSink(MetricsSink):
@@ -72,8 +73,10 @@ def test_bf16_autocast_trains_two_iterations_on_cpu_with_fp32_master_weights_and
     trainer.ctx.autocast = "bf16"
     trainer.autocast = autocast_context(trainer.ctx.device, "bf16")  # as RunContext(autocast="bf16") sets it
     seen: list[torch.dtype] = []
-    hook = trainer.state.stages[1].layers[0].mlp.down_proj.register_forward_hook(
-        lambda m, i, out: seen.append(out.dtype)
+    hook = (
+        trainer.state.stages[1]
+        .layers[0]
+        .mlp.down_proj.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     )
     trainer.state.stages[0].lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     losses = [trainer.step() for _ in range(2)]
@@ -84,7 +87,9 @@ def test_bf16_autocast_trains_two_iterations_on_cpu_with_fp32_master_weights_and
         assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in stage.parameters())
         for state in opt.state.values():
             assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
-    assert [r["kind"] for r in sink.records].count("recovery") == 1  # stage 2 failed at iteration 1: recovered
+    assert [r["kind"] for r in sink.records].count(
+        "recovery"
+    ) == 1  # stage 2 failed at iteration 1: recovered
     train = [r for r in sink.records if r["kind"] == "train"]
     assert all(r["tokens_per_second"] > 0 and "mfu" in r for r in train)
 
