@@ -70,6 +70,7 @@ class SimulateOptions:
     max_train_tokens: int | None = None
     peak_tflops: float | None = None
     compile: bool = False
+    compile_backend: str = "inductor"
     autocast: str = "auto"
     tensorboard: bool = False
     cache_dir: Path | None = None
@@ -298,6 +299,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             progress=progress,
             autocast=opts.autocast,
             compile=opts.compile,
+            compile_backend=opts.compile_backend,
             peak=peak,
         )
         trainer = Trainer(cfg, stages, batches, val, strategy, source, ctx, swaps=opts.swaps)

@@ -89,6 +89,8 @@ class RunContext:
     """"auto" (bf16 on CUDA, off on CPU), "bf16" (also on CPU: the same code path, ~400× slower there) or "off"."""
     compile: bool = False
     """torch.compile each stage in place (``nn.Module.compile``: parameter names and state dicts unchanged)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
     peak: Peak | None = None
     """The device peak MFU divides by (checkfree.throughput.device_peak); None: MFU is not reported."""
 
@@ -118,7 +120,7 @@ class Trainer:
         self.autocast = autocast_context(ctx.device, ctx.autocast)
         if ctx.compile:
             for s in stages:
-                s.compile()  # in place: recovery and checkpoints see the same parameter names
+                s.compile(backend=ctx.compile_backend)  # in place: recovery and checkpoints keep their names
         self.last_rate: dict[str, float | None] = {"tokens_per_second": 0.0, "mfu": None}
         self.meter = ThroughputMeter(
             stages_flops_per_token(stages, cfg.n_layers, cfg.dmodel, cfg.seq_l),
