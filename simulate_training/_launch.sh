@@ -21,10 +21,13 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 args=(simulate --setting "$setting" --world-size "$world" --rate "$rate" --config "$config"
       --start-iter "$start" "$swaps" "$@")
 # More than one machine (README: Multi-node): NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as torchrun names them;
-# WORLD_SIZE counts the replicas of all nodes, NNODES must divide it. TORCHRUN_ARGS adds torchrun options (--rdzv-*).
+# WORLD_SIZE counts the replicas of all nodes, NNODES must divide it. TORCHRUN_ARGS adds torchrun options; with
+# --rdzv-* among them, they replace the static MASTER_ADDR rendezvous.
 nnodes=${NNODES:-1}
 case "$nnodes" in ''|*[!0-9]*|0) echo "NNODES is '$nnodes'; expected a positive integer." >&2; exit 2;; esac
-if [ "$nnodes" -gt 1 ]; then
+if [[ " ${TORCHRUN_ARGS:-}" == *" --rdzv"* ]]; then
+  rdzv=(--nnodes="$nnodes")  # the user's own rendezvous (e.g. --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT)
+elif [ "$nnodes" -gt 1 ]; then
   node_rank=${NODE_RANK:-}
   case "$node_rank" in ''|*[!0-9]*) echo "NODE_RANK is '$node_rank'; expected 0..$((nnodes - 1)) with NNODES=$nnodes." >&2; exit 2;; esac
   [ "$node_rank" -lt "$nnodes" ] || { echo "NODE_RANK is $node_rank; expected 0..$((nnodes - 1)) with NNODES=$nnodes." >&2; exit 2; }
