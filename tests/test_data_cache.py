@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_data import WORDS, _spec, _write_tiny_corpus
 
-from checkfree.data import DataSpec, epochs, prepare_corpus, train_token_budget, verify_corpus
+from checkfree.data import DataSpec, epochs, prepare_corpus, sources, train_token_budget, verify_corpus
 from checkfree.data import build as build_mod
 
 from helpers import sigkill_when
@@ -133,3 +133,39 @@ def test_a_budget_caps_the_cache_and_a_larger_budget_extends_it(tmp_path, monkey
     assert {f: (small.path / f).stat().st_mtime_ns for f in first} == first
     assert np.array_equal(np.asarray(whole.train)[:1500], np.asarray(small.train))
     assert time.perf_counter() - t0 < 30
+
+
+@pytest.mark.timeout(60)
+def test_an_endless_hub_stream_is_cached_up_to_the_budget_then_extended(tmp_path, monkeypatch):
+    rng = np.random.default_rng(0)
+    pool = [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 80)) for _ in range(50)]
+    pulled: list[int] = []
+
+    def endless(hub, seed, hf_cache_dir):  # stands in for datasets' streaming, shuffled hub rows
+        i = 0
+        while True:
+            pulled.append(i)
+            yield f"story {i}: {pool[i % len(pool)]}."
+            i += 1
+
+    monkeypatch.setattr(sources, "hub_reachable", lambda *a, **k: True)
+    monkeypatch.setattr(sources, "_hub_rows", endless)
+    monkeypatch.setattr(build_mod, "BPE_TRAIN_MAX_BYTES", 20_000)
+    monkeypatch.setattr(build_mod, "SHARD_TEXT_BYTES", SMALL_SHARDS)
+    spec = DataSpec(
+        "TinyStories",
+        vocab_size=300,
+        seq_len=16,
+        validation_sequences=4,
+        max_train_tokens=2000,
+        cache_dir=tmp_path / "cache",
+    )
+    small = prepare_corpus(spec)
+    assert len(small.train) == 2000 and not small.exhausted
+    assert max(pulled) < 200  # the stream was read as far as the budget needed, not to an end
+    val_docs = int(np.sum(small.val == small.eos_id))
+    assert 1 <= val_docs <= 3  # the first documents of the (shuffled) stream are the validation set
+    bigger = prepare_corpus(DataSpec(**{**spec.__dict__, "max_train_tokens": 6000}))
+    assert bigger.path == small.path and len(bigger.train) == 6000
+    assert np.array_equal(np.asarray(bigger.train)[:2000], np.asarray(small.train))
+    assert verify_corpus(bigger) == []

@@ -74,7 +74,10 @@ def test_multinode_settings_are_checked_and_passed_to_torchrun():
     assert "--nnodes=2 --node_rank=1 --master_addr=10.0.0.7 --master_port=29411 --nproc_per_node=2" in first
     assert "--world-size 4" in first
     elastic = dry(NNODES="2", TORCHRUN_ARGS="--rdzv-backend=c10d --rdzv-endpoint=10.0.0.7:29400")
-    assert "run --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.7:29400 --nproc_per_node=2" in elastic.stdout
+    assert (
+        "run --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=10.0.0.7:29400 --nproc_per_node=2"
+        in elastic.stdout
+    )
     extra = dry(TORCHRUN_ARGS="--max-restarts=0")
     assert "--standalone --nnodes=1 --max-restarts=0 --nproc_per_node=4" in extra.stdout
     for env, message in [
