@@ -242,13 +242,15 @@ class Trainer:
     def evaluate(self) -> tuple[float, float]:
         """Mean validation cross-entropy (nats) and perplexity, stages in order; batches split over ranks."""
         st, ctx = self.state, self.ctx
-        total = torch.zeros(2, dtype=torch.float64)
+        # on the device: NCCL reduces CUDA tensors only; and no host sync per validation batch
+        total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
         for i in range(ctx.rank, len(self.val_batches), ctx.world_size):
             with self.autocast:
                 loss = forward_loss(
                     st.stages, to_device(self.val_batches[i], ctx.device), range(1, self.cfg.n_stages + 1)
                 )
-            total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+            total[0] += loss.detach().double()
+            total[1] += 1.0
         if ctx.world_size > 1:
             dist.all_reduce(total, group=ctx.group)
         val = float(total[0] / total[1])
@@ -308,10 +310,10 @@ class Trainer:
         """Whether every DP rank holds bit-identical weights (they must: same failures, same recoveries)."""
         if self.ctx.world_size == 1:
             return True
-        checksum = torch.zeros(2, dtype=torch.float64)
+        checksum = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # NCCL: CUDA tensors only
         for stage in self.state.stages:
             for p in stage.parameters():
-                checksum[0] += p.detach().double().sum().cpu()
+                checksum[0] += p.detach().double().sum()
         checksum[1] = -checksum[0]
         dist.all_reduce(checksum, op=dist.ReduceOp.MAX, group=self.ctx.group)
         consistent = bool(checksum[0] == -checksum[1])
