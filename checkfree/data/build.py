@@ -105,11 +105,16 @@ def build_entry(spec: DataSpec, source: Source, kind: str, key: str, entry: Path
             shutil.rmtree(entry)
         entry.mkdir(parents=True)
         meta = _build_prefix(spec, source, kind, key, entry)
-    else:
+    else:  # resume or extend: keep the listed shards up to the first whose size or sha256 is wrong
         good = shards.check_sizes(entry, meta["shards"], np.dtype(meta["dtype"]))
+        bad = set(shards.verify(entry, meta["shards"][:good]))
+        good = next((i for i, r in enumerate(meta["shards"][:good]) if r["file"] in bad), good)
         if good < len(meta["shards"]):
+            logger.warning("data cache %s: rewriting shards %d.. (damaged or missing)", entry, good)
             meta["shards"] = meta["shards"][:good]
             meta["exhausted"] = False
+            meta["train_tokens"] = sum(int(r["tokens"]) for r in meta["shards"])
+            meta["train_documents"] = sum(int(r["documents"]) for r in meta["shards"])
     _extend(spec, source, entry, meta)
 
 
