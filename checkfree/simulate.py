@@ -115,6 +115,8 @@ class Trainer:
         self.config_json = config_json or cfg.to_json()
         for s in stages:
             s.to(ctx.device)
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)  # summary.json's peak memory is this run's
         self.state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
         # bf16 autocast: parameters (the master weights), gradients and Adam state stay fp32.
         self.autocast = autocast_context(ctx.device, ctx.autocast)

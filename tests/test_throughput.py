@@ -8,7 +8,8 @@ import torch
 from checkfree.config import load_config
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_stages
-from checkfree.simulate import autocast_context
+from checkfree.recovery import make_strategy
+from checkfree.simulate import RunContext, Trainer, autocast_context
 from checkfree.throughput import (
     Peak,
     ThroughputMeter,
@@ -17,7 +18,7 @@ from checkfree.throughput import (
     stages_flops_per_token,
 )
 
-from helpers import ScriptedFailures, make_trainer, tiny_config
+from helpers import VOCAB, RandomBatches, ScriptedFailures, tiny_config
 
 
 class ListSink(MetricsSink):
@@ -69,9 +70,18 @@ def test_device_peak_comes_from_the_flag_or_a_measured_cpu_matmul():
 def test_bf16_autocast_trains_two_iterations_on_cpu_with_fp32_master_weights_and_adam_state():
     cfg = tiny_config(dmodel=32, seq_l=16, batch_size=2, mb_count=2, max_iterations=2)
     sink = ListSink()
-    trainer = make_trainer(cfg, "checkfree", failures=ScriptedFailures({1: [2]}), swaps=True, sink=sink)
-    trainer.ctx.autocast = "bf16"
-    trainer.autocast = autocast_context(trainer.ctx.device, "bf16")  # as RunContext(autocast="bf16") sets it
+    trainer = Trainer(
+        cfg,
+        build_stages(cfg, VOCAB, seed=0),
+        RandomBatches(cfg),
+        [RandomBatches(cfg, seed=99).batch(0)],
+        make_strategy("checkfree", cfg, True),
+        ScriptedFailures({1: [2]}),
+        RunContext(
+            sink=sink, autocast="bf16"
+        ),  # what the hidden `--autocast bf16` sets: the CUDA path on a CPU
+        swaps=True,
+    )
     seen: list[torch.dtype] = []
     hook = (
         trainer.state.stages[1]
