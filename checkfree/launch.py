@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import logging
 import os
@@ -96,6 +97,10 @@ def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
     autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
     if opts.peak_tflops is not None and not opts.peak_tflops > 0:
         raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")
+    if opts.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError(
+            "--tensorboard needs the tensorboard package (pinned in requirements.txt); run ./setup.sh."
+        )
     strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
     p, source = resolve_failure_probability(
         cfg.failure_probabilities, opts.rate, opts.iteration_seconds, opts.failure_probability
@@ -154,7 +159,7 @@ def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.devic
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
-        # fp32 matmuls outside autocast (the loss head's .float(), recovery never multiplies) may use TF32
+        # fp32 matmuls (autocast off, or ops autocast keeps in fp32) may use TF32 tensor cores
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     if env_world == 1:
