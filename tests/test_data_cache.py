@@ -120,6 +120,22 @@ def test_token_budget_and_epochs_by_hand():
 
 
 @pytest.mark.timeout(60)
+def test_extending_a_cache_rewrites_a_shard_whose_sha256_is_wrong(tmp_path, monkeypatch, caplog):
+    _write_tiny_corpus(tmp_path / "txt", n_files=30)
+    monkeypatch.setattr(build_mod, "SHARD_TEXT_BYTES", SMALL_SHARDS)
+    small = prepare_corpus(_spec(tmp_path, max_train_tokens=3000))
+    reference = np.asarray(small.train).copy()
+    shard = small.path / _meta(small.path)["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0xFF  # same size: only the sha256 tells
+    shard.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="checkfree.data"):
+        whole = prepare_corpus(_spec(tmp_path))
+    assert "rewriting shards 1.." in caplog.text
+    assert verify_corpus(whole) == [] and np.array_equal(np.asarray(whole.train)[:3000], reference)
+
+
+@pytest.mark.timeout(60)
 def test_a_budget_caps_the_cache_and_a_larger_budget_extends_it(tmp_path, monkeypatch):
     _write_tiny_corpus(tmp_path / "txt", n_files=30)
     monkeypatch.setattr(build_mod, "SHARD_TEXT_BYTES", SMALL_SHARDS)

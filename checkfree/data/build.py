@@ -21,6 +21,7 @@ import array
 import json
 import logging
 import os
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -100,8 +101,6 @@ def build_entry(spec: DataSpec, source: Source, kind: str, key: str, entry: Path
     meta, _ = read_meta(entry, key)
     if meta is None:
         if entry.exists():
-            import shutil
-
             shutil.rmtree(entry)
         entry.mkdir(parents=True)
         meta = _build_prefix(spec, source, kind, key, entry)
@@ -115,6 +114,7 @@ def build_entry(spec: DataSpec, source: Source, kind: str, key: str, entry: Path
             meta["exhausted"] = False
             meta["train_tokens"] = sum(int(r["tokens"]) for r in meta["shards"])
             meta["train_documents"] = sum(int(r["documents"]) for r in meta["shards"])
+            shards.write_json_atomic(entry / "meta.json", meta)  # never list a damaged shard again
     _extend(spec, source, entry, meta)
 
 
