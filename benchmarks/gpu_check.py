@@ -59,7 +59,7 @@ def smoke_setup(root: Path) -> str:
         lines = [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 10)) + "." for _ in range(30)]
         (root / "corpus" / f"doc_{f:02d}.txt").write_text("\n".join(lines) + "\n")
     path = root / "micro_config.json"
-    path.write_text(json.dumps({**MICRO, "dataset": str(root / "corpus"), "max_iterations": 6}))
+    path.write_text(json.dumps({**MICRO, "dataset": str(root / "corpus"), "max_iterations": 4}))
     return str(path)
 
 
@@ -229,9 +229,9 @@ def main() -> int:
     print(f"gpu_check on {args.device} (smoke {args.smoke}); runs in {args.root}", flush=True)
     if args.smoke:
         args.cache_dir = args.cache_dir or args.root / "cache"
-        args.iterations, args.rounds, args.big_iterations = 1, 1, 3
+        args.iterations, args.rounds, args.big_iterations = 1, 1, 2
         big, big_extra = smoke_setup(args.root), {}
-        small = [("micro", big, 6, {"failure_probability": 0.3})]
+        small = [("micro", big, 4, {"failure_probability": 0.3})]
     else:
         args.big_iterations = 30
         big, big_extra = "124M_config.json", {"dataset": "Shakespeare", "tokenizer": "bpe"}
