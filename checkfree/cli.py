@@ -119,7 +119,30 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="override any config key, e.g. --set checkpoint_every=50 (JSON value)",
     )
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no tqdm bar (it is drawn on a terminal only)",
+    )
+    p.add_argument(
+        "--max-train-tokens",
+        type=int,
+        help="cap on the training tokens to cache (default: the run's budget for hub datasets, all of a local corpus)",
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        help="device peak TFLOP/s for MFU (default: known GPUs, or measured on a CPU)",
+    )
+    p.add_argument(
+        "--compile", action="store_true", help="torch.compile each stage (off by default; see README: CUDA)"
+    )
+    p.add_argument(
+        "--tensorboard", action="store_true", help="write TensorBoard scalars to RUN_DIR/tensorboard/"
+    )
+    # bf16 autocast on any device: exercises the CUDA mixed-precision path on a CPU (tests); not for real runs
+    p.add_argument("--autocast", choices=["auto", "bf16", "off"], default="auto", help=argparse.SUPPRESS)
     p.add_argument(
         "--no-recovery-accounting",
         dest="recovery_accounting",

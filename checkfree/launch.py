@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
 import json
 import logging
 import os
@@ -30,8 +31,10 @@ from checkfree.failures import (
 )
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
+from checkfree.monitoring import TENSORBOARD_DIR, TensorBoardMirror, progress_bar
 from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.simulate import RunContext, Trainer, autocast_context
+from checkfree.throughput import device_peak
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,12 @@ class SimulateOptions:
     iteration_seconds: float = PAPER_ITERATION_SECONDS
     resume_from: Path | None = None
     device: str = "auto"
+    max_train_tokens: int | None = None
+    peak_tflops: float | None = None
+    compile: bool = False
+    compile_backend: str = "inductor"
+    autocast: str = "auto"
+    tensorboard: bool = False
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
@@ -83,9 +92,17 @@ def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
         "checkpoint_interval": opts.checkpoint_interval,
         "seed": opts.seed,
         "grad_norm_mode": opts.grad_norm_mode,
+        "max_train_tokens": opts.max_train_tokens,
         **opts.extra,
     }
     cfg = load_config(opts.config, overrides)
+    autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
+    if opts.peak_tflops is not None and not opts.peak_tflops > 0:
+        raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")
+    if opts.tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ValueError(
+            "--tensorboard needs the tensorboard package (pinned in requirements.txt); run ./setup.sh."
+        )
     strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
     p, source = resolve_failure_probability(
         cfg.failure_probabilities, opts.rate, opts.iteration_seconds, opts.failure_probability
@@ -144,6 +161,9 @@ def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.devic
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)
+        # fp32 matmuls (autocast off, or ops autocast keeps in fp32) may use TF32 tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     if env_world == 1:
         return 0, 1, None, device
     if not dist.is_initialized():  # an embedding program (or a test) may have made the group already
@@ -175,20 +195,39 @@ def default_cache_dir() -> Path:
 
 
 def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
-    """The :class:`checkfree.data.DataSpec` of a config (hub datasets stream just enough tokens for the run)."""
-    from checkfree.data import DataSpec
+    """The :class:`checkfree.data.DataSpec` of a config. A hub dataset streams and caches the run's token budget
+    (``train_token_budget``: max_iterations × tokens per iteration × W); a local corpus is cached whole. The
+    config's ``max_train_tokens`` (``--max-train-tokens``) caps either."""
+    from checkfree.data import DataSpec, train_token_budget
 
-    needed = cfg.tokens_per_iteration * world_size * max(1, cfg.max_iterations)
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    wanted = budget if cfg.dataset in HUB_DATASET_NAMES else None
+    if cfg.max_train_tokens is not None:
+        wanted = min(wanted or cfg.max_train_tokens, cfg.max_train_tokens)
     return DataSpec(
         dataset=cfg.dataset,
         tokenizer=cfg.tokenizer_name,
         vocab_size=cfg.vocab_size,
         seq_len=cfg.seq_l,
         validation_sequences=cfg.validation * cfg.batch_size,
-        max_train_tokens=cfg.max_train_tokens or (needed if cfg.dataset in HUB_DATASET_NAMES else None),
+        max_train_tokens=wanted,
         seed=cfg.data_seed,
         cache_dir=Path(cache_dir or default_cache_dir()).resolve(),
     )
+
+
+def data_budget_line(cfg: Config, world_size: int, stream_tokens: int) -> tuple[str, float]:
+    """One log line: the run's training-token budget and how many epochs of the cached stream that is."""
+    from checkfree.data import epochs, train_token_budget
+
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    n = epochs(budget, stream_tokens, cfg.seq_l)
+    line = (
+        f"token budget {budget:,} = {cfg.max_iterations} iterations × {cfg.mb_count} microbatches × "
+        f"{cfg.batch_size} sequences × W {world_size} × {cfg.seq_l + 1} tokens, over {stream_tokens:,} training "
+        f"tokens: {n:.3f} epochs"
+    )
+    return line, n
 
 
 def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
@@ -226,6 +265,8 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         log.info("run directory %s", run_dir)
         corpus, batches, val = _prepare_data(cfg, opts, rank, world)
         log.info("data: %s", corpus.describe())
+        budget_line, data_epochs = data_budget_line(cfg, world, len(corpus.train))
+        log.info("data: %s", budget_line)
         strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
         source = failure_source(opts, cfg, p)
         if (opts.fail_stage0 or _schedule_has_stage0(source)) and not strategy.recovers_stage0:
@@ -242,18 +283,19 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             cfg.grad_norm_mode,
         )
         stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed, corpus.eos_id), cfg)
+        peak = device_peak(device, opts.peak_tflops)
+        log.info(
+            "device %s, autocast %s, compile %s; MFU peak: %s",
+            device,
+            opts.autocast,
+            opts.compile,
+            peak.source,
+        )
         progress = None
-        if rank == 0 and opts.progress:
-            from tqdm import tqdm
-
-            progress = tqdm(
-                total=cfg.max_iterations,
-                initial=opts.start_iter,
-                desc=strategy.name,
-                unit="it",
-                dynamic_ncols=True,
-            )
-        sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None)
+        if rank == 0 and opts.progress:  # a bar on a terminal only; log lines otherwise (monitoring.py)
+            progress = progress_bar(cfg.max_iterations, opts.start_iter, strategy.name)
+        mirror = TensorBoardMirror(run_dir / TENSORBOARD_DIR) if opts.tensorboard and rank == 0 else None
+        sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None, mirror=mirror)
         ctx = RunContext(
             sink=sink,
             checkpoint_dir=run_dir / "checkpoints",
@@ -262,6 +304,10 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             group=group,
             device=device,
             progress=progress,
+            autocast=opts.autocast,
+            compile=opts.compile,
+            compile_backend=opts.compile_backend,
+            peak=peak,
         )
         trainer = Trainer(
             cfg,
@@ -296,6 +342,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
                 "run_dir": str(run_dir),
                 "tokenizer_dir": str(corpus.tokenizer_dir),
                 "vocab_size": corpus.vocab_size,
+                "data_epochs": round(data_epochs, 4),
             }
         )
         if rank == 0:

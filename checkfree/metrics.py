@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,12 @@ def _finite(value: Any) -> Any:
 
 
 class MetricsSink:
-    """Appends records to ``path`` (or drops them when ``path`` is None, e.g. on non-zero ranks)."""
+    """Appends records to ``path`` (or drops them when ``path`` is None, e.g. on non-zero ranks), and hands each
+    record to ``mirror`` when given (e.g. checkfree.monitoring.TensorBoardMirror; its ``close`` is called too)."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, mirror: Callable[[dict[str, Any]], None] | None = None):
         self.path = path
+        self.mirror = mirror
         self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
@@ -38,12 +41,18 @@ class MetricsSink:
         if self._file is not None:
             self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
             self._file.flush()
+        if self.mirror is not None:
+            self.mirror(record)
         return record
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
+        close = getattr(self.mirror, "close", None)
+        if close is not None:
+            close()
+        self.mirror = None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ from checkfree.pipeline import (
     stage_order,
 )
 from checkfree.recovery.base import RecoveryStrategy
+from checkfree.throughput import Peak, ThroughputMeter, peak_memory, stages_flops_per_token
 from checkfree.training_state import TrainingState, make_adam
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,22 @@ def learning_rate(cfg: Config, iteration: int) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
+def autocast_context(device: torch.device, mode: str) -> torch.autocast:
+    """The autocast of a run: bf16 on CUDA for "auto", bf16 on any device for "bf16", disabled for "off" (and
+    for "auto" on a CPU, which has no fast bf16 matmul). Raises ValueError for another mode."""
+    if mode not in ("auto", "bf16", "off"):
+        raise ValueError(f"autocast is {mode!r}; expected 'auto', 'bf16' or 'off'.")
+    on = mode == "bf16" or (mode == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
+
+
+def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``batch`` on ``device``; to CUDA through pinned memory with a non-blocking copy (no host sync)."""
+    if device.type != "cuda":
+        return batch.to(device)
+    return batch.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class RunContext:
     """Side effects of a run, passed in so tests can use fakes."""
@@ -69,6 +86,14 @@ class RunContext:
     group: Any = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Any = None  # tqdm-like: .update(n), .set_postfix_str(s), .close()
+    autocast: str = "auto"
+    """"auto" (bf16 on CUDA, off on CPU), "bf16" (also on CPU: the same code path, ~400× slower there) or "off"."""
+    compile: bool = False
+    """torch.compile each stage in place (``nn.Module.compile``: parameter names and state dicts unchanged)."""
+    compile_backend: str = "inductor"
+    """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
+    peak: Peak | None = None
+    """The device peak MFU divides by (checkfree.throughput.device_peak); None: MFU is not reported."""
 
 
 class Trainer:
@@ -92,11 +117,19 @@ class Trainer:
         self.config_json = config_json or cfg.to_json()
         for s in stages:
             s.to(ctx.device)
+        if ctx.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(ctx.device)  # summary.json's peak memory is this run's
         self.state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if ctx.device.type == "cuda"
-            else torch.autocast("cpu", enabled=False)
+        # bf16 autocast: parameters (the master weights), gradients and Adam state stay fp32.
+        self.autocast = autocast_context(ctx.device, ctx.autocast)
+        if ctx.compile:
+            for s in stages:
+                s.compile(backend=ctx.compile_backend)  # in place: recovery and checkpoints keep their names
+        self.last_rate: dict[str, float | None] = {"tokens_per_second": 0.0, "mfu": None}
+        self.meter = ThroughputMeter(
+            stages_flops_per_token(stages, cfg.n_layers, cfg.dmodel, cfg.seq_l),
+            ctx.peak or Peak(None, "not measured"),
+            ctx.world_size,
         )
         self.accounting = (
             RecoveryAccounting(val_batches[0], lambda: self.autocast)
@@ -124,25 +157,33 @@ class Trainer:
             opt.zero_grad(set_to_none=True)
         t0 = time.perf_counter()
         total = torch.zeros((), device=self.ctx.device)
+        # No host-device sync in this loop: the loss is summed on the device, batches are copied from pinned
+        # memory without blocking, so on CUDA the host queues microbatch mb + 1 while mb runs.
         for mb in range(cfg.mb_count):
-            batch = self.batches.batch(st.effective_iteration * cfg.mb_count + mb).to(self.ctx.device)
+            batch = to_device(self.batches.batch(st.effective_iteration * cfg.mb_count + mb), self.ctx.device)
             with self.autocast:
                 loss = (
                     forward_loss(st.stages, batch, stage_order(mb, cfg.n_stages, self.swaps)) / cfg.mb_count
                 )
             loss.backward()
             total += loss.detach()
+        # The syncs of an iteration are here: one per stage for its gradient norm ω (the clip factor and the
+        # CheckFree weights need it on the host), and one for the logged loss; after them every queued kernel
+        # has finished, so `seconds` is the iteration's real time on CUDA too.
         loss_value = self._reduce_and_step(total)
         self.strategy.after_step(st)
         seconds = time.perf_counter() - t0
+        tokens = cfg.tokens_per_iteration * self.ctx.world_size
+        self.last_rate = self.meter.record(tokens, seconds)
         self.ctx.sink.write(
             "train",
             iteration=st.iteration,
             effective_iteration=st.effective_iteration,
             loss=loss_value,
             lr=lr,
-            tokens=cfg.tokens_per_iteration * self.ctx.world_size,
+            tokens=tokens,
             seconds=round(seconds, 4),
+            **self.last_rate,
             grad_norms=[round(x, 6) for x in st.grad_norms],
         )
         st.iteration += 1
@@ -219,13 +260,15 @@ class Trainer:
     def evaluate(self) -> tuple[float, float]:
         """Mean validation cross-entropy (nats) and perplexity, stages in order; batches split over ranks."""
         st, ctx = self.state, self.ctx
-        total = torch.zeros(2, dtype=torch.float64)
+        # on the device: NCCL reduces CUDA tensors only; and no host sync per validation batch
+        total = torch.zeros(2, dtype=torch.float64, device=ctx.device)
         for i in range(ctx.rank, len(self.val_batches), ctx.world_size):
             with self.autocast:
                 loss = forward_loss(
-                    st.stages, self.val_batches[i].to(ctx.device), range(1, self.cfg.n_stages + 1)
+                    st.stages, to_device(self.val_batches[i], ctx.device), range(1, self.cfg.n_stages + 1)
                 )
-            total += torch.tensor([float(loss), 1.0], dtype=torch.float64)
+            total[0] += loss.detach().double()
+            total[1] += 1.0
         if ctx.world_size > 1:
             dist.all_reduce(total, group=ctx.group)
         val = float(total[0] / total[1])
@@ -285,10 +328,10 @@ class Trainer:
         """Whether every DP rank holds bit-identical weights (they must: same failures, same recoveries)."""
         if self.ctx.world_size == 1:
             return True
-        checksum = torch.zeros(2, dtype=torch.float64)
+        checksum = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)  # NCCL: CUDA tensors only
         for stage in self.state.stages:
             for p in stage.parameters():
-                checksum[0] += p.detach().double().sum().cpu()
+                checksum[0] += p.detach().double().sum()
         checksum[1] = -checksum[0]
         dist.all_reduce(checksum, op=dist.ReduceOp.MAX, group=self.ctx.group)
         consistent = bool(checksum[0] == -checksum[1])
@@ -313,9 +356,11 @@ class Trainer:
                 self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
             if it % cfg.log_interval == 0 or it == cfg.max_iterations:
                 log.info(
-                    "iter %6d | loss %.4f | failures %d | recoveries %d",
+                    "iter %6d | loss %.4f | %s tok/s | MFU %s | failures %d | recoveries %d",
                     st.iteration,
                     last_loss,
+                    f"{self.last_rate['tokens_per_second']:,.0f}",
+                    "n/a" if self.last_rate["mfu"] is None else f"{100 * self.last_rate['mfu']:.2f}%",
                     self.counts["failures"],
                     self.counts["recoveries"],
                 )
@@ -339,4 +384,8 @@ class Trainer:
             "recovery_accounting_seconds": None
             if self.accounting is None
             else round(self.accounting.seconds, 6),
+            **self.meter.summary(),
+            **dict(
+                zip(("peak_memory_bytes", "peak_memory_source"), peak_memory(self.ctx.device), strict=True)
+            ),
         }

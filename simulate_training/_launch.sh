@@ -20,11 +20,30 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
 args=(simulate --setting "$setting" --world-size "$world" --rate "$rate" --config "$config"
       --start-iter "$start" "$swaps" "$@")
-if [ "$world" -eq 1 ]; then
+# More than one machine (README: Multi-node): NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as torchrun names them;
+# WORLD_SIZE counts the replicas of all nodes, NNODES must divide it. TORCHRUN_ARGS adds torchrun options; with
+# --rdzv-* among them, they replace the static MASTER_ADDR rendezvous.
+nnodes=${NNODES:-1}
+case "$nnodes" in ''|*[!0-9]*|0) echo "NNODES is '$nnodes'; expected a positive integer." >&2; exit 2;; esac
+if [[ " ${TORCHRUN_ARGS:-}" == *" --rdzv"* ]]; then
+  rdzv=(--nnodes="$nnodes")  # the user's own rendezvous (e.g. --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT)
+elif [ "$nnodes" -gt 1 ]; then
+  node_rank=${NODE_RANK:-}
+  case "$node_rank" in ''|*[!0-9]*) echo "NODE_RANK is '$node_rank'; expected 0..$((nnodes - 1)) with NNODES=$nnodes." >&2; exit 2;; esac
+  [ "$node_rank" -lt "$nnodes" ] || { echo "NODE_RANK is $node_rank; expected 0..$((nnodes - 1)) with NNODES=$nnodes." >&2; exit 2; }
+  [ $((world % nnodes)) -eq 0 ] || { echo "WORLD_SIZE $world is not a multiple of NNODES=$nnodes; expected the same number of replicas on every node." >&2; exit 2; }
+  [ -n "${MASTER_ADDR:-}" ] || { echo "MASTER_ADDR is not set; expected the address of the NODE_RANK=0 machine with NNODES=$nnodes." >&2; exit 2; }
+  rdzv=(--nnodes="$nnodes" --node_rank="$node_rank" --master_addr="$MASTER_ADDR" --master_port="${MASTER_PORT:-29500}")
+else
+  rdzv=(--standalone --nnodes=1)
+fi
+read -r -a extra_torchrun <<< "${TORCHRUN_ARGS:-}"
+if [ "$world" -eq 1 ] && [ "$nnodes" -eq 1 ] && [ ${#extra_torchrun[@]} -eq 0 ]; then
   cmd=("$py" -m checkfree "${args[@]}")
 else
   # torchrun starts and reaps its own workers; nothing else is ever killed.
-  cmd=("$py" -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node="$world" -m checkfree "${args[@]}")
+  cmd=("$py" -m torch.distributed.run "${rdzv[@]}" ${extra_torchrun[@]+"${extra_torchrun[@]}"}
+       --nproc_per_node=$((world / nnodes)) -m checkfree "${args[@]}")
 fi
 
 if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then

@@ -181,7 +181,7 @@ def test_second_prepare_maps_the_cache_without_retraining(tmp_path, monkeypatch)
     t0 = time.perf_counter()
     second = prepare_corpus(spec)
     assert time.perf_counter() - t0 < 0.5
-    assert isinstance(second.train, np.memmap)
+    assert all(isinstance(m, np.memmap) for m in second.train.shards) and isinstance(second.val, np.memmap)
     assert np.array_equal(first.train, second.train) and np.array_equal(first.val, second.val)
     assert {p: p.stat().st_mtime_ns for p in first.path.rglob("*")} == mtimes
 
@@ -210,7 +210,7 @@ def test_corrupted_cache_is_rebuilt_with_a_warning(tmp_path, caplog, damage):
     if damage == "meta":
         (good.path / "meta.json").write_text('{"format": 1, "key": ')
     elif damage == "truncate":
-        with open(good.path / "train.bin", "r+b") as f:
+        with open(good.path / "train-00000.bin", "r+b") as f:
             f.truncate(10)
     else:
         (good.path / "tokenizer" / "tokenizer.json").unlink()
@@ -384,4 +384,5 @@ def test_shakespeare_corpus_prepares_once_and_maps_fast(tmp_path):
         probe = val[s + (e - s) // 2 : s + (e - s) // 2 + 64]
         assert not np.any(np.all(window == probe, axis=1))
     assert meta["val_documents"] >= 1 and meta["train_documents"] > 300
-    assert os.path.getsize(corpus.path / "train.bin") == 2 * len(corpus.train)
+    assert sum(os.path.getsize(corpus.path / r["file"]) for r in meta["shards"]) == 2 * len(corpus.train)
+    assert corpus_mod.verify_corpus(corpus) == []

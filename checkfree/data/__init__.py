@@ -5,8 +5,9 @@ trains or loads a tokenizer, tokenizes once into an on-disk cache and memory-map
 ``validation_batches`` turn the token streams into deterministic batches.
 """
 
-from checkfree.data.batches import BatchSource, validation_batches
-from checkfree.data.corpus import Corpus, DataSpec, load_documents, prepare_corpus
+from checkfree.data.batches import BatchSource, epochs, train_token_budget, validation_batches
+from checkfree.data.corpus import Corpus, DataSpec, load_documents, prepare_corpus, verify_corpus
+from checkfree.data.shards import TokenStream
 from checkfree.data.sources import HUB_DATASETS, DataUnavailableError, shakespeare_files
 from checkfree.data.tokenizer import EOS_TOKEN, HUB_TOKENIZERS
 
@@ -16,10 +17,14 @@ __all__ = [
     "HUB_TOKENIZERS",
     "BatchSource",
     "Corpus",
+    "TokenStream",
     "DataSpec",
     "DataUnavailableError",
     "load_documents",
     "prepare_corpus",
     "shakespeare_files",
+    "epochs",
+    "train_token_budget",
     "validation_batches",
+    "verify_corpus",
 ]

@@ -17,6 +17,32 @@ def windows(tokens: np.ndarray, seq_len: int, indices: np.ndarray) -> torch.Tens
     return torch.from_numpy(rows.astype(np.int64))
 
 
+def train_token_budget(
+    max_iterations: int, mb_count: int, batch_size: int, seq_len: int, world_size: int = 1
+) -> int:
+    """Training tokens a run consumes from the packed stream: max_iterations × mb_count × batch_size × W
+    sequences, each a window of seq_len + 1 tokens (inputs and shifted labels) → max_iterations × (tokens per
+    iteration) × W × (seq_len + 1) / seq_len. Raises ValueError for a non-positive argument."""
+    values = {"max_iterations": max_iterations, "mb_count": mb_count, "batch_size": batch_size}
+    values |= {"seq_len": seq_len, "world_size": world_size}
+    for name, value in values.items():
+        if value < 1:
+            raise ValueError(f"train_token_budget got {name} {value}; expected a positive integer.")
+    return max_iterations * mb_count * batch_size * world_size * (seq_len + 1)
+
+
+def epochs(budget_tokens: int, stream_tokens: int, seq_len: int) -> float:
+    """How many passes over a stream of ``stream_tokens`` a budget of ``budget_tokens`` makes: sequences needed
+    ÷ whole windows of seq_len + 1 tokens in the stream (BatchSource drops a partial last window). Raises
+    ValueError when the stream holds no whole window."""
+    windows_per_epoch = stream_tokens // (seq_len + 1)
+    if windows_per_epoch < 1:
+        raise ValueError(
+            f"a stream of {stream_tokens} tokens holds no window of seq_len + 1 = {seq_len + 1} tokens."
+        )
+    return budget_tokens / (seq_len + 1) / windows_per_epoch
+
+
 class BatchSource:
     """Deterministic training batches: batch(step) is a pure function of (step, rank); the data position is just
     `step`, so resume and rollback restore it exactly.

@@ -15,6 +15,7 @@ import os
 import re
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,49 +161,54 @@ def split_text(text: str, target_chars: int = TXT_DOCUMENT_CHARS) -> list[str]:
     return [d for d in docs if d.strip()]
 
 
-def load_local_documents(files: tuple[Path, ...] | list[Path], hf_cache_dir: Path) -> list[str]:
-    """Documents of local files in file order: .txt → ``split_text`` of the file; .jsonl/.json/.parquet → the
-    "text" field of each row, via ``datasets.load_dataset("json"/"parquet")`` (offline; its Arrow cache goes to
-    ``hf_cache_dir``). Empty rows are dropped (and counted in the log). Raises ValueError for rows without a
-    string "text"."""
-    docs: list[str] = []
+def iter_local_documents(files: tuple[Path, ...] | list[Path], hf_cache_dir: Path) -> Iterator[str]:
+    """Documents of local files in file order, streamed (memory holds one .txt file or one row batch at a time):
+    .txt → ``split_text`` of the file; .jsonl/.json/.parquet → the "text" field of each row, via
+    ``datasets.load_dataset("json"/"parquet", streaming=True)`` (the same streaming path as hub datasets).
+    Empty rows are dropped (and counted in the log). Raises ValueError for rows without a string "text"."""
     for path in files:
         if path.suffix.lower() == ".txt":
-            docs.extend(split_text(path.read_text(encoding="utf-8", errors="replace")))
+            yield from split_text(path.read_text(encoding="utf-8", errors="replace"))
         else:
-            docs.extend(_load_table_documents(path, hf_cache_dir))
-    return docs
+            yield from _iter_table_documents(path, hf_cache_dir)
 
 
-def _load_table_documents(path: Path, hf_cache_dir: Path) -> list[str]:
+def load_local_documents(files: tuple[Path, ...] | list[Path], hf_cache_dir: Path) -> list[str]:
+    """All documents of :func:`iter_local_documents` as a list (small corpora and tests)."""
+    return list(iter_local_documents(files, hf_cache_dir))
+
+
+def _iter_table_documents(path: Path, hf_cache_dir: Path) -> Iterator[str]:
     import datasets  # ~1 s import; only needed when building a cache
 
     builder = "parquet" if path.suffix.lower() == ".parquet" else "json"
+    empty = 0
     try:
-        table = datasets.load_dataset(
-            builder, data_files=[str(path)], split="train", cache_dir=str(hf_cache_dir)
+        rows = datasets.load_dataset(
+            builder, data_files=[str(path)], split="train", streaming=True, cache_dir=str(hf_cache_dir)
         )
+        for i, row in enumerate(rows):
+            if "text" not in row:
+                raise ValueError(
+                    f"dataset file {str(path)!r} has no 'text' field (columns: {', '.join(row) or 'none'}); "
+                    "expected one 'text' string per row."
+                )
+            text = row["text"]
+            if text is None or (isinstance(text, str) and not text.strip()):
+                empty += 1
+                continue
+            if not isinstance(text, str):
+                raise ValueError(
+                    f"dataset file {str(path)!r} row {i} has a 'text' of type {type(text).__name__}; "
+                    "expected a string."
+                )
+            yield text
+    except ValueError:
+        raise
     except Exception as exc:  # malformed JSON/parquet surfaces as various datasets/pyarrow errors
         raise ValueError(f"dataset file {str(path)!r} could not be read as {builder}: {exc}") from exc
-    if "text" not in table.column_names:
-        raise ValueError(
-            f"dataset file {str(path)!r} has no 'text' field (columns: {', '.join(table.column_names) or 'none'}); "
-            "expected one 'text' string per row."
-        )
-    docs: list[str] = []
-    empty = 0
-    for i, text in enumerate(table["text"]):
-        if text is None or (isinstance(text, str) and not text.strip()):
-            empty += 1
-            continue
-        if not isinstance(text, str):
-            raise ValueError(
-                f"dataset file {str(path)!r} row {i} has a 'text' of type {type(text).__name__}; expected a string."
-            )
-        docs.append(text)
     if empty:
         logger.info("%s: dropped %d empty 'text' rows", path, empty)
-    return docs
 
 
 def hub_reachable(timeout_s: float = HUB_CONNECT_TIMEOUT_S) -> bool:
@@ -227,38 +233,34 @@ def hub_reachable(timeout_s: float = HUB_CONNECT_TIMEOUT_S) -> bool:
     return bool(result and result[0])
 
 
-def stream_hub_documents(hub: HubDataset, max_bytes: int, seed: int, hf_cache_dir: Path) -> list[str]:
-    """Stream ``hub`` as in the paper (``load_dataset(..., streaming=True).shuffle(buffer_size=10_000, seed)``)
-    and keep documents until they hold ``max_bytes`` UTF-8 bytes. Raises DataUnavailableError at once when the
-    hub is unreachable."""
+def stream_hub_documents(hub: HubDataset, seed: int, hf_cache_dir: Path) -> Iterator[str]:
+    """Stream ``hub`` as in the paper (``load_dataset(..., streaming=True).shuffle(buffer_size=10_000, seed)``),
+    one document at a time (the consumer stops when it has enough). Raises DataUnavailableError at once when the
+    hub is unreachable, and while iterating when the stream breaks."""
     if not hub_reachable():
         raise DataUnavailableError(
             f"dataset {hub.name!r} ({hub.repo}) needs the Hugging Face hub, which this machine cannot reach; "
             + LOCAL_HINT
             + "."
         )
+    return _hub_rows(hub, seed, hf_cache_dir)
+
+
+def _hub_rows(hub: HubDataset, seed: int, hf_cache_dir: Path) -> Iterator[str]:
     import datasets
 
-    logger.info("streaming %s (%s) until %.1f MB of text", hub.name, hub.repo, max_bytes / 1e6)
-    docs: list[str] = []
-    size = 0
+    logger.info("streaming %s (%s)", hub.name, hub.repo)
     try:
         stream = datasets.load_dataset(
             hub.repo, hub.config, split="train", streaming=True, cache_dir=str(hf_cache_dir)
         ).shuffle(buffer_size=HUB_SHUFFLE_BUFFER, seed=seed)
         for row in stream:
             text = row.get(hub.text_field)
-            if not isinstance(text, str) or not text.strip():
-                continue
-            docs.append(text)
-            size += len(text.encode("utf-8"))
-            if size >= max_bytes:
-                break
+            if isinstance(text, str) and text.strip():
+                yield text
     except Exception as exc:  # network and hub errors come as many types (httpx, requests, HfHubHTTPError)
         raise DataUnavailableError(
             f"dataset {hub.name!r} ({hub.repo}) could not be streamed ({type(exc).__name__}: {exc}); "
             + LOCAL_HINT
             + "."
         ) from exc
-    logger.info("streamed %d documents (%.1f MB) of %s", len(docs), size / 1e6, hub.name)
-    return docs

@@ -1,0 +1,266 @@
+"""The simulator on CUDA: throughput, MFU, compile, convergence under failures, recovery CUDA vs CPU (issue 12).
+
+    benchmarks/gpu_check.sh                      # on a CUDA machine; prints one table
+    SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh   # every section's logic on the CPU, micro sizes, in a minute
+
+Sections:
+  1. 124M config on the default corpus (Shakespeare, BPE 4096), W = 1, 30 iterations, no failures: tokens/s, MFU,
+     peak GPU memory, and staged step ÷ plain transformers step on the same batches (GPU twin of bench_staged.py).
+     Targets on an H100: MFU ≥ 35 %, staged ÷ plain ≤ 1.05.
+  2. the same with --compile (torch.compile of each stage; the plain model compiled too).
+  3. tiny and small configs, 200 iterations, failures at 16 %/h under checkfree_plus: finish, loss finite and falls.
+  4. CheckFree / CheckFree+ recovery on CUDA tensors vs the same on CPU: same plans, max |diff| of the weights.
+  5. swarm on CUDA: a placeholder for issue 11.
+Nothing is written to the repository: runs go to a temporary directory (kept, its path is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from checkfree.config import load_config
+from checkfree.data import BatchSource, prepare_corpus
+from checkfree.failures import StageFailureInjector
+from checkfree.launch import SimulateOptions, data_spec, run_simulation
+from checkfree.metrics import MetricsSink
+from checkfree.model import build_hf_model, build_stages, split_model
+from checkfree.recovery import make_strategy
+from checkfree.simulate import RunContext, Trainer, autocast_context, to_device
+from checkfree.training_state import TrainingState, make_adam
+
+ROWS: list[tuple[str, str, str]] = []
+MICRO = {"architecture": "LLaMa", "validation": 2, "dmodel": 32, "num_heads": 2, "n_layers_per_stage": 1}
+MICRO |= {"n_stages": 4, "seq_l": 16, "batch_size": 2, "mb_count": 2, "lr_scale": 1.1, "lr": 3e-3}
+MICRO |= {"eval_interval": 3, "log_interval": 3, "checkpoint_interval": 0, "vocab_size": 300, "16": 0.3}
+WORDS = "the king queen sword crown night day love death fool ghost castle storm sea letter ring".split()
+
+
+def row(section: str, metric: str, value: str) -> None:
+    ROWS.append((section, metric, value))
+    print(f"  {section:<34} {metric:<30} {value}", flush=True)
+
+
+def smoke_setup(root: Path) -> str:
+    """A micro config on a generated 24-document corpus (SMOKE=1)."""
+    rng = np.random.default_rng(0)
+    (root / "corpus").mkdir(parents=True)
+    for f in range(24):
+        lines = [" ".join(WORDS[i] for i in rng.integers(0, len(WORDS), 10)) + "." for _ in range(30)]
+        (root / "corpus" / f"doc_{f:02d}.txt").write_text("\n".join(lines) + "\n")
+    path = root / "micro_config.json"
+    path.write_text(json.dumps({**MICRO, "dataset": str(root / "corpus"), "max_iterations": 4}))
+    return str(path)
+
+
+def simulate(args: argparse.Namespace, name: str, config: str, setting: str, iterations: int, **kw) -> dict:
+    opts = SimulateOptions(
+        setting=setting,
+        config=config,
+        swaps=setting == "checkfree_plus",
+        run_dir=args.root / "runs" / name,
+        max_iterations=iterations,
+        eval_interval=kw.pop("eval_interval", iterations),
+        checkpoint_interval=0,
+        device=args.device,
+        cache_dir=args.cache_dir,
+        progress=False,
+        extra=kw.pop("extra", {}),
+        **kw,
+    )
+    return run_simulation(opts, argv=["gpu_check", name])
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # note: a host-device sync, so that the timers see finished work
+
+
+def staged_vs_plain(args: argparse.Namespace, config: str, extra: dict, compile_backend: str | None) -> float:
+    """Median time of checkfree's staged Trainer step ÷ a plain transformers step, same batches, same autocast."""
+    cfg = load_config(config, extra)
+    device = torch.device(args.device)
+    corpus = prepare_corpus(data_spec(cfg, 1, args.cache_dir))
+    batches = BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, seed=cfg.data_seed)
+    ctx = RunContext(sink=MetricsSink(None), device=device)
+    ctx.compile, ctx.compile_backend = compile_backend is not None, compile_backend or "inductor"
+    stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed), cfg)
+    trainer = Trainer(
+        cfg,
+        stages,
+        batches,
+        [],
+        make_strategy("no_failure", cfg, False),
+        StageFailureInjector(cfg.n_stages, 0.0, 0),
+        ctx,
+        False,
+    )
+    model = build_hf_model(cfg, corpus.vocab_size, cfg.seed).to(device)
+    if compile_backend is not None:
+        model.compile(backend=compile_backend)
+    opt = make_adam(model, cfg.lr)
+    autocast = autocast_context(device, "auto")
+    step = [0]
+
+    def plain_step() -> None:
+        opt.zero_grad(set_to_none=True)
+        for mb in range(cfg.mb_count):
+            batch = to_device(batches.batch(step[0] * cfg.mb_count + mb), device)
+            with autocast:
+                logits = model(input_ids=batch[:, :-1]).logits
+                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+            (loss / cfg.mb_count).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        step[0] += 1
+
+    def timed(fn) -> float:
+        sync(device)
+        t0 = time.perf_counter()
+        for _ in range(args.iterations):
+            fn()
+        sync(device)
+        return (time.perf_counter() - t0) / args.iterations
+
+    timed(trainer.step), timed(plain_step)  # warm-up (and compilation)
+    staged, plain = [], []
+    for _ in range(args.rounds):
+        staged.append(timed(trainer.step))
+        plain.append(timed(plain_step))
+    return statistics.median(staged) / statistics.median(plain)
+
+
+def throughput_section(args: argparse.Namespace, title: str, config: str, extra: dict, compile: bool) -> None:
+    backend = ("eager" if args.device == "cpu" else "inductor") if compile else None
+    s = simulate(
+        args,
+        title.replace(" ", "_").replace("=", "").replace("--", ""),
+        config,
+        "no_failure",
+        args.big_iterations,
+        extra=extra,
+        compile=compile,
+        compile_backend=backend or "inductor",
+    )
+    row(title, "tokens/s (mean, it. 2..N)", f"{s['tokens_per_second']:,.0f}")
+    mfu = s["mfu"]
+    row(title, "MFU", "n/a" if mfu is None else f"{100 * mfu:.1f} %  (peak: {s['peak_flops_source']})")
+    row(title, "peak memory", f"{s['peak_memory_bytes'] / 2**30:.2f} GiB ({s['peak_memory_source']})")
+    ratio = staged_vs_plain(args, config, extra, backend)
+    row(title, "staged ÷ plain step", f"{ratio:.3f}")
+    if args.device == "cuda" and not compile:
+        met = mfu is not None and mfu >= 0.35 and ratio <= 1.05
+        row(title, "target MFU ≥ 35 %, ratio ≤ 1.05", "met" if met else "missed")
+
+
+def convergence_section(args: argparse.Namespace, name: str, config: str, iterations: int, **kw) -> bool:
+    s = simulate(args, f"converge_{name}", config, "checkfree_plus", iterations, **kw)
+    first, final = s["first_eval"]["val_loss"], s["final_eval"]["val_loss"]
+    ok = s["effective_iterations"] == iterations and math.isfinite(s["final_train_loss"]) and final < first
+    row(
+        f"{name}: {iterations} it., checkfree_plus",
+        "failures / recoveries",
+        f"{s['failures']} / {s['recoveries']}",
+    )
+    row(f"{name}: {iterations} it., checkfree_plus", "val loss first → final", f"{first:.3f} → {final:.3f}")
+    row(f"{name}: {iterations} it., checkfree_plus", "finished, finite, falling", "yes" if ok else "NO")
+    return ok
+
+
+def recovery_section(args: argparse.Namespace) -> bool:
+    """The same loss event recovered on CPU and on the device: identical plans, fp32 weights within 1e-5."""
+    cfg = load_config("tiny_config.json")
+    base = build_stages(cfg, 512, seed=3)
+    norms = [0.7, 1.3, 0.4, 2.1, 0.9]
+    ok = True
+    for setting, failed in [
+        ("checkfree", [2]),
+        ("checkfree_plus", [1]),
+        ("checkfree_plus", [4]),
+        ("average", [3]),
+    ]:
+        results = []
+        for device in (torch.device("cpu"), torch.device(args.device)):
+            stages = [copy.deepcopy(s).to(device) for s in base]
+            state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
+            state.grad_norms = list(norms)
+            strategy = make_strategy(setting, cfg, swaps=setting == "checkfree_plus", seed=0)
+            strategy.bind(RunContext(sink=MetricsSink(None), device=device))
+            strategy.setup(state)
+            for s in failed:
+                state.destroy(s)
+            plans = [(r.stage, r.rule, tuple(r.sources)) for r in strategy.recover(state, list(failed))]
+            results.append(
+                (plans, {k: v.float().cpu() for s in failed for k, v in state.stage_state(s).items()})
+            )
+        (cpu_plans, cpu_w), (dev_plans, dev_w) = results
+        diff = max(float((cpu_w[k] - dev_w[k]).abs().max()) for k in cpu_w)
+        same = cpu_plans == dev_plans and diff <= 1e-5
+        ok &= same
+        row(
+            f"recovery {setting} stage {failed[0]}",
+            f"{args.device} vs cpu max |diff|",
+            f"{diff:.2e}" + ("" if cpu_plans == dev_plans else "  PLANS DIFFER"),
+        )
+    return ok
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--smoke", action="store_true", help="micro config, a few iterations (runs on a CPU)")
+    ap.add_argument(
+        "--cache-dir", type=Path, help="token cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)"
+    )
+    ap.add_argument("--iterations", type=int, default=10, help="iterations per timed block (staged vs plain)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timed blocks of each loop")
+    args = ap.parse_args()
+    args.root = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+    print(f"gpu_check on {args.device} (smoke {args.smoke}); runs in {args.root}", flush=True)
+    if args.smoke:
+        args.cache_dir = args.cache_dir or args.root / "cache"
+        args.iterations, args.rounds, args.big_iterations = 1, 1, 2
+        big, big_extra = smoke_setup(args.root), {}
+        small = [("micro", big, 4, {"failure_probability": 0.3})]
+    else:
+        args.big_iterations = 30
+        big, big_extra = "124M_config.json", {"dataset": "Shakespeare", "tokenizer": "bpe"}
+        small = [("tiny", "tiny_config.json", 200, {}), ("small", "small_config.json", 200, {})]
+    ok = True
+    print("1. throughput, no failures", flush=True)
+    throughput_section(args, "124M W=1" if not args.smoke else "micro W=1", big, big_extra, compile=False)
+    print("2. the same with --compile", flush=True)
+    throughput_section(
+        args, "124M W=1 --compile" if not args.smoke else "micro W=1 --compile", big, big_extra, True
+    )
+    print("3. convergence under failures", flush=True)
+    for name, config, iterations, kw in small:
+        ok &= convergence_section(args, name, config, iterations, **kw)
+    print("4. recovery on the device vs CPU", flush=True)
+    ok &= recovery_section(args)
+    print("5. swarm", flush=True)
+    # --- swarm on CUDA (issue 11 adds this section) -------------------------------------------------------------
+    row("swarm on CUDA", "-", "not yet implemented (issue 11)")
+    print("swarm on CUDA: not yet implemented (issue 11)")
+    # ---------------------------------------------------------------------------------------------------------------
+    width = max(len(r[0]) for r in ROWS)
+    print(f"\n{'section':<{width}} | {'metric':<30} | value")
+    print(f"{'-' * width}-|-{'-' * 30}-|-{'-' * 20}")
+    for section, metric, value in ROWS:
+        print(f"{section:<{width}} | {metric:<30} | {value}")
+    print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
