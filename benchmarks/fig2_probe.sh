@@ -8,6 +8,7 @@
 # usage: benchmarks/fig2_probe.sh                                        # tiny config, 1,500 base iterations
 #        CONFIG=small_config.json ITERATIONS=1000 SEEDS=3 STEPS=50 benchmarks/fig2_probe.sh   # deeper stages
 #        SMOKE=1 benchmarks/fig2_probe.sh                                # a minute: 20 base iterations, K = 2
+#        DRY_RUN=1 benchmarks/fig2_probe.sh                              # print the two commands; run nothing
 #
 # Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
 #   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] OUT [runs/fig2_probe/<config stem>]
@@ -44,13 +45,20 @@ n_stages=$("$py" -c 'import json, sys; print(int(json.load(open(sys.argv[1]))["n
 [ "$n_stages" -ge 3 ] || { echo "CONFIG has $n_stages stages; the probe needs a middle stage (S ≥ 3)." >&2; exit 2; }
 stages=$(seq -s, 2 $((n_stages - 1)))
 
+base_cmd=("$root/simulate_training/run_2.sh" no_failure 1 16 "$CONFIG" 0 --max-iterations "$ITERATIONS"
+  --eval-interval "$ITERATIONS" --no-progress --run-dir "$OUT/base")
+probe_cmd=("$py" -m checkfree probe "$OUT/base" --stages "$stages" --strategies "$STRATEGIES" --seeds "$SEEDS"
+  --steps "$STEPS" --out "$OUT/probe")
+if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
+  echo "${base_cmd[*]}"
+  echo "${probe_cmd[*]}"
+  exit 0
+fi
 t0=$SECONDS
 if [ ! -f "$OUT/base/summary.json" ]; then
   echo "[fig2_probe] base: $CONFIG, $ITERATIONS iterations without failures → $OUT/base"
-  "$root/simulate_training/run_2.sh" no_failure 1 16 "$CONFIG" 0 --max-iterations "$ITERATIONS" \
-    --eval-interval "$ITERATIONS" --no-progress --run-dir "$OUT/base"
+  "${base_cmd[@]}"
 fi
 echo "[fig2_probe] base ready after $((SECONDS - t0)) s; probing stages $stages with $STRATEGIES, $SEEDS seeds, K = $STEPS"
-"$py" -m checkfree probe "$OUT/base" --stages "$stages" --strategies "$STRATEGIES" --seeds "$SEEDS" \
-  --steps "$STEPS" --out "$OUT/probe"
+"${probe_cmd[@]}"
 echo "[fig2_probe] done in $((SECONDS - t0)) s: $OUT/probe/probe.md"
