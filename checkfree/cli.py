@@ -240,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("checkfree")
+    for old in [h for h in root.handlers if isinstance(h, _TqdmHandler)]:
+        root.removeHandler(old)  # main() called again in one process (tests, notebooks): one console handler
     if os.environ.get("RANK", "0") == "0":
-        logging.getLogger("checkfree").addHandler(handler)
+        root.addHandler(handler)
     logging.getLogger("checkfree").setLevel(logging.INFO)
     from checkfree.checkpointing import CheckpointError
     from checkfree.data import DataUnavailableError

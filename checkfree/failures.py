@@ -323,7 +323,7 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
                 "twice: expected each (iteration, stage) once."
             )
         seen.add((iteration, stage))
-    log.info("loaded %d stage failures from %s", len(failures), path)
+    log.debug("loaded %d stage failures from %s", len(failures), path)
     return StageSchedule(failures, n_stages)
 
 

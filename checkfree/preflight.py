@@ -227,7 +227,7 @@ def preflight(opts: SimulateOptions) -> Preflight:
     resume = opts.resume_from or (
         run_dir / "checkpoints" / f"iter_{opts.start_iter:07d}" if opts.start_iter > 0 else None
     )
-    plan = plan_run_dir(run_dir, resume_from=resume, overwrite=opts.overwrite)
     if resume is not None:
         _check_resume(Path(resume), cfg, fingerprint, opts.allow_data_change, warnings)
+    plan = plan_run_dir(run_dir, resume_from=resume, overwrite=opts.overwrite)
     return Preflight(cfg, strategy.name, p, p_source, source, plan, resume, fingerprint, warnings)
