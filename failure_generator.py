@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             iteration_seconds=args.iteration_seconds,
         )
     except ValueError as err:
-        logging.getLogger("failure_generator").error("%s", err)
+        print(f"failure_generator.py: error: {err}", file=sys.stderr)
         return 2
     text = format_node_schedule(schedule)
     if args.out is None:

@@ -142,7 +142,7 @@ def export_run(
     new, empty or an earlier export (checked before anything is read or written).
 
     Raises:
-        RunDirError: ``out`` is a file, or a non-empty directory that is not an earlier export.
+        DirectoryConflictError: ``out`` is a file, or a non-empty directory that is not an earlier export.
         FileNotFoundError: no checkpoint, no summary.json or no tokenizer.
         CheckpointError: the checkpoint is corrupt or does not fit the config.
         ValueError: the reloaded export's logits differ from the staged model's by more than VERIFY_TOLERANCE.

@@ -2,7 +2,7 @@
 
 :func:`preflight` checks the config, the options, the failure source, the data source, the device, the run
 directory and the resume checkpoint, and returns what the run needs; it writes nothing. A failed check raises
-one of the project's user-error classes (ValueError and its subclasses ConfigError and RunDirError,
+one of the project's user-error classes (ValueError and its subclasses ConfigError and DirectoryConflictError,
 FileNotFoundError, CheckpointError, DataUnavailableError) with one sentence, so a failed validation leaves every
 directory as it was. Things that are accepted but probably not meant (a key given twice, a schedule entry with an
 unknown key, a failure past max_iterations, an unused ``--iteration-seconds``) become ``warnings`` for the run log.

@@ -25,7 +25,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-class RunDirError(ValueError):
+class DirectoryConflictError(ValueError):
     """A directory cannot be used as asked; the message is one sentence naming it and the way out."""
 
 
@@ -33,14 +33,16 @@ def check_directory_path(path: Path, option: str) -> None:
     """Refuse a path that is a file, or lies under a file, where a directory is expected.
 
     Raises:
-        RunDirError: ``path`` or one of its ancestors exists and is not a directory.
+        DirectoryConflictError: ``path`` or one of its ancestors exists and is not a directory.
     """
     path = Path(path)
     for p in (path, *path.parents):
         if p.exists() or p.is_symlink():
             if not p.is_dir():
                 where = "is a file" if p == path else f"lies under {p}, which is a file"
-                raise RunDirError(f"{option} {path} {where}; expected a directory (or a new path).")
+                raise DirectoryConflictError(
+                    f"{option} {path} {where}; expected a directory (or a new path)."
+                )
             return
 
 
@@ -93,7 +95,7 @@ def plan_run_dir(
     any other directory only with ``overwrite`` (the old content is moved aside, see :func:`replaced_name`).
 
     Raises:
-        RunDirError: ``path`` is a file, or holds another run and ``overwrite`` is False.
+        DirectoryConflictError: ``path`` is a file, or holds another run and ``overwrite`` is False.
     """
     path = Path(path)
     check_directory_path(path, option)
@@ -103,7 +105,7 @@ def plan_run_dir(
         return RunDirPlan(path)
     if overwrite:
         return RunDirPlan(path, replaced_name(path))
-    raise RunDirError(
+    raise DirectoryConflictError(
         f"{option} {path} already holds a run (or other files); pass {option} with a new directory, or "
         f"--overwrite to move the old one aside to {path}.replaced-<timestamp>."
     )
@@ -122,12 +124,12 @@ def check_output_dir(out: Path, marker: str, what: str, option: str = "--out") -
     """Refuse an output directory that is a file, or non-empty without ``marker`` (not our own earlier output).
 
     Raises:
-        RunDirError: with one sentence naming ``out`` and what is expected.
+        DirectoryConflictError: with one sentence naming ``out`` and what is expected.
     """
     out = Path(out)
     check_directory_path(out, option)
     if holds_something(out) and not (out / marker).is_file():
-        raise RunDirError(
+        raise DirectoryConflictError(
             f"{option} {out} is a non-empty directory without {marker}, so it is not an earlier {what}; "
             "expected a new or empty directory (or an earlier output of the same command)."
         )

@@ -66,7 +66,7 @@ def build_report(
     anything is read.
 
     Raises:
-        RunDirError: ``out`` is a file or a non-empty directory that is not an earlier report.
+        DirectoryConflictError: ``out`` is a file or a non-empty directory that is not an earlier report.
         ValueError: no usable simulator run or swarm run among ``run_dirs``, "auto" without a no_failure run, or
             a target loss that is not a positive number.
     """
