@@ -86,8 +86,12 @@ def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
 
 
 def plan_lines(opts: SimulateOptions) -> list[str]:
-    """What a run would do, with each stage's parameter count (the model is built on the meta device)."""
-    cfg, strategy, p, source = resolve(opts)
+    """What a run would do, with each stage's parameter count (the model is built on the meta device).
+
+    Runs every check of a real run (:func:`checkfree.preflight.preflight`) and, like it, writes nothing.
+    """
+    pre = preflight(opts)
+    cfg, strategy, p, source = pre.cfg, pre.strategy, pre.probability, pre.probability_source
     vocab = HUB_VOCAB.get(cfg.tokenizer_name, cfg.vocab_size)
     with torch.device("meta"):
         stages = split_model(build_hf_model(cfg, vocab, seed=0), cfg)
@@ -101,6 +105,10 @@ def plan_lines(opts: SimulateOptions) -> list[str]:
         f"parameters: total {sum(counts):,} (vocabulary {vocab:,})",
     ]
     lines += [f"  stage {i}{' (embedding + head)' if i == 0 else ''}: {c:,}" for i, c in enumerate(counts)]
+    moved = f"; the run there now moves to {pre.run_dir.move_to}" if pre.run_dir.move_to else ""
+    resume = f", resuming {pre.resume}" if pre.resume else ""
+    lines.append(f"run directory {pre.run_dir.path}{resume}{moved}")
+    lines += [f"warning: {w}" for w in pre.warnings]
     return lines
 
 
