@@ -6,6 +6,7 @@ with its traceback); the shell launchers and one ``python -m checkfree`` call ru
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -26,22 +27,14 @@ def files(tmp_path) -> dict[str, str]:
     (tmp_path / "binary.json").write_bytes(b"\x00\x01\xff\xfe")
     (tmp_path / "broken.json").write_text('{"dmodel": ')
     (tmp_path / "list.json").write_text("[1, 2]")
-    ckpt = tmp_path / "run" / "checkpoints" / "iter_0000004"
-    ckpt.mkdir(parents=True)
-    meta = json.dumps(
-        {
-            "format": "checkfree-universal-v2",
-            "iteration": None,
-            "effective_iteration": 4,
-            "n_stages": 4,
-            "n_layers_per_stage": 1,
-            "files": {},
-        }
-    ).encode()
-    (ckpt / "meta.json").write_bytes(meta)
-    import hashlib
-
-    (ckpt / "meta.sha256").write_text(hashlib.sha256(meta).hexdigest())
+    base = {"format": "checkfree-universal-v2", "iteration": 4, "effective_iteration": 4, "n_stages": 4}
+    base |= {"n_layers_per_stage": 1, "files": {}}
+    for name, change in (("iter_0000004", {"iteration": None}), ("iter_0000005", {"n_stages": "4"})):
+        ckpt = tmp_path / "run" / "checkpoints" / name
+        ckpt.mkdir(parents=True)
+        meta = json.dumps(base | change).encode()  # checksummed: only the types are wrong
+        (ckpt / "meta.json").write_bytes(meta)
+        (ckpt / "meta.sha256").write_text(hashlib.sha256(meta).hexdigest())
     (tmp_path / "nodes.json").write_text(json.dumps({"0": [3, 9], "1": [3, 9]}))
     (tmp_path / "empty_dir").mkdir()
     (tmp_path / "foreign").mkdir()
@@ -66,8 +59,10 @@ def files(tmp_path) -> dict[str, str]:
     ]
     names += ["sw_bad", "sw_partial", "no_ckpt"]
     out = {n: str(tmp_path / n) for n in names}
+    out.update(missing=str(tmp_path / "missing"), new=str(tmp_path / "new"), tmp=str(tmp_path))
     out.update(
-        ckpt=str(ckpt), missing=str(tmp_path / "missing"), new=str(tmp_path / "new"), tmp=str(tmp_path)
+        ckpt=str(tmp_path / "run/checkpoints/iter_0000004"),
+        ckpt5=str(tmp_path / "run/checkpoints/iter_0000005"),
     )
     return out
 
@@ -96,6 +91,10 @@ SIMULATE = {
     "iteration seconds 0": (["--iteration-seconds", "0"], "--iteration-seconds"),
     "world size without torchrun": (["--world-size", "2"], "WORLD_SIZE is 2"),
     "checkpoint meta with a null": (["--resume-from", "@ckpt"], "'iteration' = None"),
+    "checkpoint meta with a string": (
+        ["--resume-from", "@ckpt5"],
+        "'n_stages' = '4'; expected a positive integer",
+    ),
     "resume path missing": (["--resume-from", "@missing"], "does not exist"),
     "malformed --set": (["--set", "dmodel"], "--set 'dmodel' is malformed"),
     "unknown config key": (["--set", "dmodle=3"], "unknown key 'dmodle'"),
