@@ -202,8 +202,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         return 0
     summary = run_simulation(opts)
     if summary.get("stopped"):
-        print(f"checkfree simulate: {summary['stopped']}", file=sys.stderr)
-        return 1
+        return 1  # the trainer has logged the one sentence (console and rank0.log)
     final = summary.get("final_eval", {})
     logging.getLogger("checkfree").info(
         "done: %s, %d iterations, %d failures, %d recoveries, final val_loss %.4f (perplexity %.2f) → %s",

@@ -109,7 +109,7 @@ def test_a_run_that_cannot_finish_stops_and_keeps_its_files(tmp_path, capsys):
     )
     rc, _, err = run_cli(argv, capsys)
     assert rc == 1
-    assert "checkfree simulate: stopped at wall-clock iteration 12 (--max-wall-iterations 12)" in err
+    assert err.count("stopped at wall-clock iteration 12 (--max-wall-iterations 12) with") == 1
     log = (run / "rank0.log").read_text()
     assert "is expected to take" in log and "progress 0." in log
     summary = json.loads((run / "summary.json").read_text())
