@@ -40,6 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from checkfree.checkpoint_meta import meta_type_problem
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -257,49 +258,10 @@ def _read_meta(path: Path) -> dict[str, Any]:
     ]
     if missing:
         raise CheckpointError(f"checkpoint file {meta_path} lacks the keys {missing}: it is corrupt.")
-    _check_meta_types(meta, meta_path)
+    problem = meta_type_problem(meta)
+    if problem:
+        raise CheckpointError(f"checkpoint file {meta_path} has {problem}.")
     return meta
-
-
-def _is_count(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _is_number_list(value: Any, length: int) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) == length
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    )
-
-
-def _check_meta_types(meta: dict[str, Any], meta_path: Path) -> None:
-    """Every field a restore reads has the type it needs (a checksum only proves the bytes are as written)."""
-
-    def bad(key: str, expected: str) -> CheckpointError:
-        return CheckpointError(
-            f"checkpoint file {meta_path} has {key!r} = {meta.get(key)!r}; expected {expected}."
-        )
-
-    for key in ("iteration", "effective_iteration"):
-        if not _is_count(meta[key], 0):
-            raise bad(key, "an integer >= 0")
-    for key in ("n_stages", "n_layers_per_stage"):
-        if not _is_count(meta[key], 1):
-            raise bad(key, "a positive integer")
-    files = meta["files"]
-    if not isinstance(files, dict) or not all(
-        isinstance(info, dict) and isinstance(info.get("sha256"), str) and _is_count(info.get("bytes"), 0)
-        for info in files.values()
-    ):
-        raise bad("files", 'an object {"<file>": {"sha256": str, "bytes": int}}')
-    for key in ("lr_multipliers", "grad_norms"):
-        if key in meta and not _is_number_list(meta[key], meta["n_stages"] + 1):
-            raise bad(key, f"a list of {meta['n_stages'] + 1} numbers (one per stage)")
-    if "config" in meta and not isinstance(meta["config"], dict):
-        raise bad("config", "an object")
-    if "data" in meta and not isinstance(meta["data"], dict | None):
-        raise bad("data", "an object")
 
 
 def read_meta(path: Path) -> dict[str, Any]:
