@@ -303,3 +303,20 @@ def test_real_processes_print_one_line_and_no_traceback(cmd, fragment, tmp_path)
     r = _run(cmd, tmp_path)
     assert_user_error(r.returncode, r.stderr, fragment)
     assert not any(tmp_path.iterdir())  # nothing written in the working directory
+
+
+def test_swarm_port_in_use_is_one_line_and_writes_nothing(files, capsys):
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PULL)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        argv = ["swarm", "run", "--setting", "ours", "--config", "swarm_tiny.json", "--no-schedule"]
+        argv += ["--set", 'data="synthetic"', "--port", str(port), "--run-dir", files["new"]]
+        rc, _, err = run_cli(argv, capsys)
+    finally:
+        sock.close(linger=0)
+        ctx.term()
+    assert_user_error(rc, err, f"--port {port}", "Address already in use")
+    assert not Path(files["new"]).exists()

@@ -199,6 +199,8 @@ def _default_run_dir(args: argparse.Namespace) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import zmq
+
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.results import summary_table
@@ -233,25 +235,31 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host, args.cache_dir
         )
     vocab_size = _vocab_size(cfg, args.cache_dir)
+    try:  # binds the bootstrap socket; nothing is written yet
+        sup = Supervisor(
+            cfg,
+            args.setting,
+            schedule,
+            args.iterations,
+            run_dir,
+            vocab_size,
+            start=args.start,
+            end=end,
+            bind_host=args.bind_host,
+            port=args.port,
+            advertise_host=args.advertise_host,
+            cache_dir=args.cache_dir,
+        )
+    except zmq.ZMQError as exc:
+        raise ValueError(
+            f"the supervisor cannot listen on --bind-host {args.bind_host} --port {args.port} ({exc}); "
+            "expected a local interface and a free port (0 = any free port)."
+        ) from None
     apply_run_dir(plan)
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("checkfree").addHandler(handler)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
-    sup = Supervisor(
-        cfg,
-        args.setting,
-        schedule,
-        args.iterations,
-        run_dir,
-        vocab_size,
-        start=args.start,
-        end=end,
-        bind_host=args.bind_host,
-        port=args.port,
-        advertise_host=args.advertise_host,
-        cache_dir=args.cache_dir,
-    )
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     sup.write_config()
     try:
