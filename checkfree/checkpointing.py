@@ -276,6 +276,12 @@ def read_meta(path: Path) -> dict[str, Any]:
         siblings = [p.name for p in list_checkpoints(path.parent)]
         listing = ", ".join(siblings) if siblings else f"none under {path.parent}"
         raise CheckpointError(f"checkpoint {path} does not exist; existing checkpoints: {listing}.")
+    inside = list_checkpoints(path / "checkpoints")
+    if inside and not (path / "meta.json").exists():
+        names = ", ".join(str(p) for p in inside)
+        raise CheckpointError(
+            f"{path} is a run directory, not a checkpoint; expected one of its checkpoints: {names}."
+        )
     return _read_meta(path)
 
 

@@ -54,6 +54,7 @@ def test_fresh_run_into_a_finished_run_is_refused(run_dir, capsys):
         (["--failure-schedule", "SCHEDULE"], "has stage 9"),
         (["--start-iter", "7"], "iter_0000007 does not exist; existing checkpoints: iter_0000004"),
         (["--resume-from", "MISSING"], "nope does not exist"),
+        (["--resume-from", "RUN"], "is a run directory, not a checkpoint; expected one of its checkpoints"),
         (["--device", "cuda"], "--device cuda"),
     ],
 )
@@ -63,7 +64,7 @@ def test_failed_validation_writes_nothing(run_dir, tmp_path, capsys, bad, fragme
     schedule.write_text(
         json.dumps({"format": "checkfree-stage-failures-v1", "failures": [{"iteration": 1, "stage": 9}]})
     )
-    subst = {"SCHEDULE": str(schedule), "MISSING": str(tmp_path / "nope")}
+    subst = {"SCHEDULE": str(schedule), "MISSING": str(tmp_path / "nope"), "RUN": str(run_dir)}
     argv = simulate_argv(run_dir, *(subst.get(b, b) for b in bad))
     if "--swaps" in bad:
         argv.remove("--no-swaps")
