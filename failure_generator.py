@@ -14,13 +14,22 @@ import logging
 import sys
 from pathlib import Path
 
+from checkfree.cli import OneLineParser
 from checkfree.failures import PAPER_ITERATION_SECONDS, format_node_schedule, generate_node_schedule
 
 
+def check_out(out: Path) -> None:
+    """--out must be a file path in an existing directory; raises ValueError with one sentence otherwise."""
+    if out.is_dir():
+        raise ValueError(
+            f"--out {out} is a directory; expected the path of a JSON file, e.g. {out / '16.json'}."
+        )
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the directory {out.parent} does not exist; create it first.")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--rate", type=float, required=True, help="stage failure rate in %%/h (5, 10, 16, 33, ...)"
     )
@@ -60,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     rate = int(args.rate) if args.rate.is_integer() else args.rate
     try:
+        if args.out is not None:
+            check_out(args.out)
         schedule = generate_node_schedule(
             rate,
             n_stages=args.stages,
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             iteration_seconds=args.iteration_seconds,
         )
     except ValueError as err:
-        logging.getLogger("failure_generator").error("%s", err)
+        print(f"failure_generator.py: error: {err}", file=sys.stderr)
         return 2
     text = format_node_schedule(schedule)
     if args.out is None:

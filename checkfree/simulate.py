@@ -40,6 +40,7 @@ from checkfree.pipeline import (
     scale_grads,
     stage_order,
 )
+from checkfree.progress import WallClockGuard, expected_run_length
 from checkfree.recovery.base import RecoveryStrategy
 from checkfree.throughput import Peak, ThroughputMeter, peak_memory, stages_flops_per_token
 from checkfree.training_state import TrainingState, make_adam
@@ -109,8 +110,15 @@ class Trainer:
         ctx: RunContext,
         swaps: bool,
         config_json: dict[str, Any] | None = None,
+        max_wall_iterations: int | None = None,
+        data_fingerprint: dict[str, Any] | None = None,
     ):
+        """``max_wall_iterations``: stop after this many wall-clock iterations (None = 20 × max_iterations,
+        :class:`checkfree.progress.WallClockGuard`); ``data_fingerprint``: recorded in every run checkpoint so
+        that a resume on other data is refused."""
         self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
+        self.guard = WallClockGuard(cfg.max_iterations, max_wall_iterations)
+        self.data_fingerprint = data_fingerprint
         self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
         self.config_json = config_json or cfg.to_json()
         for s in stages:
@@ -281,6 +289,8 @@ class Trainer:
             strategy=self.strategy.name,
             world_size=self.ctx.world_size,
         )
+        if self.data_fingerprint is not None:
+            snap.meta["data"] = self.data_fingerprint
         path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
         seconds = round(time.perf_counter() - t0, 4)
         self.ctx.sink.write(
@@ -331,22 +341,35 @@ class Trainer:
         t_start = time.perf_counter()
         self.evaluate()
         last_loss = float("nan")
+        guard, start = self.guard, (st.iteration, st.effective_iteration)
+        expected = expected_run_length(
+            self.strategy, self.failures, cfg.max_iterations - st.effective_iteration
+        )
+        if expected is not None and (warning := guard.expected_length_warning(expected)):
+            log.warning("%s", warning)
+        stopped = None
         while st.effective_iteration < cfg.max_iterations:
+            if guard.exceeded(st.iteration):
+                stopped = guard.stop_sentence(st.iteration, st.effective_iteration)
+                log.warning("%s", stopped)
+                break
             last_loss = self.step()
             it = st.effective_iteration
+            rate = guard.rate(it, st.iteration, start[1], start[0])
             if self.ctx.progress is not None:
                 self.ctx.progress.n = it  # the training position: it goes back after a rollback
                 self.ctx.progress.refresh()
-                self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
-            if it % cfg.log_interval == 0 or it == cfg.max_iterations:
+                self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}, progress {rate:.2f} it/wall-it")
+            if st.iteration % cfg.log_interval == 0 or it == cfg.max_iterations:
                 log.info(
-                    "iter %6d | loss %.4f | %s tok/s | MFU %s | failures %d | recoveries %d",
+                    "iter %6d | loss %.4f | %s tok/s | MFU %s | failures %d | recoveries %d | progress %.2f it/wall-it",
                     st.iteration,
                     last_loss,
                     f"{self.last_rate['tokens_per_second']:,.0f}",
                     "n/a" if self.last_rate["mfu"] is None else f"{100 * self.last_rate['mfu']:.2f}%",
                     self.counts["failures"],
                     self.counts["recoveries"],
+                    rate,
                 )
             if it % cfg.eval_interval == 0 or it == cfg.max_iterations:
                 val, ppl = self.evaluate()
@@ -362,6 +385,8 @@ class Trainer:
             "final_train_loss": last_loss,
             "first_eval": self.first_eval,
             "final_eval": self.last_eval,
+            "stopped": stopped,
+            "progress_rate": round(guard.rate(st.effective_iteration, st.iteration, start[1], start[0]), 4),
             **self.counts,
             "seconds": round(time.perf_counter() - t_start, 3),
             "strategy_stats": self.strategy.stats(),
