@@ -77,6 +77,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
         "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)",
     )
+    r.add_argument(
+        "--join-token",
+        type=Path,
+        help="join the authenticated swarm whose supervisor wrote this token (<run_dir>/join_token.json "
+        "on the first machine): this machine only hosts nodes START..END-1",
+    )
+    r.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no CURVE authentication or encryption (single-machine debugging only: anyone who reaches a "
+        "port can then speak for any node)",
+    )
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
     r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
     r.add_argument("--replicas", type=int, help="override replicas per stage")
@@ -176,11 +188,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
-    if args.bootstrap:
+    if args.bootstrap or args.join_token:
         from checkfree.swarm.launcher import run_launcher
 
+        if args.join_token is None and not args.insecure:
+            raise ValueError(
+                "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
+            )
         return run_launcher(
-            args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host, args.cache_dir
+            args.bootstrap,
+            args.start,
+            end,
+            run_dir,
+            args.bind_host,
+            args.advertise_host,
+            args.cache_dir,
+            token=args.join_token,
         )
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
@@ -199,8 +222,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         port=args.port,
         advertise_host=args.advertise_host,
         cache_dir=args.cache_dir,
+        insecure=args.insecure,
     )
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    if not args.insecure:
+        log.info("supervisor: join token for other machines: %s", sup.token_path)
     sup.write_config()
     try:
         results = sup.run()

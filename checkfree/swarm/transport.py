@@ -26,6 +26,13 @@ seconds. ``send`` itself never blocks on the network.
 Frames larger than ``max_message_bytes`` are refused by libzmq (``ZMQ_MAXMSGSIZE``), which closes that
 connection; the sender's PUSH reconnects by itself. libzmq gives no per-message callback for this, so such
 drops are not counted in ``stats``.
+
+Authentication (``identity`` given, the swarm's default; checkfree.swarm.auth): the PULL socket is a CURVE
+server behind a ZAP handler that admits only the keyring's keys, each PUSH socket a CURVE client of the
+peer's key; a received message whose header ``sender`` is not the id bound to its authenticated key
+(``User-Id``) is dropped and counted in ``stats['dropped_spoofed']``. ``validate`` (the swarm passes
+checkfree.swarm.control.check) runs on every decoded message; a ``ProtocolError`` from it counts as malformed.
+Every socket closes with linger 0 (also the context's default), so ``close`` never waits on the network.
 """
 
 from __future__ import annotations
@@ -40,10 +47,12 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
 
+from checkfree.swarm.auth import Identity
 from checkfree.swarm.netem import NetEm
 from checkfree.swarm.protocol import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -96,6 +105,7 @@ def _empty_stats() -> dict:
         "recv_bytes": dict(per_type),
         "recv_messages": dict(per_type),
         "dropped_malformed": 0,
+        "dropped_spoofed": 0,
         "dropped_unsent": 0,
     }
 
@@ -114,6 +124,9 @@ class Transport:
         send_hwm, recv_hwm: ZeroMQ high-water marks, messages.
         send_timeout: seconds a due message may wait for a full or disconnected peer before it is dropped.
         inbox_size: received messages buffered for ``recv``.
+        identity: this process's CURVE keypair and the keyring it admits; ``None`` = plain TCP, no
+            authentication (single-machine debugging only: anyone who reaches the port can send anything).
+        validate: called on every decoded message; raises ``ProtocolError`` to drop it as malformed.
 
     Raises:
         TransportError: on an invalid argument; ``zmq.ZMQError`` if the address cannot be bound.
@@ -132,6 +145,8 @@ class Transport:
         recv_hwm: int = 1000,
         send_timeout: float = 30.0,
         inbox_size: int = 10000,
+        identity: Identity | None = None,
+        validate: Callable[[Message], None] | None = None,
     ) -> None:
         for name, value in (
             ("heartbeat_interval", heartbeat_interval),
@@ -148,9 +163,15 @@ class Transport:
         self.send_hwm = send_hwm
         self.send_timeout = send_timeout
         self._clock = time.monotonic
+        self.identity = identity
+        self.validate = validate
         self._ctx = zmq.Context(io_threads=1)
+        self._ctx.setsockopt(zmq.LINGER, 0)
+        self._auth = identity.start_authenticator(self._ctx) if identity is not None else None
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            identity.make_server(self._pull)
         self._pull.setsockopt(zmq.RCVHWM, recv_hwm)
         self._pull.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self._set_keepalive(self._pull)
@@ -158,6 +179,8 @@ class Transport:
             self._pull.bind(f"tcp://{bind_host}:{port if port else '*'}")
         except zmq.ZMQError:
             self._pull.close(0)
+            if self._auth is not None:
+                self._auth.stop()
             self._ctx.term()
             raise
         self.address: str = self._pull.getsockopt(zmq.LAST_ENDPOINT).decode()
@@ -190,17 +213,32 @@ class Transport:
         Replacing closes the old socket: messages still queued for the old process are dropped and counted
         in ``stats['dropped_unsent']``; emulated links to the peer restart idle. The peer counts as alive
         for ``peer_timeout`` seconds from now even before its first heartbeat.
+
+        Raises:
+            TransportError: the address is not ``tcp://HOST:PORT`` or libzmq refuses it (nothing is kept), or
+                the peer's public key is not in the keyring (authenticated transports).
         """
         if not isinstance(address, str) or not address.startswith("tcp://"):
             raise TransportError(f"Peer address is {address!r}; expected 'tcp://HOST:PORT'.")
+        server_key = None
+        if self.identity is not None:
+            server_key = self.identity.keyring.key_of(peer_id)
+            if server_key is None:
+                raise TransportError(f"Peer {peer_id} has no admitted public key; it cannot be dialled.")
         sock = self._ctx.socket(zmq.PUSH)
+        if server_key is not None and self.identity is not None:
+            self.identity.make_client(sock, server_key)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, self.send_hwm)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         self._set_keepalive(sock)
-        sock.connect(address)
+        try:
+            sock.connect(address)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise TransportError(f"Peer address {address[:80]!r} cannot be dialled: {exc}.") from None
         with self._cond:
             self._check_open()
             old = self._peers.get(peer_id)
@@ -303,6 +341,8 @@ class Transport:
             peer.socket.close(0)
         self._peers.clear()
         self._pull.close(0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
 
     def __enter__(self) -> Transport:
@@ -430,6 +470,27 @@ class Transport:
                 "node %d: dropped a malformed message from %s: %s", self.node_id, self._describe(frames), exc
             )
             return
+        if self.identity is not None:
+            owner = self.identity.keyring.owner(frames[0].get("User-Id"))
+            if owner != msg.sender:
+                with self._stats_lock:
+                    self._stats["dropped_spoofed"] += 1
+                log.warning(
+                    "node %d: dropped a %s whose header claims sender %d from the key of %s",
+                    self.node_id,
+                    msg.type.name,
+                    msg.sender,
+                    owner,
+                )
+                return
+        if self.validate is not None:
+            try:
+                self.validate(msg)
+            except ProtocolError as exc:
+                with self._stats_lock:
+                    self._stats["dropped_malformed"] += 1
+                log.warning("node %d: dropped a %s from %d: %s", self.node_id, msg.type.name, msg.sender, exc)
+                return
         self._count("recv", msg.type, nbytes(frames))
         with self._stats_lock:
             self._last_seen[msg.sender] = self._clock()
