@@ -131,7 +131,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "kill": {"node": "nat"},
     # node / storage / launcher -> supervisor
     "serving": {"stage": "stage", "version": "nat", "record": "obj"},
-    "stored": {"stage": "stage", "version": "nat", "bytes": "nat"},
+    "stored": {"stage": "stage", "version": "nat", "bytes": "nat", "bad_messages?": "nat"},
     "committed": {"epoch": "nat", **_REPORT},
     "final": {
         **{k if k.endswith("?") else k + "?": v for k, v in _REPORT.items()},

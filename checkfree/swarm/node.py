@@ -66,6 +66,8 @@ MAX_FUTURE = 2000
 """Early messages (a not-yet-begun epoch, a requester not yet listed) buffered at most; more are dropped."""
 MAX_FUTURE_BYTES = 512 * 1024**2
 """Tensor bytes of early messages buffered at most."""
+MAX_WAITING_REQUESTS = 64
+"""WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
 FUTURE_EPOCHS = 4
 """An epoch more than this far ahead of the node's last ``begin`` is implausible (dropped and counted)."""
 
@@ -117,6 +119,8 @@ class Node:
         """Highest weights version a peer may claim: iterations the supervisor has begun (plausibility)."""
         self.members: dict[int, list[int]] = {}
         self.future = FutureBuffer()
+        self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
+        """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
         self.grad_norm = 1.0  # ω before any completed iteration (SPEC §2)
         self.serving = False
         self.done = False
@@ -206,7 +210,11 @@ class Node:
                 continue
             if msg.sender == SUPERVISOR_ID and msg.meta.get("command") == "welcome":
                 return msg
-            self.future.add(msg)
+            early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.future
+            try:
+                early.add(msg)
+            except ProtocolError as exc:
+                self.reject(msg, str(exc))
         return None
 
     def _setup(self, meta: dict[str, Any]) -> None:
@@ -244,7 +252,7 @@ class Node:
             MessageType.CONTROL,
             meta=control.control("serving", stage=self.stage, version=self.version, record=record),
         )
-        self._replay(lambda m: m.type == MessageType.WEIGHTS_REQUEST)
+        self._replay_requests()
 
     def _tick(self) -> bool:
         """Timeouts; True when the node must exit (its supervisor is gone)."""
@@ -307,12 +315,16 @@ class Node:
             self.peers.pop(pid)
             self.transport.disconnect(pid)
         if self.serving:
-            self._replay(lambda m: m.type == MessageType.WEIGHTS_REQUEST and m.sender in self.peers)
+            self._replay_requests()
         if self.task is not None:
             self.task.peers_changed()
 
     def _replay(self, keep: Callable[[Message], bool]) -> None:
         for msg in self.future.take(keep):
+            self.dispatch(msg)
+
+    def _replay_requests(self) -> None:
+        for msg in self.waiting.take(lambda m: m.sender in self.peers):
             self.dispatch(msg)
 
     def plausible_version(self, version: int) -> bool:
@@ -504,7 +516,7 @@ class Node:
         a node dials only the peers the supervisor lists."""
         meta = msg.meta
         if not self.serving or msg.sender not in self.peers and msg.sender != SUPERVISOR_ID:
-            self.future.add(msg)  # answered once this node serves and the requester is listed
+            self.waiting.add(msg)  # answered once this node serves and the requester is listed
             return
         reply = {"request": meta["request"], **self.weights_meta()}
         if "part" in meta:  # a stage-0 replacement asks for the copy this node holds (CheckFree+)

@@ -204,7 +204,9 @@ class StorageNode:
             nbytes,
             msg.sender,
         )
-        meta = control.control("stored", stage=stage, version=version, bytes=nbytes)
+        meta = control.control(
+            "stored", stage=stage, version=version, bytes=nbytes, bad_messages=self.bad_messages
+        )
         self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=meta))
 
     def _serve(self, msg: Message) -> None:

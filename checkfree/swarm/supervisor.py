@@ -343,6 +343,7 @@ class Supervisor:
             raise ProtocolError(f"'stored' of stage {meta['stage']} from a node that is not the storage node")
         self._plausible(meta["version"])
         self.stored.setdefault(meta["stage"], set()).add(meta["version"])
+        self.results.node_report(slot.occupant, meta)  # the storage node's counters so far
 
     def _on_report(self, slot: Slot, meta: dict[str, Any]) -> None:
         """``committed`` / ``final``: the node's cumulative statistics."""
