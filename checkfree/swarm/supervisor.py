@@ -136,7 +136,7 @@ class Supervisor:
         self.keys = None if insecure else SwarmKeys.new()
         identity = None
         if self.keys is not None:
-            ring = KeyRing({n: self.keys.public_key(n) for n in range(-1, cfg.n_nodes)})
+            ring = KeyRing({n: self.keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
             launchers = range(LAUNCHER_ID_BASE, LAUNCHER_ID_BASE + cfg.n_nodes)
             ring.update({n: self.keys.public_key(n) for n in launchers})
             identity = self.keys.identity(SUPERVISOR_ID, ring)

@@ -198,6 +198,7 @@ class Transport:
         self._last_seen: dict[int, float] = {}
         self._inbox: queue.Queue[Message] = queue.Queue(maxsize=inbox_size)
         self._pending: dict[int, deque[_Outgoing]] = {}
+        self._queued: dict[int, int] = {}  # per peer: messages on the heap or in _pending (guarded by _cond)
         self._sender = threading.Thread(target=self._send_loop, name=f"transport-{node_id}-send", daemon=True)
         self._receiver = threading.Thread(
             target=self._recv_loop, name=f"transport-{node_id}-recv", daemon=True
@@ -282,10 +283,11 @@ class Transport:
                 )
             now = self._clock()
             deliver_at = self.netem.reserve(self.node_id, peer_id, size, now) if self.netem else now
-            heapq.heappush(
-                self._heap,
-                _Outgoing(deliver_at, next(self._seq), peer_id, peer.generation, msg.type, frames, size),
-            )
+            item = _Outgoing(deliver_at, next(self._seq), peer_id, peer.generation, msg.type, frames, size)
+            if deliver_at <= now and not self._queued.get(peer_id) and self._send_now(peer, item):
+                return size  # due now and nothing ahead of it: no hop through the sender thread
+            heapq.heappush(self._heap, item)
+            self._queued[peer_id] = self._queued.get(peer_id, 0) + 1
             self._cond.notify()
         return size
 
@@ -380,6 +382,28 @@ class Transport:
             reason,
         )
 
+    def _send_now(self, peer: _Peer, item: _Outgoing) -> bool:
+        """Hand ``item`` to its socket from the caller's thread (``_cond`` held, so the per-peer order is
+        kept); False if the socket would block (the caller queues it for the sender thread)."""
+        try:
+            with self._sock_lock:
+                peer.socket.send_multipart(item.frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            return False
+        except zmq.ZMQError as exc:
+            self._drop_unsent(item, f"zmq error {exc}")
+            return True
+        self._count("sent", item.mtype, item.size)
+        return True
+
+    def _dequeued(self, peer_id: int) -> None:
+        with self._cond:
+            left = self._queued.get(peer_id, 0) - 1
+            if left > 0:
+                self._queued[peer_id] = left
+            else:
+                self._queued.pop(peer_id, None)
+
     def _queue_heartbeats(self, now: float) -> None:
         hb = encode(Message(MessageType.HEARTBEAT, self.node_id))
         size = nbytes(hb)
@@ -390,6 +414,7 @@ class Transport:
                     self._heap,
                     _Outgoing(at, next(self._seq), pid, peer.generation, MessageType.HEARTBEAT, hb, size),
                 )
+                self._queued[pid] = self._queued.get(pid, 0) + 1
 
     def _send_loop(self) -> None:
         next_heartbeat = self._clock()
@@ -423,6 +448,7 @@ class Transport:
                     peer = self._peers.get(pid)
                 if peer is None or peer.generation != item.generation:
                     backlog.popleft()
+                    self._dequeued(pid)
                     self._drop_unsent(item, "the peer was disconnected or replaced before delivery")
                     continue
                 try:
@@ -433,6 +459,7 @@ class Transport:
                 except zmq.Again:
                     if now - item.deliver_at > self.send_timeout:
                         backlog.popleft()
+                        self._dequeued(pid)
                         self._drop_unsent(
                             item, f"not accepted within {self.send_timeout:.1f} s (peer down or full)"
                         )
@@ -440,9 +467,11 @@ class Transport:
                     break
                 except zmq.ZMQError as exc:
                     backlog.popleft()
+                    self._dequeued(pid)
                     self._drop_unsent(item, f"zmq error {exc}")
                     continue
                 backlog.popleft()
+                self._dequeued(pid)
                 self._count("sent", item.mtype, item.size)
         for pid in [pid for pid, backlog in self._pending.items() if not backlog]:
             del self._pending[pid]  # departed peers leave no empty queues behind
