@@ -219,3 +219,22 @@ def test_keys_token_and_key_files(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(AuthError, match="cannot be read"):
         read_token(tmp_path / "bad.json")
+
+
+def test_an_internal_supervisor_error_is_one_swarm_error_with_the_traceback_in_the_log(
+    tmp_path: Path,
+) -> None:
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    sup = Supervisor(cfg, "ours", {}, iterations=1, run_dir=tmp_path, vocab_size=300)
+    reaped: list[bool] = []
+    sup.host.reap_all = lambda: reaped.append(True)  # type: ignore[method-assign]
+
+    def bug() -> dict:
+        return {}["a bug"]
+
+    sup._run = bug  # type: ignore[method-assign]
+    with pytest.raises(SwarmError, match=r"internal error of the supervisor \(KeyError: 'a bug'\)") as err:
+        sup.run()
+    assert "\n" not in str(err.value) and reaped == [True]
+    log = (tmp_path / "supervisor.log").read_text()
+    assert "Traceback (most recent call last)" in log and "KeyError: 'a bug'" in log

@@ -571,16 +571,16 @@ class Supervisor:
                 self.strategy.plan(stage, lost, self.cfg.n_stages)
             except RecoveryImpossible as exc:
                 raise SwarmError(str(exc)) from None
+        if lost and self.strategy.rollback_on_stage_loss and not self._has_complete_checkpoint():
+            cause = (
+                f"the storage node restarted during iteration {self.storage_lost_at} and lost every checkpoint"
+                if self.storage_lost_at is not None
+                else "the storage node holds no checkpoint every stage stored"
+            )
+            raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
         pending = [dict(s.crash) for s in self.slots if s.crash is not None]
         self._wait_serving()
         if lost and self.strategy.rollback_on_stage_loss:
-            if not self._has_complete_checkpoint():
-                cause = (
-                    f"the storage node restarted during iteration {self.storage_lost_at} and lost every checkpoint"
-                    if self.storage_lost_at is not None
-                    else "the storage node holds no checkpoint every stage stored"
-                )
-                raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
             version = self._complete_checkpoint()
             self._rollback(version)
             self.results.rollbacks.append(
