@@ -187,14 +187,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         for n in range(args.start, end):
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
+    if args.bootstrap and args.join_token is None and not args.insecure:
+        raise ValueError(
+            "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
+        )
+    if args.join_token is not None:
+        from checkfree.swarm.auth import read_token
+
+        read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
     run_dir.mkdir(parents=True, exist_ok=True)
     if args.bootstrap or args.join_token:
         from checkfree.swarm.launcher import run_launcher
 
-        if args.join_token is None and not args.insecure:
-            raise ValueError(
-                "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
-            )
         return run_launcher(
             args.bootstrap,
             args.start,
