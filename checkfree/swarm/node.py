@@ -1,6 +1,7 @@
 """One swarm node = one process = one stage replica: join, serve microbatches, average gradients, recover.
 
-Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L --bootstrap ADDR``):
+Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L --bootstrap ADDR
+--key-file FILE``; ``--insecure`` instead of the key file for plain TCP):
 
 1. **Join**: connect to the bootstrap (the supervisor), send JOIN (stage, location, address). The WELCOME
    reply carries the resolved swarm config, the peer table and the checkpoint version; the node connects to
@@ -8,8 +9,9 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
 2. **Recover** (replacements only, ``--replacement``): ask the setting's plan (checkfree.swarm.strategies)
    which stages to fetch, send WEIGHTS_REQUEST to a serving node of each (or the storage node), combine the
    answers with the shared recovery math (``copy_state`` / ``weighted_average``) and report ``serving``.
-   An unanswered request is re-sent to the next candidate after ``request_timeout``; after
-   ``max_attempts`` rounds the node reports ``recovery_failed`` and exits (the supervisor retries).
+   A rejected or error answer, or a source that leaves the peer table, sends the request to the next
+   candidate at once; an unanswered one after ``request_timeout``; after ``max_attempts`` rounds the node
+   reports ``recovery_failed`` and exits (the supervisor retries).
 3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration:
    ``begin`` (stage 0 starts its pipeline, see checkfree.swarm.worker) → every node forwards/backwards what
    arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
@@ -17,8 +19,9 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
    pipelines), record the unclipped norm ω (SPEC §2), clip and report ``ready`` → ``commit``: Adam
    step (and, on checkpoint iterations, the designated replica ships weights + Adam state to storage) →
    ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
-4. **Serve weights** at any time: WEIGHTS_REQUEST → WEIGHTS_RESPONSE with the weights, the last gradient
-   norm, and (if asked) Adam's moments, step and lr. Under ``ours-plus`` stage 0 also pushes its embedding
+4. **Serve weights** at any time to a peer the supervisor lists (a request from one not yet listed waits,
+   bounded, for the next ``peers``; the node never dials an unlisted requester): WEIGHTS_REQUEST →
+   WEIGHTS_RESPONSE with the weights, the last gradient norm, and (if asked) Adam's moments, step and lr. Under ``ours-plus`` stage 0 also pushes its embedding
    and head to stages 1 and S after each step, and those serve the copies to a stage-0 replacement
    (checkfree.swarm.stage0_copies).
 5. **Leave** on ``shutdown`` (final stats to the supervisor), or exit by itself when the supervisor has

@@ -2,7 +2,10 @@
 
 :class:`Recovery` executes a :class:`~checkfree.swarm.strategies.RecoveryPlan`: one WEIGHTS_REQUEST per source
 stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
-seconds; an error answer or a missed deadline moves the request to the next candidate, and after
+seconds and a random 128-bit request id. Each answer is checked on arrival (the stage and part asked, the node
+asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, or a
+source that leaves the peer table, moves the request to the next candidate at once, a missed deadline after
+``request_timeout``, and after
 ``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
 and starts another replacement). The answers are combined with the shared recovery math
 (checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
