@@ -178,7 +178,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path("runs") / f"swarm-{args.setting}-{args.rate}"
     end = cfg.n_nodes if args.end is None else args.end
     if args.dry_run:
-        host = LocalHost(run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir)
+        from checkfree.swarm.auth import SwarmKeys
+
+        keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
+        host = LocalHost(
+            run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir, keys=keys
+        )
         print(
             f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
             f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
