@@ -15,8 +15,9 @@ import zmq
 from checkfree.swarm import control
 from checkfree.swarm.auth import AuthError, SwarmKeys, read_key_file, read_token
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.gradient_sync import GradientSync
-from checkfree.swarm.node import FutureBuffer, Node
+from checkfree.swarm.node import Node
 from checkfree.swarm.protocol import Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery
 from checkfree.swarm.strategies import RecoveryPlan

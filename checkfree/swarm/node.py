@@ -51,6 +51,7 @@ from checkfree.swarm import control
 from checkfree.swarm import weights as W
 from checkfree.swarm.auth import Identity, read_key_file
 from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.gradient_sync import GradientSync
 from checkfree.swarm.netem import NetEm
 from checkfree.swarm.pipeline_driver import PipelineDriver
@@ -65,10 +66,6 @@ log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 120.0
 """Seconds a new node waits for the supervisor's WELCOME before it gives up."""
-MAX_FUTURE = 2000
-"""Early messages (a not-yet-begun epoch, a requester not yet listed) buffered at most; more are dropped."""
-MAX_FUTURE_BYTES = 512 * 1024**2
-"""Tensor bytes of early messages buffered at most."""
 MAX_WAITING_REQUESTS = 64
 """WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
 FUTURE_EPOCHS = 4
@@ -571,44 +568,6 @@ class Node:
             time.sleep(0.01)
         time.sleep(0.2)  # let the sender thread hand the last frames to libzmq
         self.done = True
-
-
-class FutureBuffer:
-    """Messages that arrived early (a later epoch, a requester not yet listed), bounded in count and bytes."""
-
-    def __init__(self, max_messages: int = MAX_FUTURE, max_bytes: int = MAX_FUTURE_BYTES) -> None:
-        self.max_messages, self.max_bytes = max_messages, max_bytes
-        self.messages: list[Message] = []
-        self.nbytes = 0
-
-    @staticmethod
-    def _size(msg: Message) -> int:
-        return sum(t.numel() * t.element_size() for t in msg.tensors.values())
-
-    def add(self, msg: Message) -> None:
-        """Keep ``msg``.
-
-        Raises:
-            ProtocolError: the buffer is full (the message is dropped and counted by the caller).
-        """
-        size = self._size(msg)
-        if len(self.messages) >= self.max_messages or self.nbytes + size > self.max_bytes:
-            raise ProtocolError(
-                f"the buffer for early messages is full ({len(self.messages)} messages, {self.nbytes} bytes)"
-            )
-        self.messages.append(msg)
-        self.nbytes += size
-
-    def take(self, keep: Callable[[Message], bool]) -> list[Message]:
-        taken = [m for m in self.messages if keep(m)]
-        if taken:
-            self.messages = [m for m in self.messages if not keep(m)]
-            self.nbytes = sum(self._size(m) for m in self.messages)
-        return taken
-
-    def drop_before(self, epoch: int) -> None:
-        """Forget messages of epochs older than ``epoch``."""
-        self.take(lambda m: isinstance(m.meta.get("epoch"), int) and m.meta["epoch"] < epoch)
 
 
 def main(argv: list[str] | None = None) -> int:
