@@ -87,15 +87,17 @@ class SwarmKeys:
         }
         _write_private(path, data)
 
-    def write_key_file(self, path: Path, ident: int) -> None:
+    def write_key_file(self, path: Path, ident: int, admit_upto: int = 0) -> None:
         """Write one node's key file (mode 0600): its own secret key and the public keys it admits from
-        its first moment: the supervisor's and those of ids 0 .. ``ident`` + KEY_WINDOW (every node that can
-        be alive when it starts has a lower id, and the next replacements are admitted ahead)."""
+        its first moment: the supervisor's and those of ids 0 .. max(``ident``, ``admit_upto``) + KEY_WINDOW.
+        ``admit_upto`` is the supervisor's next replacement id: every node that can be alive when this one
+        starts has a lower id, so none is refused before WELCOME tells this node about it."""
+        upto = max(ident, admit_upto) + KEY_WINDOW
         data = {
             "node": ident,
             "secret_key": self.secret_key(ident).decode("ascii"),
             "supervisor_key": self.public_key(-1),
-            "keys": {str(i): self.public_key(i) for i in range(ident + KEY_WINDOW + 1)},
+            "keys": {str(i): self.public_key(i) for i in range(upto + 1)},
         }
         _write_private(path, data)
 

@@ -127,7 +127,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "rollback": {"version": "nat"},
     "shutdown": {},
     # supervisor -> launcher
-    "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool"},
+    "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
     "kill": {"node": "nat"},
     # node / storage / launcher -> supervisor
     "serving": {"stage": "stage", "version": "nat", "record": "obj"},

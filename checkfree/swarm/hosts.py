@@ -132,11 +132,11 @@ class LocalHost:
     def key_file(self, node: int) -> Path:
         return self.run_dir / "keys" / f"node{node}.json"
 
-    def spawn(self, node: int, stage: int, location: str, replacement: bool) -> int:
-        """Start node ``node``; returns its pid."""
+    def spawn(self, node: int, stage: int, location: str, replacement: bool, admit_upto: int = 0) -> int:
+        """Start node ``node``; returns its pid. ``admit_upto``: see SwarmKeys.write_key_file."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.keys is not None:
-            self.keys.write_key_file(self.key_file(node), node)
+            self.keys.write_key_file(self.key_file(node), node, admit_upto)
         cmd = self.command(node, stage, location, replacement)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":

@@ -79,7 +79,7 @@ def run_launcher(
     def spawn(m: dict) -> None:
         if m["node"] in host.procs:
             raise ProtocolError(f"spawn of node {m['node']}, which this launcher started already")
-        host.spawn(m["node"], m["stage"], m["location"], m["replacement"])
+        host.spawn(m["node"], m["stage"], m["location"], m["replacement"], m["admit_upto"])
 
     def kill(m: dict) -> None:
         if m["node"] not in host.procs:

@@ -318,10 +318,15 @@ class Supervisor(PeerMessages):
         slot.deadline = time.monotonic() + self.cfg.recovery_timeout
         self.by_node[slot.occupant] = slot
         if slot.local:
-            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement)
+            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, self.next_id)
         elif slot.launcher is not None:
             spawn = control(
-                "spawn", node=slot.occupant, stage=slot.stage, location=slot.location, replacement=replacement
+                "spawn",
+                node=slot.occupant,
+                stage=slot.stage,
+                location=slot.location,
+                replacement=replacement,
+                admit_upto=self.next_id,
             )
             self._send(slot.launcher, MessageType.CONTROL, spawn)
         if slot.crash is not None:
