@@ -256,22 +256,35 @@ def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path) -> None:
+@pytest.mark.parametrize("insecure", [False, True], ids=["join-token", "insecure"])
+def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path, insecure: bool) -> None:
     from checkfree.swarm.launcher import run_launcher
 
     cfg = _config(tmp_path, replicas=1)
     # this "machine" hosts nodes 0-1; the launcher (the other "machine") hosts 2-3, and node 2 crashes there
     sup = Supervisor(
-        cfg, "ours", {2: [2]}, iterations=5, run_dir=tmp_path / "a", vocab_size=300, start=0, end=2
+        cfg,
+        "ours",
+        {2: [2]},
+        iterations=5,
+        run_dir=tmp_path / "a",
+        vocab_size=300,
+        start=0,
+        end=2,
+        insecure=insecure,
     )
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 60
-    while not sup.token_path.exists():  # the first machine writes the join token; the second reads it
-        assert time.monotonic() < deadline and thread.is_alive()
-        time.sleep(0.05)
-    assert run_launcher(None, 2, 4, tmp_path / "b", token=sup.token_path) == 0
+    if insecure:  # plain TCP: the bootstrap address is all the second machine needs
+        assert run_launcher(sup.address, 2, 4, tmp_path / "b") == 0
+        assert not sup.token_path.exists() and not (tmp_path / "b" / "keys").exists()
+    else:
+        deadline = time.monotonic() + 60
+        while not sup.token_path.exists():  # the first machine writes the join token; the second reads it
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        assert run_launcher(None, 2, 4, tmp_path / "b", token=sup.token_path) == 0
     thread.join(timeout=60)
     assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
     assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["sources"] == [1, 3]
