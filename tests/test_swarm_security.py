@@ -250,6 +250,7 @@ def test_poisoned_numbers_and_implausible_epochs_are_rejected(swarm: Supervisor)
 @pytest.mark.timeout(120)
 def test_forged_checkpoints_never_reach_a_rollback(swarm: Supervisor) -> None:
     storage = swarm.cfg.storage_id
+    bad = _report(swarm, storage).get("bad_messages", 0)  # the storage node's count rides on its acks
     attacker = Attacker(swarm, storage, as_id=1)
     weights = {"w.x": torch.full((4,), float("nan"))}
     try:
@@ -280,6 +281,7 @@ def test_forged_checkpoints_never_reach_a_rollback(swarm: Supervisor) -> None:
         attacker.close()
     _after_commits(swarm, 3)
     assert all(10**6 not in v for v in swarm.stored.values())
+    assert _report(swarm, storage)["bad_messages"] == bad + 3
 
 
 @pytest.mark.slow
