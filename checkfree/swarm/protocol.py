@@ -85,6 +85,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 }
 """Allowlist of tensor dtypes and their wire codes."""
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPE_CODES}
 
 # Per type: meta keys that must be present, with their JSON type. ``stage`` is the stage index that the
 # message concerns (the sender's stage for FORWARD/BACKWARD/GRADIENTS/JOIN, the requested stage for
@@ -369,7 +370,7 @@ def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[st
                 f"Shape of tensor {name!r} is {list(shape)}; expected dims >= 0 and not huge."
             )
     dtype = CODE_DTYPES[code]
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = _ITEMSIZE[dtype]
     want = math.prod(shape) * itemsize
     if want != size:
         raise ProtocolError(
