@@ -7,7 +7,7 @@
 #            --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
 #        DRY_RUN=1 communication/run_throughput.sh 0 21 ours 16                    # print the node commands, start nothing
 #   multi-machine: machine A runs START=0 with --bind-host 0.0.0.0 --advertise-host A --port 5555 (the bootstrap);
-#   machine B runs its range with --bootstrap tcp://A:5555 --bind-host 0.0.0.0 --advertise-host B.
+#   machine B runs its range with --join-token FILE (A writes RUN_DIR/join_token.json) --bind-host 0.0.0.0 --advertise-host B.
 #   options: python -m checkfree swarm run --help
 # The python supervisor starts its node processes itself and kills only those, by pid; this script kills nothing.
 set -euo pipefail

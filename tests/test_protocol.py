@@ -112,7 +112,9 @@ def test_zero_copy_encode_aliases_and_copy_encode_snapshots() -> None:
         (MessageType.JOIN, {"stage": 1, "location": "Iowa", "address": "tcp://127.0.0.1:5"}, {}),
         (MessageType.HEARTBEAT, {}, {}),
         (MessageType.LEAVE, {}, {}),
-        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),
+        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),  # commands: checkfree.swarm.control
+        (MessageType.STAGE0_COPY, {"stage": 0, "part": "head", "version": 3}, {"w.x": torch.ones(2)}),
+        (MessageType.CHECKPOINT, {"stage": 2, "version": 4}, {"w.x": torch.ones(2), "m.x": torch.ones(2)}),
     ],
 )
 def test_every_message_type_round_trips(mtype: MessageType, meta: dict, tensors: dict) -> None:

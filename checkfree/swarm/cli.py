@@ -86,6 +86,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
         "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)",
     )
+    r.add_argument(
+        "--join-token",
+        type=Path,
+        help="join the authenticated swarm whose supervisor wrote this token (<run_dir>/join_token.json "
+        "on the first machine): this machine only hosts nodes START..END-1",
+    )
+    r.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no CURVE authentication or encryption (single-machine debugging only: anyone who reaches a "
+        "port can then speak for any node)",
+    )
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
     r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
     r.add_argument("--replicas", type=int, help="override replicas per stage")
@@ -218,7 +230,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
     if args.dry_run:
-        host = LocalHost(run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir)
+        from checkfree.swarm.auth import SwarmKeys
+
+        keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
+        host = LocalHost(
+            run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir, keys=keys
+        )
         print(
             f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
             f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
@@ -227,12 +244,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         for n in range(args.start, end):
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
-    if args.bootstrap:
+    if args.bootstrap and args.join_token is None and not args.insecure:
+        raise ValueError(
+            "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
+        )
+    if args.join_token is not None:
+        from checkfree.swarm.auth import read_token
+
+        read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
+    if args.bootstrap or args.join_token:
         from checkfree.swarm.launcher import run_launcher
 
         apply_run_dir(plan)
         return run_launcher(
-            args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host, args.cache_dir
+            args.bootstrap,
+            args.start,
+            end,
+            run_dir,
+            args.bind_host,
+            args.advertise_host,
+            args.cache_dir,
+            token=args.join_token,
         )
     vocab_size = _vocab_size(cfg, args.cache_dir)
     try:  # binds the bootstrap socket; nothing is written yet
@@ -249,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             port=args.port,
             advertise_host=args.advertise_host,
             cache_dir=args.cache_dir,
+            insecure=args.insecure,
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -261,6 +294,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger("checkfree").addHandler(handler)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    if not args.insecure:
+        log.info("supervisor: join token for other machines: %s", sup.token_path)
     sup.write_config()
     try:
         results = sup.run()
