@@ -89,3 +89,17 @@ def test_ec_snapshot_records_how_stale_the_decoded_stage_is():
     rec = fail(t, [3])[3].to_metrics(6)
     assert rec["rule"] == "ec_decode"
     assert rec["snapshot_effective_iteration"] == 4 and rec["stale_iterations"] == 2
+
+
+def test_one_restores_the_lr_multiplier_the_stage_had_at_the_checkpoint(tmp_path):
+    cfg = tiny_config(checkpoint_every=2, save_mode="memory", lr_scale=1.25)
+    t = make_trainer(cfg, "one", ScriptedFailures(), checkpoint_dir=tmp_path)
+    t.state.fresh_optimizer(2, 1.25)  # rebuilt before the checkpoint
+    t.strategy.setup(t.state)
+    for _ in range(2):
+        t.step()
+    t.strategy.begin_iteration(t.state, [])  # the checkpoint at effective iteration 2
+    t.state.fresh_optimizer(2, 1.5)  # changed after it
+    fail(t, [2])
+    assert t.state.lr_multipliers[2] == 1.25
+    assert t.state.optimizers[2].param_groups[0]["lr"] == pytest.approx(cfg.lr * 1.25)
