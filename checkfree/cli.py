@@ -121,6 +121,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
     p.add_argument(
+        "--no-recovery-accounting",
+        dest="recovery_accounting",
+        action="store_false",
+        help="do not measure each recovery against the lost stage (weight distance, probe loss spike)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
     )
     p.set_defaults(func=cmd_simulate)

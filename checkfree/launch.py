@@ -68,6 +68,8 @@ class SimulateOptions:
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
+    recovery_accounting: bool = True
+    """Add weight distances and probe losses to each recovery record (checkfree.recovery_accounting)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""
 
@@ -260,6 +262,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             group=group,
             device=device,
             progress=progress,
+            recovery_accounting=opts.recovery_accounting,
         )
         trainer = Trainer(cfg, stages, batches, val, strategy, source, ctx, swaps=opts.swaps)
         resume = opts.resume_from or (

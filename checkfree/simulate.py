@@ -41,6 +41,7 @@ from checkfree.pipeline import (
     stage_order,
 )
 from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery_accounting import RecoveryAccounting
 from checkfree.training_state import TrainingState, make_adam
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,8 @@ class RunContext:
     group: Any = None
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     progress: Any = None  # tqdm-like: .update(n), .set_postfix_str(s), .close()
+    recovery_accounting: bool = True
+    """Measure each recovery against the lost stage (checkfree.recovery_accounting); off: no extra fields."""
 
 
 class Trainer:
@@ -99,6 +102,11 @@ class Trainer:
         self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
+        self.accounting = (
+            RecoveryAccounting(val_batches[0] if val_batches else None, self.autocast)
+            if ctx.recovery_accounting
+            else None
+        )
         if swaps:
             stage_order(1, cfg.n_stages, True)  # raises early for S < 4
         strategy.bind(ctx)
@@ -158,9 +166,15 @@ class Trainer:
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
             return
+        # the lost weights stay in this frame only: the strategy gets the state, where they are NaN
+        lost = self.accounting.keep(st, failed) if self.accounting is not None else None
         for s in failed:
             st.destroy(s)
-        for rec in self.strategy.recover(st, list(failed)):
+        records = self.strategy.recover(st, list(failed))
+        if lost is not None:
+            self.accounting.annotate(lost, st, records)
+        del lost
+        for rec in records:
             self.counts["recoveries"] += 1
             self.counts["fallbacks"] += rec.fallback is not None
             self.counts["consecutive"] += rec.consecutive
@@ -320,4 +334,7 @@ class Trainer:
             **self.counts,
             "seconds": round(time.perf_counter() - t_start, 3),
             "strategy_stats": self.strategy.stats(),
+            "recovery_accounting_seconds": (
+                None if self.accounting is None else round(self.accounting.seconds, 6)
+            ),
         }
