@@ -193,6 +193,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     # bf16 autocast on any device: exercises the CUDA mixed-precision path on a CPU (tests); not for real runs
     p.add_argument("--autocast", choices=["auto", "bf16", "off"], default="auto", help=argparse.SUPPRESS)
     p.add_argument(
+        "--no-recovery-accounting",
+        dest="recovery_accounting",
+        action="store_false",
+        help="do not measure each recovery against the lost stage (weight distance, probe loss spike)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
     )
     p.set_defaults(func=cmd_simulate)

@@ -78,6 +78,8 @@ class SimulateOptions:
     """Resume a checkpoint on other data (dataset or tokenizer) than it was trained on, with a warning."""
     max_wall_iterations: int | None = None
     """Stop after this many wall-clock iterations (None = 20 × max_iterations)."""
+    recovery_accounting: bool = True
+    """Add weight distances and probe losses to each recovery record (checkfree.recovery_accounting)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""
 
@@ -280,6 +282,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             compile=opts.compile,
             compile_backend=opts.compile_backend,
             peak=peak,
+            recovery_accounting=opts.recovery_accounting,
         )
         trainer = Trainer(
             cfg,

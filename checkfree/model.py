@@ -23,8 +23,14 @@ MLP_OUT_SUFFIXES = {"LLaMa": ("mlp.down_proj.weight",), "GPT": ("mlp.c_proj.weig
 
 
 def hf_config(cfg: Config, vocab_size: int, eos_token_id: int | None = None) -> LlamaConfig | GPT2Config:
-    """The transformers config of the whole (unsplit) model described by ``cfg`` (paper §6 architecture)."""
-    special = {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id, "pad_token_id": eos_token_id}
+    """The transformers config of the whole (unsplit) model described by ``cfg`` (paper §6 architecture).
+
+    ``eos_token_id`` becomes the BOS and EOS id (generation stops at it) but never ``pad_token_id``: transformers
+    builds the token embedding with ``padding_idx = pad_token_id``, which zeroes that row and gives it no gradient,
+    and the end-of-text token separates every packed document, so it must learn like any other token. Training
+    never pads (fixed-length packed windows); export sets the generation pad id to EOS separately.
+    """
+    special = {"bos_token_id": eos_token_id, "eos_token_id": eos_token_id, "pad_token_id": None}
     if cfg.architecture == "LLaMa":
         return LlamaConfig(
             vocab_size=vocab_size,

@@ -42,6 +42,7 @@ from checkfree.pipeline import (
 )
 from checkfree.progress import WallClockGuard, expected_run_length
 from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery_accounting import RecoveryAccounting
 from checkfree.throughput import Peak, ThroughputMeter, peak_memory, stages_flops_per_token
 from checkfree.training_state import TrainingState, make_adam
 
@@ -94,6 +95,8 @@ class RunContext:
     """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
     peak: Peak | None = None
     """The device peak MFU divides by (checkfree.throughput.device_peak); None: MFU is not reported."""
+    recovery_accounting: bool = True
+    """Measure each recovery against the lost stage (checkfree.recovery_accounting); off: no extra fields."""
 
 
 class Trainer:
@@ -140,6 +143,11 @@ class Trainer:
         self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
+        self.accounting = (
+            RecoveryAccounting(val_batches[0] if val_batches else None, self.autocast)
+            if ctx.recovery_accounting
+            else None
+        )
         if swaps:
             stage_order(1, cfg.n_stages, True)  # raises early for S < 4
         strategy.bind(ctx)
@@ -207,9 +215,15 @@ class Trainer:
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
             return
+        # the lost weights stay in this frame only: the strategy gets the state, where they are NaN
+        lost = self.accounting.keep(st, failed) if self.accounting is not None else None
         for s in failed:
             st.destroy(s)
-        for rec in self.strategy.recover(st, list(failed)):
+        records = self.strategy.recover(st, list(failed))
+        if lost is not None:
+            self.accounting.annotate(lost, st, records)
+        del lost
+        for rec in records:
             self.counts["recoveries"] += 1
             self.counts["fallbacks"] += rec.fallback is not None
             self.counts["consecutive"] += rec.consecutive
@@ -393,5 +407,8 @@ class Trainer:
             **self.meter.summary(),
             **dict(
                 zip(("peak_memory_bytes", "peak_memory_source"), peak_memory(self.ctx.device), strict=True)
+            ),
+            "recovery_accounting_seconds": (
+                None if self.accounting is None else round(self.accounting.seconds, 6)
             ),
         }

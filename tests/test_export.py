@@ -123,3 +123,37 @@ def test_export_errors_are_one_sentence(tmp_path, tokenizer_dir, capsys):
     assert "--tokenizer DIR" in capsys.readouterr().err
     assert main(["generate", str(tmp_path / "nothing"), "--prompt", "x"]) == 2
     assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["LLaMa", "GPT"])
+def test_exported_model_stops_at_end_of_text_and_keeps_its_eos_row_trainable(tmp_path, tokenizer_dir, arch):
+    """EOS is the model's end-of-sequence (generation stops there) but not a padding row: fine-tuning the
+    export must not freeze it, and the exported weights keep the trained (non-zero) EOS row."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, stages, _ = make_trained_run(tmp_path, tokenizer_dir, arch)
+    export_run(run, tmp_path / "hf", verify=False)
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    eos = tok.eos_token_id
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    assert model.config.eos_token_id == eos and model.generation_config.eos_token_id == eos
+    assert model.generation_config.pad_token_id == eos  # batched generation pads with EOS
+    table = model.get_input_embeddings()
+    assert table.padding_idx is None
+    assert torch.equal(table.weight[eos], stages[0].embed_tokens.weight[eos])
+
+    calls = [0]
+
+    def eos_wins(module, inputs, logits):  # the third generated token onwards: EOS is the greedy choice
+        calls[0] += 1
+        if calls[0] < 3:
+            return logits
+        logits = logits.clone()
+        logits[..., eos] = 1e4
+        return logits
+
+    model.lm_head.register_forward_hook(eos_wins)
+    prompt = tok("To be", return_tensors="pt", add_special_tokens=False).input_ids
+    out = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20)
+    new = out[0, prompt.shape[1] :].tolist()
+    assert new[-1] == eos and eos not in new[:-1] and len(new) <= 3  # stopped at the first EOS

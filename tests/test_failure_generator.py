@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -89,3 +90,69 @@ def test_runs_as_a_script():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == (ROOT / "failure_p_configs" / "33.json").read_text() + "\n"
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(argv, capture_output=True, timeout=60, cwd=cwd, env=env)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ["--rate", "7.5", "--stages", "4", "--replicas", "2", "--iterations", "300", "--seed", "5"],
+        ["--rate", "33", "--probability", "0.2", "--checkpoint-interval", "0", "--stage-seed", "9"],
+    ],
+)
+def test_schedule_subcommand_equals_the_generator_byte_for_byte(options, tmp_path):
+    script = _run([sys.executable, str(ROOT / "failure_generator.py"), *options], tmp_path)
+    sub = _run([sys.executable, "-m", "checkfree", "schedule", *options], tmp_path)
+    assert script.returncode == sub.returncode == 0, (script.stderr, sub.stderr)
+    assert sub.stdout == script.stdout and len(sub.stdout) > 100
+    a, b = tmp_path / "script.json", tmp_path / "sub.json"
+    assert (
+        _run(
+            [sys.executable, str(ROOT / "failure_generator.py"), *options, "--out", str(a)], tmp_path
+        ).returncode
+        == 0
+    )
+    assert (
+        _run([sys.executable, "-m", "checkfree", "schedule", *options, "--out", str(b)], tmp_path).returncode
+        == 0
+    )
+    assert a.read_bytes() == b.read_bytes() == script.stdout.rstrip(b"\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["script.json", "sub.json"]  # nothing else written
+
+
+def test_schedule_subcommand_and_generator_share_every_option():
+    from checkfree.cli import build_parser
+
+    def options(parser) -> dict[str, tuple]:
+        return {
+            a.option_strings[-1]: (a.default, a.type, a.required)
+            for a in parser._actions
+            if a.option_strings and a.dest != "help"
+        }
+
+    generator = argparse.ArgumentParser()
+    failure_generator.add_arguments(generator)
+    sub = build_parser()._subparsers._group_actions[0].choices["schedule"]
+    assert options(sub) == options(generator) and "--rate" in options(sub)
+
+
+def test_schedule_subcommand_bad_option_is_one_sentence(tmp_path):
+    done = _run([sys.executable, "-m", "checkfree", "schedule", "--rate", "16", "--stages", "0"], tmp_path)
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode().strip() == (
+        "checkfree schedule: error: n_stages 0 is invalid: expected an integer ≥ 1."
+    )
+
+
+def test_every_subcommand_named_in_the_help_exists():
+    from checkfree.cli import build_parser
+
+    parser = build_parser()
+    names = set(parser._subparsers._group_actions[0].choices)
+    usage = parser.description.replace("`", "").split("checkfree", 1)[1]
+    named = {w.strip(" .|") for w in usage.split("|")}
+    assert named == names == {"simulate", "schedule", "swarm", "report", "export", "generate"}

@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from checkfree.metrics import MetricsSink
 from checkfree.model import assemble_hf_model, build_hf_model, split_model, stage_parameter_counts
 from checkfree.pipeline import forward_loss
 
@@ -69,3 +70,43 @@ def test_init_does_not_touch_global_rng():
     torch.manual_seed(5)
     build_hf_model(tiny_config(), 300, seed=9)
     assert torch.equal(torch.rand(3), expected)
+
+
+@pytest.mark.parametrize("arch", ["LLaMa", "GPT"])
+def test_end_of_text_embedding_learns_like_any_other_token(arch):
+    """EOS separates every packed document: its embedding row starts random and moves after one step (it
+    used to be the padding row, zero with no gradient, for the whole run)."""
+    from checkfree.recovery import make_strategy
+    from checkfree.simulate import RunContext, Trainer
+
+    from helpers import VOCAB, RandomBatches, ScriptedFailures
+
+    eos = 7
+    cfg = tiny_config(architecture=arch)
+    model = build_hf_model(cfg, VOCAB, seed=0, eos_token_id=eos)
+    assert model.config.eos_token_id == eos  # generation still stops at EOS
+    stages = split_model(model, cfg)
+    table = stages[0].embed_tokens.weight
+    before = table.detach().clone()
+    assert before[eos].abs().sum() > 0  # initialised like every other row
+
+    class WithEos(RandomBatches):
+        def batch(self, step):
+            b = super().batch(step)
+            b[:, ::5] = eos  # documents packed back to back
+            return b
+
+    trainer = Trainer(
+        cfg,
+        stages,
+        WithEos(cfg),
+        [],
+        make_strategy("no_failure", cfg, False),
+        ScriptedFailures(),
+        RunContext(sink=MetricsSink(None)),
+        swaps=False,
+    )
+    trainer.step()
+    moved = (table.detach() - before).abs().sum(dim=1)  # (V,)
+    assert moved[eos] > 0
+    assert moved[eos] >= moved[[t for t in range(VOCAB) if t != eos]].median()  # as much as a seen token

@@ -222,3 +222,10 @@ def test_no_pickle_in_the_wire_code() -> None:
         text = path.read_text()
         for word in ("import pickle", "recv_pyobj", "send_pyobj", "torch.load", "torch.save"):
             assert word not in text, f"{path.name} uses {word}"
+
+
+def test_a_data_frame_longer_than_its_nbytes_is_a_protocol_error() -> None:
+    """Extra bytes after a tensor's data are refused by name, not left to a numpy broadcast error."""
+    frames = _frames()
+    with pytest.raises(ProtocolError, match="Data frame of tensor 'activations' is 97 bytes; expected 96"):
+        decode(frames[:3] + [frames[3] + b"\0"])

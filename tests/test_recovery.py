@@ -9,6 +9,7 @@ from torch import nn
 from checkfree.recovery import REGISTRY, make_strategy, resolve_setting
 from checkfree.recovery.neighbours import (
     average,
+    checkfree_shares,
     live_neighbours,
     random_state,
     weighted_average,
@@ -34,6 +35,31 @@ def test_average_and_zero_weights():
     assert torch.equal(weighted_average(L, R, 0.0, 0.0)["w"], torch.tensor([[2.0, 4.0]]))
 
 
+@pytest.mark.parametrize(
+    "w_left, w_right, shares",
+    [
+        (1e308, 1e308, (0.5, 0.5)),  # ω_l + ω_r overflows to inf: the shares used to be 0/0 = zero
+        (1e308, 0.75e308, (4 / 7, 3 / 7)),
+        (1e308, 1e-308, (1.0, 0.0)),  # one huge, one tiny: the tiny one's share underflows to 0
+        (5e-324, 0.0, (1.0, 0.0)),  # the smallest subnormal still takes everything from a zero
+        (1e-308, 3e-308, (0.25, 0.75)),
+        (0.0, 0.0, (0.5, 0.5)),  # documented: both zero is the plain average
+    ],
+)
+def test_weighted_average_never_overflows_and_its_shares_add_up_to_one(w_left, w_right, shares):
+    out = weighted_average(L, R, w_left, w_right)
+    expected = {k: shares[0] * L[k] + shares[1] * R[k] for k in L}
+    for k in L:
+        assert torch.allclose(out[k], expected[k], rtol=1e-6, atol=0), (k, out[k])
+    assert checkfree_shares(w_left, w_right) == pytest.approx(shares, rel=1e-12, abs=0)
+    assert sum(checkfree_shares(w_left, w_right)) == pytest.approx(1.0, rel=1e-15)
+
+
+def test_checkfree_records_finite_shares_for_huge_gradient_norms():
+    state, (rec,) = run("checkfree", [2], state=make_state(norms=(1.0, 1e308, 1.0, 1e308, 1.0)))
+    assert weight(state, 2) == pytest.approx(2.0) and rec.weights == [0.5, 0.5]
+
+
 def test_weighted_average_rejects_mismatch():
     with pytest.raises(ValueError, match="differ in keys"):
         weighted_average(L, {"w": R["w"]}, 1, 1)
@@ -41,6 +67,9 @@ def test_weighted_average_rejects_mismatch():
         weighted_average(L, {"w": torch.zeros(2, 2), "b": R["b"]}, 1, 1)
     with pytest.raises(ValueError, match="weight nan"):
         weighted_average(L, R, float("nan"), 1)
+    for bad in (float("inf"), -1.0):
+        with pytest.raises(ValueError, match="expected a finite number ≥ 0"):
+            weighted_average(L, R, 1.0, bad)
 
 
 def test_zero_and_random_rules():
@@ -70,10 +99,13 @@ def test_zero_and_random_rules():
         (2, [2, 3], (1, 4)),
         (3, [2, 3], (1, 4)),
         (2, [1, 2, 3, 4], (None, None)),
+        (5, [3, 4, 5], (2, 6)),  # two lost stages on the left are skipped
+        (3, [3, 4, 5], (2, 6)),  # and two on the right
+        (6, [4, 5, 6], (3, None)),
     ],
 )
 def test_live_neighbours_skip_stages_lost_in_the_same_iteration(stage, failed, expected):
-    assert live_neighbours(stage, failed, 4) == expected
+    assert live_neighbours(stage, failed, 6 if max(failed) > 4 else 4) == expected
 
 
 def test_aliases_follow_the_swap_flag():
@@ -175,6 +207,16 @@ def test_copy_average_zero_random():
     assert abs(weight(state, 2)) < 0.2 and rec.rule == "random"
 
 
+def test_random_reinit_differs_per_stage_and_repeats_per_run():
+    """Two stages lost together get independent fresh weights; the same failure in another run (or on another
+    data-parallel rank) gets the same ones."""
+    state, _ = run("random", [2, 3])
+    again, _ = run("random", [2, 3])
+    w = [state.stages[s].layers[0].weight for s in (2, 3)]
+    assert not torch.equal(w[0], w[1])
+    assert torch.equal(w[0], again.stages[2].layers[0].weight)
+
+
 def test_checkfree_plus_restores_stage0_from_neighbour_copy():
     state = make_state()
     strategy = make_strategy("checkfree_plus", tiny_config(), True)
@@ -212,3 +254,32 @@ def test_contract_every_strategy_rebuilds_every_failed_stage(name):
     for stage in trainer.state.stages:
         assert all(torch.isfinite(p).all() for p in stage.parameters())
     assert math.isfinite(trainer.step())
+
+
+@pytest.mark.parametrize(
+    "setting, failed, stage, expected",
+    [
+        # redundant: stage 2 comes back from stage 1's replica (2.0); stage 3's replica died with stage 2, so
+        # CheckFree from stage 2 (ω=2, value 2) and stage 4 (ω=6, value 4): (2·2 + 6·4) / 8 = 3.5
+        ("redundant", [2, 3], 3, 3.5),
+        # ec_snapshot: two losses, one parity block: CheckFree from 1 (ω=1, value 1) and 4 (ω=6, value 4)
+        ("ec_snapshot", [2, 3], 2, 25 / 7),
+        ("ec_snapshot", [2, 3], 3, 25 / 7),
+    ],
+)
+def test_baseline_fallbacks_weight_each_neighbour_by_its_own_gradient_norm(setting, failed, stage, expected):
+    """The CheckFree fallback of redundant and ec_snapshot gives ω_left to the left stage (not swapped)."""
+    state = make_state()
+    strategy = make_strategy(setting, tiny_config(snapshot_every=4), False)
+    strategy.setup(state)
+    strategy.begin_iteration(state, failed)
+    for s in failed:
+        state.destroy(s)
+    records = {r.stage: r for r in strategy.recover(state, failed)}
+    assert weight(state, stage) == pytest.approx(expected)
+    assert records[stage].rule == "checkfree" and records[stage].fallback
+    left, right = records[stage].sources
+    omega = state.grad_norms
+    assert records[stage].weights == pytest.approx(
+        [omega[left] / (omega[left] + omega[right]), omega[right] / (omega[left] + omega[right])]
+    )

@@ -32,7 +32,7 @@ import torch
 from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
 from checkfree.recovery.checkpoint import resolve_interval
-from checkfree.recovery.neighbours import live_neighbours, weighted_average
+from checkfree.recovery.neighbours import checkfree_shares, live_neighbours, weighted_average
 from checkfree.recovery.stage_copy import flatten, restore_copy, unflatten
 from checkfree.training_state import TrainingState
 
@@ -170,7 +170,7 @@ class ECSnapshot(RecoveryStrategy):
                 for s in sources
             ]
             new = weighted_average(state.stage_state(left), state.stage_state(right), w[0], w[1])
-            weights, rule = ([0.5, 0.5] if sum(w) == 0 else [x / sum(w) for x in w]), "checkfree"
+            weights, rule = list(checkfree_shares(w[0], w[1])), "checkfree"
         state.load_stage(j, new)
         state.fresh_optimizer(j, self.cfg.lr_scale)
         log.info(

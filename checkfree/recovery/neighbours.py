@@ -26,24 +26,39 @@ log = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------------------- pure math
 
 
+def checkfree_shares(w_left: float, w_right: float) -> tuple[float, float]:
+    """The coefficients ω_{i−1}/(ω_{i−1} + ω_{i+1}) and ω_{i+1}/(ω_{i−1} + ω_{i+1}) of Eq. 2 (paper §4.1).
+
+    Both weights are first divided by the larger one, so the sum cannot overflow (1e308 + 1e308 would be inf
+    and give 0/0 shares); the shares always add up to 1. If both weights are 0 the shares are 0.5 and 0.5.
+
+    Raises:
+        ValueError: a weight is negative or not finite.
+    """
+    for w in (w_left, w_right):
+        if not (w >= 0.0 and w < float("inf")):
+            raise ValueError(f"CheckFree weight {w!r} is invalid; expected a finite number ≥ 0.")
+    largest = max(w_left, w_right)
+    if largest == 0:
+        return 0.5, 0.5
+    left, right = w_left / largest, w_right / largest  # in [0, 1], one of them exactly 1
+    return left / (left + right), right / (left + right)
+
+
 def weighted_average(
     left: Mapping[str, torch.Tensor], right: Mapping[str, torch.Tensor], w_left: float, w_right: float
 ) -> StateDict:
     """CheckFree rule (paper §4.1, Eq. 2): W_i = (ω_{i−1}·W_{i−1} + ω_{i+1}·W_{i+1}) / (ω_{i−1} + ω_{i+1}).
 
     Applied to every tensor; both state dicts must have the same keys and shapes. If both weights are 0 the
-    result is the plain average.
+    result is the plain average. The coefficients come from :func:`checkfree_shares` (no overflow).
 
     Raises:
         ValueError: keys or shapes differ, or a weight is negative or not finite.
     """
     if left.keys() != right.keys():
         raise ValueError(f"neighbour state dicts differ in keys: {sorted(set(left) ^ set(right))[:4]}.")
-    for w in (w_left, w_right):
-        if not (w >= 0.0 and w < float("inf")):
-            raise ValueError(f"CheckFree weight {w!r} is invalid; expected a finite number ≥ 0.")
-    total = w_left + w_right
-    a, b = (0.5, 0.5) if total == 0 else (w_left / total, w_right / total)
+    a, b = checkfree_shares(w_left, w_right)
     out: StateDict = {}
     for k, t in left.items():
         u = right[k]
@@ -265,8 +280,7 @@ class CheckFree(_NeighbourStrategy):
             )
         w_left, w_right = self.weights(state, left, right)
         new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
-        total = w_left + w_right
-        shares = [0.5, 0.5] if total == 0 else [w_left / total, w_right / total]
+        shares = list(checkfree_shares(w_left, w_right))
         return new, RecoveryRecord(
             stage,
             self.name,

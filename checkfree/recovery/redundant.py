@@ -28,7 +28,13 @@ import torch
 
 from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
-from checkfree.recovery.neighbours import live_neighbours, random_state, recovery_seed, weighted_average
+from checkfree.recovery.neighbours import (
+    checkfree_shares,
+    live_neighbours,
+    random_state,
+    recovery_seed,
+    weighted_average,
+)
 from checkfree.recovery.stage_copy import StageCopy, refresh_copy, restore_copy, take_copy
 from checkfree.training_state import TrainingState
 
@@ -166,7 +172,7 @@ class Redundant(RecoveryStrategy):
             mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
             w = [checkfree_weight(state.grad_norms[s], clip, mode) for s in sources]
             new = weighted_average(state.stage_state(left), state.stage_state(right), w[0], w[1])
-            weights = [0.5, 0.5] if sum(w) == 0 else [x / sum(w) for x in w]
+            weights = list(checkfree_shares(w[0], w[1]))
             rule = "checkfree"
         state.load_stage(j, new)
         state.fresh_optimizer(j, self.cfg.lr_scale)
