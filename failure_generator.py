@@ -14,13 +14,12 @@ import argparse
 import logging
 import sys
 
+from checkfree.cli import OneLineParser
 from checkfree.failures_cli import add_arguments, cmd_schedule
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser.parse_args(argv)
 
@@ -31,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return cmd_schedule(args)
     except ValueError as err:
-        logging.getLogger("failure_generator").error("%s", err)
+        print(f"failure_generator.py: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -7,9 +7,11 @@ Prints (targets from the brief; STACK.md measured raw pyzmq at 1590 MB/s and 0.1
     SPEC §8) against the FIFO model, and what the authors' per-send-sleep model would have said.
 
 Processes, not threads: one Python process per node is how the swarm runs, and threads in one process
-would share the GIL and flatter or distort the numbers. Every blocking call has a timeout.
+would share the GIL and flatter or distort the numbers. Every blocking call has a timeout. Both targets are
+measured with CURVE authentication and encryption (the swarm's default, checkfree.swarm.auth) and without
+(``--insecure``); each line says "met" or "missed".
 
-    .venv/bin/python benchmarks/bench_transport.py [--messages 60] [--pings 300]
+    .venv/bin/python benchmarks/bench_transport.py [--messages 60] [--pings 300] [--security both|curve|plain]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 
 import torch
 
+from checkfree.swarm.auth import Identity, KeyRing, SwarmKeys
 from checkfree.swarm.netem import NetEm
 from checkfree.swarm.protocol import Message, MessageType
 from checkfree.swarm.transport import Transport
@@ -30,9 +33,19 @@ PARENT, CHILD = 0, 1
 TIMEOUT_S = 30.0
 
 
-def child_main(parent_address: str) -> None:
+def _identity(secret_z85: str | None, me: int) -> Identity | None:
+    """This process's CURVE identity in a two-node swarm (None: plain TCP)."""
+    if secret_z85 is None:
+        return None
+    import zmq
+
+    keys = SwarmKeys(zmq.utils.z85.decode(secret_z85.encode()))
+    return keys.identity(me, KeyRing({n: keys.public_key(n) for n in (PARENT, CHILD)}))
+
+
+def child_main(parent_address: str, secret_z85: str | None) -> None:
     """Echo node: answers pings, acknowledges the last bulk message, stamps arrival times."""
-    with Transport(CHILD) as t:
+    with Transport(CHILD, identity=_identity(secret_z85, CHILD)) as t:
         t.connect(PARENT, parent_address)
         join = {"stage": 1, "location": "Belgium", "address": t.address}
         t.send(PARENT, Message(MessageType.JOIN, CHILD, meta=join))
@@ -108,14 +121,14 @@ def rtt_ms(t: Transport, n: int) -> float:
 
 
 def netem_check(
-    main: Transport, child_address: str, nbytes: int = 1_000_000
+    main: Transport, child_address: str, nbytes: int = 1_000_000, identity: Identity | None = None
 ) -> tuple[list[float], list[float], list[float]]:
     """Two concurrent sends over one emulated Australia -> Belgium link, timed by the receiving process.
 
     Returns (measured arrival, FIFO model, per-send-sleep model) seconds after the first send.
     """
     net = NetEm()  # node 0 = Australia, node 1 = Belgium (id mod 7 over the default geo set)
-    with Transport(PARENT, netem=net) as t:
+    with Transport(PARENT, netem=net, identity=identity) as t:
         t.connect(CHILD, child_address)
         link = net.link(PARENT, CHILD)
         x = torch.zeros(nbytes // 4)
@@ -135,15 +148,20 @@ def netem_check(
         return stamps, fifo, naive
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=60, help="4 MiB messages in the throughput run")
-    parser.add_argument("--pings", type=int, default=300, help="round trips in the latency run")
-    args = parser.parse_args()
+def verdict(ok: bool) -> str:
+    return "met" if ok else "missed"
 
+
+def measure(args: argparse.Namespace, secure: bool) -> bool:
+    """One parent/child pair, with or without CURVE; prints the numbers; True if both targets are met."""
+    import zmq
+
+    secret = zmq.utils.z85.encode(SwarmKeys.new()._secret).decode() if secure else None
+    identity = _identity(secret, PARENT)
+    label = "CURVE (encrypted, authenticated)" if secure else "plain TCP (--insecure)"
     ctx = mp.get_context("spawn")
-    with Transport(PARENT) as t:
-        child = ctx.Process(target=child_main, args=(t.address,), daemon=True)
+    with Transport(PARENT, identity=identity) as t:
+        child = ctx.Process(target=child_main, args=(t.address, secret), daemon=True)
         child.start()
         try:
             join = _expect(t, MessageType.JOIN)
@@ -151,24 +169,27 @@ def main() -> int:
             throughput(t, 5)  # warm up
             mbps = max(throughput(t, args.messages) for _ in range(3))
             rtt = rtt_ms(t, args.pings)
+            print(f"{label}:")
             print(
-                f"throughput 4 MiB float32, 2 processes: {mbps:8.0f} MB/s  (target >= 700: {mbps / 700:.2f}x)"
+                f"  throughput 4 MiB float32, 2 processes: {mbps:8.0f} MB/s  (target >= 700: "
+                f"{mbps / 700:.2f}x, {verdict(mbps >= 700)})"
             )
             print(
-                f"round trip 8 B tensor, median:          {rtt:8.3f} ms    (target <= 1: {1 / rtt:.2f}x better)"
+                f"  round trip 8 B tensor, median:          {rtt:8.3f} ms    (target <= 1: "
+                f"{1 / rtt:.2f}x, {verdict(rtt <= 1)})"
             )
-
-            # netem: the emulating sender is a second transport of the parent process (node 0, Australia)
-            stamps, fifo, naive = netem_check(t, join.meta["address"])
-            print("netem, 2 concurrent 1 MB sends Australia -> Belgium (129 ms, 10.55 MB/s):")
-            for i in range(2):
-                err = (stamps[i] - fifo[i]) * 1000
-                print(
-                    f"  send {i}: measured {stamps[i]:.4f} s, FIFO model {fifo[i]:.4f} s (error {err:+.1f} ms),"
-                    f" per-send-sleep model {naive[i]:.4f} s"
-                )
-            ok = all(f - 0.001 <= s <= f + 0.02 for s, f in zip(stamps, fifo, strict=True))
-            print(f"  measured within [-1 ms, +20 ms] of the FIFO model: {ok}")
+            if args.netem:
+                # netem: the emulating sender is a second transport of the parent process (node 0, Australia)
+                stamps, fifo, naive = netem_check(t, join.meta["address"], identity=identity)
+                print("  netem, 2 concurrent 1 MB sends Australia -> Belgium (129 ms, 10.55 MB/s):")
+                for i in range(2):
+                    err = (stamps[i] - fifo[i]) * 1000
+                    print(
+                        f"    send {i}: measured {stamps[i]:.4f} s, FIFO model {fifo[i]:.4f} s (error "
+                        f"{err:+.1f} ms), per-send-sleep model {naive[i]:.4f} s"
+                    )
+                ok = all(f - 0.001 <= s <= f + 0.02 for s, f in zip(stamps, fifo, strict=True))
+                print(f"    measured within [-1 ms, +20 ms] of the FIFO model: {ok}")
             t.send(CHILD, Message(MessageType.CONTROL, PARENT, meta={"command": "stop"}))
             time.sleep(0.2)  # let the stop message leave before close (linger 0)
         finally:
@@ -176,6 +197,77 @@ def main() -> int:
             if child.is_alive():
                 child.terminate()
                 child.join(timeout=5)
+    return mbps >= 700 and rtt <= 1
+
+
+def _raw_sink(address: str, server_secret: bytes | None, n: int, label: str) -> None:
+    """Receive ``n`` frames (the first is a warm-up); print MB/s from the first to the last arrival."""
+    import zmq
+
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.setsockopt(zmq.LINGER, 0)
+    if server_secret is not None:
+        pull.curve_server = True
+        pull.curve_secretkey = server_secret
+        pull.curve_publickey = zmq.curve_public(server_secret)
+    pull.connect(address)
+    pull.setsockopt(zmq.RCVTIMEO, int(TIMEOUT_S * 1000))
+    first = pull.recv(copy=False)
+    t0 = time.perf_counter()
+    for _ in range(n - 1):
+        pull.recv(copy=False)
+    mbps = (n - 1) * len(first) / (time.perf_counter() - t0) / 1e6
+    print(f"reference: raw pyzmq {label} 4 MiB PUSH -> PULL, 2 processes: {mbps:8.0f} MB/s", flush=True)
+    pull.close(0)
+    ctx.term()
+
+
+def raw_zmq_mbps(secure: bool, n: int = 40) -> None:
+    """Raw pyzmq PUSH -> PULL of 4 MiB frames between two processes (the receiver prints MB/s): libzmq's own
+    ceiling, CURVE or plain, to compare the transport with."""
+    import zmq
+
+    ctx = zmq.Context()
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    public, secret = zmq.curve_keypair()
+    if secure:
+        client_public, client_secret = zmq.curve_keypair()
+        push.curve_serverkey, push.curve_publickey, push.curve_secretkey = (
+            public,
+            client_public,
+            client_secret,
+        )
+    port = push.bind_to_random_port("tcp://127.0.0.1")
+    sink = mp.get_context("spawn").Process(
+        target=_raw_sink,
+        args=(f"tcp://127.0.0.1:{port}", secret if secure else None, n + 1, "CURVE" if secure else "plain"),
+        daemon=True,
+    )
+    sink.start()
+    data = bytes(4 << 20)
+    for _ in range(n + 1):
+        push.send(data, copy=False)
+    sink.join(timeout=TIMEOUT_S)
+    push.close(0)
+    ctx.term()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=60, help="4 MiB messages in the throughput run")
+    parser.add_argument("--pings", type=int, default=300, help="round trips in the latency run")
+    parser.add_argument(
+        "--security", choices=["both", "curve", "plain"], default="both", help="CURVE, plain TCP, or both"
+    )
+    parser.add_argument("--no-netem", dest="netem", action="store_false", help="skip the WAN-model check")
+    args = parser.parse_args()
+    modes = {"both": [True, False], "curve": [True], "plain": [False]}[args.security]
+    results = [measure(args, secure) for secure in modes]
+    for secure in modes:
+        raw_zmq_mbps(secure)
+    print(f"all targets: {verdict(all(results))}")
     return 0
 
 

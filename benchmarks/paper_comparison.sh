@@ -5,6 +5,7 @@
 #
 # usage: benchmarks/paper_comparison.sh                  # full: small_config.json, 32 runs of 100 iterations
 #        SMOKE=1 benchmarks/paper_comparison.sh          # minutes: tiny_config.json, 12 iterations per run
+#        DRY_RUN=1 benchmarks/paper_comparison.sh        # print every command; run and write nothing
 #
 # Environment (defaults in brackets):
 #   CONFIG [small_config.json]   ITERATIONS [100]   EVAL_INTERVAL [20]   RATES ["16 10 5"]   SEED [0]
@@ -58,10 +59,11 @@ for s in $SEEDS; do
   case "$s" in *[!0-9]*) echo "SEEDS holds '$s'; expected non-negative integers separated by spaces." >&2; exit 2;; esac
 done
 [ -n "${SEEDS// /}" ] || { echo "SEEDS is empty; expected e.g. \"0 1 2\"." >&2; exit 2; }
-mkdir -p "$OUT/runs" "$OUT/logs"
+dry=0; if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then dry=1; fi
+[ "$dry" = 1 ] || mkdir -p "$OUT/runs" "$OUT/logs"
 progress="$OUT/progress.log"
 stem=$(basename "$CONFIG" .json)
-note() { echo "$(date '+%F %T') $*" | tee -a "$progress"; }
+note() { if [ "$dry" = 1 ]; then echo "$*"; else echo "$(date '+%F %T') $*" | tee -a "$progress"; fi; }
 note "paper_comparison: config $CONFIG, $ITERATIONS iterations, eval every $EVAL_INTERVAL, rates $RATES, seeds $SEEDS"
 n_seeds=$(wc -w <<< "$SEEDS")
 
@@ -70,6 +72,11 @@ run() {
   local name=$1 launcher=$2 setting=$3 rate=$4 seed=$5
   [ "$n_seeds" -gt 1 ] && name="$name-s$seed"
   local dir="$OUT/runs/$name"
+  if [ "$dry" = 1 ]; then
+    echo "simulate_training/$launcher $setting 1 $rate $CONFIG 0 --max-iterations $ITERATIONS" \
+      "--eval-interval $EVAL_INTERVAL --seed $seed --no-progress --run-dir $dir"
+    return
+  fi
   if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
   rm -rf "$dir"
   local t0=$SECONDS
@@ -99,6 +106,9 @@ for rate in $RATES; do
 done
 
 note "report → $OUT/report"
+if [ "$dry" = 1 ]; then
+  echo "python -m checkfree report $OUT/runs --target-loss $TARGET --out $OUT/report $REPORT_ARGS"; exit 0
+fi
 # shellcheck disable=SC2086  # REPORT_ARGS is a list of words
 "$py" -m checkfree report "$OUT/runs" --target-loss "$TARGET" --out "$OUT/report" $REPORT_ARGS 2>&1 \
   | tee -a "$progress"

@@ -40,6 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from checkfree.checkpoint_meta import meta_type_problem
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,31 @@ def _read_meta(path: Path) -> dict[str, Any]:
     ]
     if missing:
         raise CheckpointError(f"checkpoint file {meta_path} lacks the keys {missing}: it is corrupt.")
+    problem = meta_type_problem(meta)
+    if problem:
+        raise CheckpointError(f"checkpoint file {meta_path} has {problem}.")
     return meta
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """meta.json of a checkpoint directory, verified against meta.sha256 and type-checked (no tensor is read).
+
+    Raises:
+        CheckpointError: the directory does not exist (the message lists the checkpoints next to it), or its
+            meta.json is missing, corrupt or has a field of the wrong type.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        siblings = [p.name for p in list_checkpoints(path.parent)]
+        listing = ", ".join(siblings) if siblings else f"none under {path.parent}"
+        raise CheckpointError(f"checkpoint {path} does not exist; existing checkpoints: {listing}.")
+    inside = list_checkpoints(path / "checkpoints")
+    if inside and not (path / "meta.json").exists():
+        names = ", ".join(str(p) for p in inside)
+        raise CheckpointError(
+            f"{path} is a run directory, not a checkpoint; expected one of its checkpoints: {names}."
+        )
+    return _read_meta(path)
 
 
 def read_checkpoint(path: Path) -> Snapshot:
@@ -267,7 +292,7 @@ def read_checkpoint(path: Path) -> Snapshot:
         CheckpointError: missing directory or meta.json, unknown format, a file missing, truncated or corrupt.
     """
     path = Path(path)
-    meta = _read_meta(path)
+    meta = read_meta(path)
     files = {}
     for name, info in meta["files"].items():
         f = path / name

@@ -10,8 +10,9 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
-from checkfree.failures import PAPER_ITERATION_SECONDS
+from checkfree.config import MAX_SEED
 
 
 class _TqdmHandler(logging.Handler):
@@ -21,6 +22,35 @@ class _TqdmHandler(logging.Handler):
         from tqdm import tqdm
 
         tqdm.write(self.format(record), file=sys.stderr)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are one line on stderr (exit code 2), like every other user error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of a seed: an integer in [0, 2^63) (torch and numpy take 64-bit seeds)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < MAX_SEED:
+        raise argparse.ArgumentTypeError(f"{value} is outside [0, 2^63)")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
 
 
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
@@ -72,8 +102,10 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="iterations between run checkpoints for resuming (0 = only at the end)",
     )
-    p.add_argument("--seed", type=int, help="override seed (model init; failure draws unless --failure-seed)")
-    p.add_argument("--failure-seed", type=int, help="seed of the failure draws (default: --seed)")
+    p.add_argument(
+        "--seed", type=seed_arg, help="override seed (model init; failure draws unless --failure-seed)"
+    )
+    p.add_argument("--failure-seed", type=seed_arg, help="seed of the failure draws (default: --seed)")
     p.add_argument(
         "--failure-probability",
         type=float,
@@ -102,10 +134,27 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--iteration-seconds",
         type=float,
-        default=PAPER_ITERATION_SECONDS,
-        help="iteration time (s) for the %%/h formula when config has no key for P",
+        help="iteration time (s) for the %%/h formula when config has no key for P (default: the paper's "
+        "91.32 s; a warning when given but unused)",
     )
     p.add_argument("--resume-from", type=Path, help="resume from this checkpoint directory")
+    p.add_argument(
+        "--allow-data-change",
+        action="store_true",
+        help="resume even when the checkpoint was trained on another dataset or tokenizer (a warning)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="a fresh run into a directory that holds a run moves the old run aside to "
+        "DIR.replaced-<timestamp> (nothing is deleted)",
+    )
+    p.add_argument(
+        "--max-wall-iterations",
+        type=positive_int,
+        help="stop after this many wall-clock iterations, keeping everything written (default: 20 × "
+        "max_iterations; rollbacks make a run longer than max_iterations)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
         "--cache-dir",
@@ -147,7 +196,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--no-recovery-accounting",
         dest="recovery_accounting",
         action="store_false",
-        help="leave out the per-failure weight distance and probe-loss spike of recovery records",
+        help="do not measure each recovery against the lost stage (weight distance, probe loss spike)",
     )
     p.add_argument(
         "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
@@ -181,6 +230,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(line)
         return 0
     summary = run_simulation(opts)
+    if summary.get("stopped"):
+        return 1  # the trainer has logged the one sentence (console and rank0.log)
     final = summary.get("final_eval", {})
     logging.getLogger("checkfree").info(
         "done: %s, %d iterations, %d failures, %d recoveries, final val_loss %.4f (perplexity %.2f) → %s",
@@ -209,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
     import importlib.util
 
-    parser = argparse.ArgumentParser(prog="checkfree", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="checkfree", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     add_simulate_parser(sub)
     for name in SUBCOMMAND_MODULES:
@@ -223,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger("checkfree")
+    for old in [h for h in root.handlers if isinstance(h, _TqdmHandler)]:
+        root.removeHandler(old)  # main() called again in one process (tests, notebooks): one console handler
     if os.environ.get("RANK", "0") == "0":
-        logging.getLogger("checkfree").addHandler(handler)
+        root.addHandler(handler)
     logging.getLogger("checkfree").setLevel(logging.INFO)
     from checkfree.checkpointing import CheckpointError
     from checkfree.data import DataUnavailableError

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkfree.failures import PROBABILITY_RANGE
+
 ARCHITECTURES = ("LLaMa", "GPT")
 HUB_DATASET_NAMES = ("TinyStories", "OpenWebText", "RedPajama")
 GRAD_NORM_MODES = ("paper", "clipped")
@@ -186,6 +188,10 @@ def parse_ladder_rungs(text: str) -> tuple[str, ...]:
     return tuple(r for r in LADDER_RUNGS if r in names)
 
 
+MAX_SEED = 2**63
+"""Seeds lie in [0, 2^63): torch.manual_seed and numpy take them as 64-bit integers."""
+
+
 def _check_type(key: str, value: Any, source: str) -> Any:
     if key in _INT_KEYS:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -270,11 +276,14 @@ def _validate(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
+    for key in ("seed", "data_seed"):
+        if not 0 <= getattr(cfg, key) < MAX_SEED:
+            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer in [0, 2^63).")
     for key, p in cfg.failure_probabilities.items():
-        if not 0.0 <= p <= 1.0:
+        if not 0.0 <= p < 1.0:
             raise ConfigError(
                 f"{source}: failure probability {key!r} is {p}; expected a per-iteration "
-                "probability in [0, 1]."
+                f"probability in {PROBABILITY_RANGE}."
             )
 
 
@@ -333,18 +342,45 @@ def resolve_config_path(name: str | Path, cwd: Path | None = None) -> Path:
     )
 
 
-def load_config(name: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+def _pairs_without_duplicates(path: Path, warnings: list[str]):
+    """json object_pairs_hook: a dict of the pairs, noting each key given twice (the last value wins)."""
+
+    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                warnings.append(
+                    f"config {path} gives the key {key!r} twice; the last value {value!r} is used."
+                )
+            out[key] = value
+        return out
+
+    return hook
+
+
+def load_config(
+    name: str | Path, overrides: dict[str, Any] | None = None, warnings: list[str] | None = None
+) -> Config:
     """Load, override (CLI values win) and validate a config file.
+
+    ``warnings`` (when given) receives one sentence per key that the file gives twice.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ConfigError: the file is not JSON or a value is invalid.
+        ConfigError: the file is not UTF-8 JSON or a value is invalid.
     """
     path = resolve_config_path(name)
+    found: list[str] = []
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(
+            path.read_text(encoding="utf-8"), object_pairs_hook=_pairs_without_duplicates(path, found)
+        )
+    except UnicodeDecodeError:
+        raise ConfigError(f"config {path} is not a text file (not UTF-8); expected a JSON config.") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"config {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    if warnings is not None:
+        warnings.extend(found)
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: expected a JSON object of config keys.")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})

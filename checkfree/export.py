@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import torch
 
 from checkfree.checkpointing import CheckpointError, Snapshot, list_checkpoints, read_checkpoint
 from checkfree.config import Config, config_from_dict
+from checkfree.rundir import check_output_dir, claim_output_dir
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,11 @@ def staged_logits(stages: list[torch.nn.Module], input_ids: torch.Tensor) -> tor
 
 
 def _tokenizer_dir(run_dir: Path, summary: dict[str, Any], given: Path | None) -> Path:
+    if given is not None and not Path(given).is_dir():
+        raise FileNotFoundError(
+            f"--tokenizer {given} does not exist or is not a directory; expected a tokenizer directory "
+            "saved by save_pretrained (e.g. the run's tokenizer_dir in summary.json)."
+        )
     candidates = [given] if given is not None else []
     if summary.get("tokenizer_dir"):
         candidates.append(Path(summary["tokenizer_dir"]))
@@ -131,16 +138,19 @@ def export_run(
     """Write the trained model of ``run_dir`` as a Hugging Face model directory ``out``.
 
     Returns the provenance dict written to ``out/checkfree_export.json`` (run, checkpoint, iteration, largest
-    logit difference of the reloaded model).
+    logit difference of the reloaded model). That file is also the marker of an export directory: ``out`` must be
+    new, empty or an earlier export (checked before anything is read or written).
 
     Raises:
+        DirectoryConflictError: ``out`` is a file, or a non-empty directory that is not an earlier export.
         FileNotFoundError: no checkpoint, no summary.json or no tokenizer.
         CheckpointError: the checkpoint is corrupt or does not fit the config.
         ValueError: the reloaded export's logits differ from the staged model's by more than VERIFY_TOLERANCE.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    run_dir = Path(run_dir)
+    run_dir, out = Path(run_dir), Path(out)
+    check_output_dir(out, PROVENANCE_FILE, "export")
     if not (run_dir / "summary.json").is_file():
         raise FileNotFoundError(f"{run_dir} has no summary.json; expected a finished run directory.")
     summary = _read_json(run_dir / "summary.json")
@@ -160,7 +170,7 @@ def export_run(
     model, stages = stages_from_snapshot(snapshot, cfg, vocab, tok.eos_token_id)
     model.config.use_cache = True  # generation speed; logits are the same
     model.generation_config.pad_token_id = tok.eos_token_id
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(out, PROVENANCE_FILE, {"run_dir": str(run_dir.resolve()), "complete": False})
     model.save_pretrained(str(out), safe_serialization=True)
     tok.save_pretrained(str(out))
     info: dict[str, Any] = {
@@ -206,7 +216,7 @@ def generate(
 
     Raises:
         FileNotFoundError: ``model_dir`` has no config.json.
-        ValueError: a non-positive max_new_tokens or negative temperature.
+        ValueError: a non-positive max_new_tokens or top_k, or a temperature that is negative or not finite.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -217,8 +227,10 @@ def generate(
         )
     if max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens is {max_new_tokens}; expected a positive integer.")
-    if temperature < 0:
-        raise ValueError(f"temperature is {temperature}; expected a number ≥ 0 (0 = greedy).")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"--temperature is {temperature}; expected a finite number ≥ 0 (0 = greedy).")
+    if top_k < 1:
+        raise ValueError(f"--top-k is {top_k}; expected a positive integer.")
     tok = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False).input_ids

@@ -40,9 +40,17 @@ def _check_rate(rate_percent_per_hour: float) -> None:
         )
 
 
+PROBABILITY_RANGE = "[0, 1)"
+"""The one range of a per-iteration stage-failure probability, wherever it is given (config key, option,
+injector, generator): 1 would fail every stage in every iteration, which no strategy can train through."""
+
+
 def _check_probability(probability: float, what: str = "per-iteration failure probability") -> None:
-    if not (isinstance(probability, (int, float)) and 0 <= probability < 1):
-        raise ValueError(f"{what} {probability!r} is invalid: expected a number in [0, 1).")
+    """Raises ValueError unless ``probability`` is a number in :data:`PROBABILITY_RANGE`."""
+    if not (
+        isinstance(probability, (int, float)) and not isinstance(probability, bool) and 0 <= probability < 1
+    ):
+        raise ValueError(f"{what} {probability!r} is invalid: expected a number in {PROBABILITY_RANGE}.")
 
 
 def _check_iteration_seconds(iteration_seconds: float) -> None:
@@ -135,10 +143,9 @@ class StageFailureInjector:
     def __init__(self, n_stages: int, probability: float, seed: int, include_stage0: bool = False) -> None:
         if not isinstance(n_stages, int) or n_stages < 1:
             raise ValueError(f"n_stages {n_stages!r} is invalid: expected a positive integer.")
-        if not (isinstance(probability, (int, float)) and 0 <= probability <= 1):
-            raise ValueError(f"failure probability {probability!r} is invalid: expected a number in [0, 1].")
-        if not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed {seed!r} is invalid: expected a non-negative integer.")
+        _check_probability(probability, "failure probability")
+        if not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed {seed!r} is invalid: expected an integer in [0, 2^63).")
         self.n_stages = n_stages
         self.probability = float(probability)
         self.seed = seed
@@ -316,7 +323,7 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
                 "twice: expected each (iteration, stage) once."
             )
         seen.add((iteration, stage))
-    log.info("loaded %d stage failures from %s", len(failures), path)
+    log.debug("loaded %d stage failures from %s", len(failures), path)
     return StageSchedule(failures, n_stages)
 
 

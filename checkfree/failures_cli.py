@@ -73,12 +73,25 @@ def schedule_text(args: argparse.Namespace) -> str:
     return format_node_schedule(schedule)
 
 
+def check_out(out: Path) -> None:
+    """--out must be a file path in an existing directory; raises ValueError with one sentence otherwise."""
+    if out.is_dir():
+        raise ValueError(
+            f"--out {out} is a directory; expected the path of a JSON file, e.g. {out / '16.json'}."
+        )
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the directory {out.parent} does not exist; create it first.")
+
+
 def cmd_schedule(args: argparse.Namespace) -> int:
     """Write the schedule to ``--out`` (no trailing newline, as the shipped files) or to stdout (with one).
 
     Raises:
-        ValueError: an option is out of range; nothing is written.
+        ValueError: an option is out of range, or --out is a directory or lies in a missing one; nothing is
+            written.
     """
+    if args.out is not None:
+        check_out(args.out)
     text = schedule_text(args)
     if args.out is None:
         sys.stdout.write(text + "\n")

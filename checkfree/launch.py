@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import importlib.util
 import json
 import logging
 import os
@@ -21,19 +20,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from checkfree.config import HUB_DATASET_NAMES, Config, load_config
-from checkfree.failures import (
-    PAPER_ITERATION_SECONDS,
-    StageFailureInjector,
-    StageFailureSource,
-    load_stage_schedule,
-    resolve_failure_probability,
-)
+from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
 from checkfree.monitoring import TENSORBOARD_DIR, TensorBoardMirror, progress_bar
+from checkfree.preflight import preflight
 from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer, autocast_context
+from checkfree.rundir import RunDirPlan, apply_run_dir
+from checkfree.simulate import RunContext, Trainer
 from checkfree.throughput import device_peak
 
 log = logging.getLogger(__name__)
@@ -65,7 +59,8 @@ class SimulateOptions:
     schedule_replicas: int | None = None
     fail_stage0: bool = False
     grad_norm_mode: str | None = None
-    iteration_seconds: float = PAPER_ITERATION_SECONDS
+    iteration_seconds: float | None = None
+    """Iteration time (s) of the %/h formula; None = the paper's 91.32 s (a warning when given but unused)."""
     resume_from: Path | None = None
     device: str = "auto"
     max_train_tokens: int | None = None
@@ -77,62 +72,25 @@ class SimulateOptions:
     cache_dir: Path | None = None
     dry_run: bool = False
     progress: bool = True
+    overwrite: bool = False
+    """A fresh run into a directory that holds a run moves the old one aside to DIR.replaced-<timestamp>."""
+    allow_data_change: bool = False
+    """Resume a checkpoint on other data (dataset or tokenizer) than it was trained on, with a warning."""
+    max_wall_iterations: int | None = None
+    """Stop after this many wall-clock iterations (None = 20 × max_iterations)."""
     recovery_accounting: bool = True
-    """Per-failure accounting on every recovery record (weight distance, probe-loss spike; checkfree.accounting)."""
+    """Add weight distances and probe losses to each recovery record (checkfree.recovery_accounting)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""
 
 
-def resolve(opts: SimulateOptions) -> tuple[Config, str, float, str]:
-    """Config with CLI overrides, canonical strategy name, per-iteration failure probability and its source."""
-    overrides = {
-        "max_iterations": opts.max_iterations,
-        "eval_interval": opts.eval_interval,
-        "log_interval": opts.log_interval,
-        "checkpoint_interval": opts.checkpoint_interval,
-        "seed": opts.seed,
-        "grad_norm_mode": opts.grad_norm_mode,
-        "max_train_tokens": opts.max_train_tokens,
-        **opts.extra,
-    }
-    cfg = load_config(opts.config, overrides)
-    autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
-    if opts.peak_tflops is not None and not opts.peak_tflops > 0:
-        raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")
-    if opts.tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ValueError(
-            "--tensorboard needs the tensorboard package (pinned in requirements.txt); run ./setup.sh."
-        )
-    strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
-    p, source = resolve_failure_probability(
-        cfg.failure_probabilities, opts.rate, opts.iteration_seconds, opts.failure_probability
-    )
-    return cfg, strategy.name, p, source
-
-
-def default_run_dir(opts: SimulateOptions, cfg: Config, strategy: str) -> Path:
-    """``runs/<config>-<strategy>-p<P>-w<W>-seed<S>``; a fresh run never reuses a directory with metrics."""
-    rate = f"{opts.rate:g}"
-    base = opts.runs_root / f"{Path(opts.config).stem}-{strategy}-p{rate}-w{opts.world_size}-seed{cfg.seed}"
-    if opts.start_iter > 0:
-        return base
-    candidate, n = base, 1
-    while (candidate / "metrics.jsonl").exists():
-        n += 1
-        candidate = base.with_name(f"{base.name}-{n}")
-    return candidate
-
-
-def failure_source(opts: SimulateOptions, cfg: Config, probability: float) -> StageFailureSource:
-    if opts.failure_schedule is not None:
-        return load_stage_schedule(opts.failure_schedule, cfg.n_stages, opts.schedule_replicas)
-    seed = cfg.seed if opts.failure_seed is None else opts.failure_seed
-    return StageFailureInjector(cfg.n_stages, probability, seed, include_stage0=opts.fail_stage0)
-
-
 def plan_lines(opts: SimulateOptions) -> list[str]:
-    """What a run would do, with each stage's parameter count (the model is built on the meta device)."""
-    cfg, strategy, p, source = resolve(opts)
+    """What a run would do, with each stage's parameter count (the model is built on the meta device).
+
+    Runs every check of a real run (:func:`checkfree.preflight.preflight`) and, like it, writes nothing.
+    """
+    pre = preflight(opts)
+    cfg, strategy, p, source = pre.cfg, pre.strategy, pre.probability, pre.probability_source
     vocab = HUB_VOCAB.get(cfg.tokenizer_name, cfg.vocab_size)
     with torch.device("meta"):
         stages = split_model(build_hf_model(cfg, vocab, seed=0), cfg)
@@ -146,6 +104,10 @@ def plan_lines(opts: SimulateOptions) -> list[str]:
         f"parameters: total {sum(counts):,} (vocabulary {vocab:,})",
     ]
     lines += [f"  stage {i}{' (embedding + head)' if i == 0 else ''}: {c:,}" for i, c in enumerate(counts)]
+    moved = f"; the run there now moves to {pre.run_dir.move_to}" if pre.run_dir.move_to else ""
+    resume = f", resuming {pre.resume}" if pre.resume else ""
+    lines.append(f"run directory {pre.run_dir.path}{resume}{moved}")
+    lines += [f"warning: {w}" for w in pre.warnings]
     return lines
 
 
@@ -247,15 +209,32 @@ def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
     return corpus, batches, val
 
 
+def _claim_run_dir(plan: RunDirPlan, rank: int, world: int) -> Path:
+    """Rank 0 moves an old run aside (--overwrite) and creates the directory; every rank validated it first."""
+    if world > 1:
+        dist.barrier()  # every rank has decided before any rank changes the disk
+    if rank == 0:
+        apply_run_dir(plan)
+    if world > 1:
+        dist.barrier()
+    return plan.path
+
+
 def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
-    """Run one simulation end to end; returns the summary (rank 0 also writes summary.json)."""
-    cfg, strategy_name, p, p_source = resolve(opts)
+    """Run one simulation end to end; returns the summary (rank 0 also writes summary.json).
+
+    Everything is validated (:func:`checkfree.preflight.preflight`) before the run directory is created or
+    touched, so a refused run changes nothing on disk.
+    """
+    pre = preflight(opts)
+    cfg, p, p_source = pre.cfg, pre.probability, pre.probability_source
     owns_group = not dist.is_initialized()
     rank, world, group, device = _init_distributed(opts)
     try:
-        run_dir = Path(opts.run_dir or default_run_dir(opts, cfg, strategy_name))
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = _claim_run_dir(pre.run_dir, rank, world)
         _setup_logging(run_dir, rank)
+        for warning in pre.warnings:
+            log.warning("%s", warning)
         if rank == 0:
             (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
             cmd = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv))
@@ -268,12 +247,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         budget_line, data_epochs = data_budget_line(cfg, world, len(corpus.train))
         log.info("data: %s", budget_line)
         strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
-        source = failure_source(opts, cfg, p)
-        if (opts.fail_stage0 or _schedule_has_stage0(source)) and not strategy.recovers_stage0:
-            raise ValueError(
-                f"strategy {strategy.name!r} cannot recover stage 0 (embedding and head); only "
-                "checkfree_plus and the checkpoint-based strategies can: drop stage 0 failures."
-            )
+        source = pre.source
         log.info(
             "strategy %s, swaps %s, p_iter %.6g from %s, grad_norm_mode %s",
             strategy.name,
@@ -308,6 +282,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             compile=opts.compile,
             compile_backend=opts.compile_backend,
             peak=peak,
+            recovery_accounting=opts.recovery_accounting,
         )
         trainer = Trainer(
             cfg,
@@ -318,13 +293,11 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             source,
             ctx,
             swaps=opts.swaps,
-            recovery_accounting=opts.recovery_accounting,
+            max_wall_iterations=opts.max_wall_iterations,
+            data_fingerprint=pre.data_fingerprint,
         )
-        resume = opts.resume_from or (
-            run_dir / "checkpoints" / f"iter_{opts.start_iter:07d}" if opts.start_iter > 0 else None
-        )
-        if resume is not None:
-            trainer.resume(Path(resume))
+        if pre.resume is not None:
+            trainer.resume(Path(pre.resume))
         summary = trainer.train()
         if progress is not None:
             progress.close()
@@ -353,7 +326,3 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         _close_logging()
         if owns_group and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _schedule_has_stage0(source: StageFailureSource) -> bool:
-    return any(stage == 0 for _, stage in getattr(source, "all", list)())

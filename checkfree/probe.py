@@ -25,17 +25,19 @@ from typing import Any
 import torch
 
 from checkfree import checkpointing
-from checkfree.accounting import weight_distance
 from checkfree.config import Config, config_from_dict
 from checkfree.model import build_hf_model, split_model
 from checkfree.recovery import REGISTRY, make_strategy
+from checkfree.recovery_accounting import weight_distance
+from checkfree.rundir import check_output_dir, claim_output_dir
 from checkfree.simulate import RunContext, Trainer
 
 log = logging.getLogger(__name__)
 
 FIG2_RULES = ("random", "copy", "zero", "average", "checkfree", "checkfree_plus")
 """The neighbour rules of the paper's Fig. 2 (and its ablations): the default ``--strategies``."""
-MARKER = ".checkfree-probe"
+MARKER = "checkfree_probe.json"
+"""Marks a directory as a probe's output, which a later probe may replace (checkfree.rundir)."""
 
 
 @dataclass
@@ -158,7 +160,7 @@ class _Probe:
             lost = t.state.stage_state(stage)
             t.strategy.begin_iteration(t.state, [stage])
             t._handle_failures([stage])
-            out.weight_rel_l2, out.weight_cosine = weight_distance(lost, t.state.stage_state(stage))
+            out.weight_rel_l2, out.weight_cosine = weight_distance(t.state.stage_state(stage), lost)
             rec = [r for r in t.ctx.sink.records if r["kind"] == "recovery"][-1]
             out.rule = rec["rule"] + (f" ({rec['rung']} rung)" if rec.get("rung") else "")
         done = 0
@@ -204,7 +206,8 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
     meta = checkpointing.read_checkpoint(path).meta
     cfg = config_from_dict(meta["config"], f"checkpoint {path}")
     stages = validate(opts, cfg)
-    probe_report.claim_out_dir(opts.out, MARKER)
+    check_output_dir(opts.out, MARKER, "probe output")
+    claim_output_dir(opts.out, MARKER, {"checkpoint": str(path), "command": "python -m checkfree probe"})
     probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
     steps = checkpoints_of_steps(opts.steps)
     cells: list[Cell] = []

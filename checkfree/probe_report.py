@@ -17,22 +17,6 @@ from checkfree.report.stats import Interval, mean_ci
 FIG2_ORDER = ("random", "copy", "average", "checkfree")
 
 
-def claim_out_dir(out: Path, marker: str) -> None:
-    """Make ``out`` ours: create it, or accept it empty or holding ``marker`` (a previous probe's output).
-
-    Raises:
-        ValueError: ``out`` is a file, or a non-empty directory another program wrote.
-    """
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; expected a directory for the probe's output.")
-    if out.is_dir() and any(out.iterdir()) and not (out / marker).exists():
-        raise ValueError(
-            f"--out {out} is a non-empty directory that is not a probe's output; choose an empty or new one."
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    (out / marker).write_text("written by python -m checkfree probe; may be replaced by the next probe\n")
-
-
 def _groups(result: dict[str, Any]) -> dict[tuple[Any, str], list[dict[str, Any]]]:
     out: dict[tuple[Any, str], list[dict[str, Any]]] = {}
     for c in result["cells"]:

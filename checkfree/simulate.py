@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 
 from checkfree import checkpointing
-from checkfree.accounting import RecoveryAccounting
 from checkfree.config import Config
 from checkfree.failures import StageFailureSource
 from checkfree.metrics import MetricsSink
@@ -41,7 +40,9 @@ from checkfree.pipeline import (
     scale_grads,
     stage_order,
 )
+from checkfree.progress import WallClockGuard, expected_run_length
 from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery_accounting import RecoveryAccounting
 from checkfree.throughput import Peak, ThroughputMeter, peak_memory, stages_flops_per_token
 from checkfree.training_state import TrainingState, make_adam
 
@@ -94,6 +95,8 @@ class RunContext:
     """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
     peak: Peak | None = None
     """The device peak MFU divides by (checkfree.throughput.device_peak); None: MFU is not reported."""
+    recovery_accounting: bool = True
+    """Measure each recovery against the lost stage (checkfree.recovery_accounting); off: no extra fields."""
 
 
 class Trainer:
@@ -110,9 +113,15 @@ class Trainer:
         ctx: RunContext,
         swaps: bool,
         config_json: dict[str, Any] | None = None,
-        recovery_accounting: bool = True,
+        max_wall_iterations: int | None = None,
+        data_fingerprint: dict[str, Any] | None = None,
     ):
+        """``max_wall_iterations``: stop after this many wall-clock iterations (None = 20 × max_iterations,
+        :class:`checkfree.progress.WallClockGuard`); ``data_fingerprint``: recorded in every run checkpoint so
+        that a resume on other data is refused."""
         self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
+        self.guard = WallClockGuard(cfg.max_iterations, max_wall_iterations)
+        self.data_fingerprint = data_fingerprint
         self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
         self.config_json = config_json or cfg.to_json()
         for s in stages:
@@ -131,14 +140,14 @@ class Trainer:
             ctx.peak or Peak(None, "not measured"),
             ctx.world_size,
         )
-        self.accounting = (
-            RecoveryAccounting(val_batches[0], lambda: self.autocast)
-            if recovery_accounting and val_batches
-            else None
-        )
         self.counts = {"failures": 0, "recoveries": 0, "fallbacks": 0, "consecutive": 0}
         self.last_eval: dict[str, float] = {}
         self.first_eval: dict[str, float] = {}
+        self.accounting = (
+            RecoveryAccounting(val_batches[0] if val_batches else None, self.autocast)
+            if ctx.recovery_accounting
+            else None
+        )
         if swaps:
             stage_order(1, cfg.n_stages, True)  # raises early for S < 4
         strategy.bind(ctx)
@@ -206,17 +215,14 @@ class Trainer:
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
             return
-
-        def lose_and_recover() -> list:
-            for s in failed:
-                st.destroy(s)
-            return self.strategy.recover(st, list(failed))
-
-        records = (
-            lose_and_recover()
-            if self.accounting is None
-            else self.accounting.measure(st, failed, lose_and_recover)
-        )
+        # the lost weights stay in this frame only: the strategy gets the state, where they are NaN
+        lost = self.accounting.keep(st, failed) if self.accounting is not None else None
+        for s in failed:
+            st.destroy(s)
+        records = self.strategy.recover(st, list(failed))
+        if lost is not None:
+            self.accounting.annotate(lost, st, records)
+        del lost
         for rec in records:
             self.counts["recoveries"] += 1
             self.counts["fallbacks"] += rec.fallback is not None
@@ -297,6 +303,8 @@ class Trainer:
             strategy=self.strategy.name,
             world_size=self.ctx.world_size,
         )
+        if self.data_fingerprint is not None:
+            snap.meta["data"] = self.data_fingerprint
         path = checkpointing.write_snapshot(snap, self.ctx.checkpoint_dir, keep=self.cfg.keep_checkpoints)
         seconds = round(time.perf_counter() - t0, 4)
         self.ctx.sink.write(
@@ -347,22 +355,35 @@ class Trainer:
         t_start = time.perf_counter()
         self.evaluate()
         last_loss = float("nan")
+        guard, start = self.guard, (st.iteration, st.effective_iteration)
+        expected = expected_run_length(
+            self.strategy, self.failures, cfg.max_iterations - st.effective_iteration
+        )
+        if expected is not None and (warning := guard.expected_length_warning(expected)):
+            log.warning("%s", warning)
+        stopped = None
         while st.effective_iteration < cfg.max_iterations:
+            if guard.exceeded(st.iteration):
+                stopped = guard.stop_sentence(st.iteration, st.effective_iteration)
+                log.warning("%s", stopped)
+                break
             last_loss = self.step()
             it = st.effective_iteration
+            rate = guard.rate(it, st.iteration, start[1], start[0])
             if self.ctx.progress is not None:
                 self.ctx.progress.n = it  # the training position: it goes back after a rollback
                 self.ctx.progress.refresh()
-                self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}")
-            if it % cfg.log_interval == 0 or it == cfg.max_iterations:
+                self.ctx.progress.set_postfix_str(f"loss {last_loss:.3f}, progress {rate:.2f} it/wall-it")
+            if st.iteration % cfg.log_interval == 0 or it == cfg.max_iterations:
                 log.info(
-                    "iter %6d | loss %.4f | %s tok/s | MFU %s | failures %d | recoveries %d",
+                    "iter %6d | loss %.4f | %s tok/s | MFU %s | failures %d | recoveries %d | progress %.2f it/wall-it",
                     st.iteration,
                     last_loss,
                     f"{self.last_rate['tokens_per_second']:,.0f}",
                     "n/a" if self.last_rate["mfu"] is None else f"{100 * self.last_rate['mfu']:.2f}%",
                     self.counts["failures"],
                     self.counts["recoveries"],
+                    rate,
                 )
             if it % cfg.eval_interval == 0 or it == cfg.max_iterations:
                 val, ppl = self.evaluate()
@@ -378,14 +399,16 @@ class Trainer:
             "final_train_loss": last_loss,
             "first_eval": self.first_eval,
             "final_eval": self.last_eval,
+            "stopped": stopped,
+            "progress_rate": round(guard.rate(st.effective_iteration, st.iteration, start[1], start[0]), 4),
             **self.counts,
             "seconds": round(time.perf_counter() - t_start, 3),
             "strategy_stats": self.strategy.stats(),
-            "recovery_accounting_seconds": None
-            if self.accounting is None
-            else round(self.accounting.seconds, 6),
             **self.meter.summary(),
             **dict(
                 zip(("peak_memory_bytes", "peak_memory_source"), peak_memory(self.ctx.device), strict=True)
+            ),
+            "recovery_accounting_seconds": (
+                None if self.accounting is None else round(self.accounting.seconds, 6)
             ),
         }

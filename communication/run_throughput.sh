@@ -3,15 +3,16 @@
 # usage: communication/run_throughput.sh START END SETTING RATE [--option value ...]
 #   SETTING: no_failure | checkpoint | ours | ours-plus          RATE: failure rate in %/h (16 -> failure_p_configs/16.json)
 #   e.g. communication/run_throughput.sh 0 21 ours 16                              # the paper's 7 x 3 topology
-#        communication/run_throughput.sh 0 10 checkpoint 16 --config configs/swarm_tiny.json --iterations 100 --run-dir runs/sw
+#        communication/run_throughput.sh 0 10 checkpoint 16 --config configs/swarm_tiny.json \
+#            --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
 #        DRY_RUN=1 communication/run_throughput.sh 0 21 ours 16                    # print the node commands, start nothing
 #   multi-machine: machine A runs START=0 with --bind-host 0.0.0.0 --advertise-host A --port 5555 (the bootstrap);
-#   machine B runs its range with --bootstrap tcp://A:5555 --bind-host 0.0.0.0 --advertise-host B.
+#   machine B runs its range with --join-token FILE (A writes RUN_DIR/join_token.json) --bind-host 0.0.0.0 --advertise-host B.
 #   options: python -m checkfree swarm run --help
 # The python supervisor starts its node processes itself and kills only those, by pid; this script kills nothing.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n '3,11p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 start=$1 end=$2 setting=$3 rate=$4; shift 4
@@ -25,8 +26,11 @@ py="$root/.venv/bin/python"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
 schedule=()
+case " $* " in *" --schedule "*|*" --schedule="*|*" --no-schedule "*) ;;  # the caller chose the schedule
+*)
 if [ -f "failure_p_configs/$rate.json" ]; then schedule=(--schedule "failure_p_configs/$rate.json");
-elif [ -f "$root/failure_p_configs/$rate.json" ]; then schedule=(--schedule "$root/failure_p_configs/$rate.json"); fi
+elif [ -f "$root/failure_p_configs/$rate.json" ]; then schedule=(--schedule "$root/failure_p_configs/$rate.json"); fi;;
+esac
 cmd=("$py" -m checkfree swarm run --start "$start" --end "$end" --setting "$setting" --rate "$rate" "${schedule[@]}" "$@")
 if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
   printf '%q ' "${cmd[@]}"; echo

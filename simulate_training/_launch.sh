@@ -12,6 +12,9 @@ fi
 setting=$1 world=$2 rate=$3 config=$4 start=$5; shift 5
 case "$world" in ''|*[!0-9]*|0) echo "WORLD_SIZE is '$world'; expected a positive integer." >&2; exit 2;; esac
 case "$start" in ''|*[!0-9]*) echo "START_ITER is '$start'; expected an integer >= 0." >&2; exit 2;; esac
+if ! [[ "$rate" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+  echo "P is '$rate'; expected a failure rate in %/h, a number >= 0 (e.g. 16)." >&2; exit 2
+fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py="$root/.venv/bin/python"

@@ -72,12 +72,17 @@ def make_trainer(
     seed: int = 0,
     sink: MetricsSink | None = None,
     checkpoint_dir=None,
+    recovery_accounting: bool = True,
 ) -> Trainer:
     stages = build_stages(cfg, VOCAB, seed)
     batches = RandomBatches(cfg)
     val = [RandomBatches(cfg, seed=99).batch(i) for i in range(cfg.validation)]
     strategy = make_strategy(setting, cfg, swaps, seed=seed)
-    ctx = RunContext(sink=sink or MetricsSink(None), checkpoint_dir=checkpoint_dir)
+    ctx = RunContext(
+        sink=sink or MetricsSink(None),
+        checkpoint_dir=checkpoint_dir,
+        recovery_accounting=recovery_accounting,
+    )
     return Trainer(cfg, stages, batches, val, strategy, failures or ScriptedFailures(), ctx, swaps=swaps)
 
 

@@ -60,11 +60,36 @@ def test_paper_checkpoint_interval_by_model_size():
     assert [paper_interval(n) for n in (124e6, 500e6, 1.5e9)] == [50, 100, 40]
 
 
+SLOW_WRITE = 0.2
+"""Seconds every checkpoint write is slowed by in the stall tests (a slow disk)."""
+
+
+def slow_disk(monkeypatch) -> list[float]:
+    """Slow every checkpoint write by SLOW_WRITE s; returns the list that the durations of the strategy's writes
+    (not the run's final resume checkpoint) are appended to."""
+    real, durations = checkpointing.write_snapshot, []
+
+    def write(snapshot, root, *a, **kw):
+        t0 = time.perf_counter()
+        time.sleep(SLOW_WRITE)
+        try:
+            return real(snapshot, root, *a, **kw)
+        finally:
+            if root.name == "strategy":
+                durations.append(time.perf_counter() - t0)
+
+    monkeypatch.setattr(checkpointing, "write_snapshot", write)
+    return durations
+
+
 @pytest.mark.parametrize("mode", ["sync", "async", "memory"])
-def test_rollback_is_bit_exact_and_redoes_the_lost_iterations(tmp_path, mode):
+def test_rollback_is_bit_exact_and_redoes_the_lost_iterations(tmp_path, mode, monkeypatch):
     """After rollbacks the run ends bit-identical to a run without failures: weights, Adam state and data
-    position all came back exactly. The wall clock keeps counting; each rollback line says what was lost."""
+    position all came back exactly. The wall clock keeps counting; each rollback line says what was lost.
+    The stall is what the user waits for: sync waits for every write, async for none of its own, memory writes
+    no file."""
     ref, _, _ = run("no_failure", {}, tmp_path / "ref")
+    writes = slow_disk(monkeypatch)
     t, summary, recs = run("checkpoint", {2: [3], 6: [1, 4]}, tmp_path, save_mode=mode)
     assert same(full_state(t), full_state(ref))
     rollbacks = [r for r in recs if r["kind"] == "rollback"]
@@ -78,8 +103,17 @@ def test_rollback_is_bit_exact_and_redoes_the_lost_iterations(tmp_path, mode):
     assert trains[:4] == [(0, 0), (1, 1), (2, 0), (3, 1)]
     saves = [r for r in recs if r["kind"] == "checkpoint" and r["purpose"] == "strategy"]
     assert [r["effective_iteration"] for r in saves] == [0, 4, 8]
-    assert all(r["mode"] == mode and r["bytes"] > 0 and r["stall_seconds"] >= 0 for r in saves)
+    assert all(r["mode"] == mode and r["bytes"] > 0 for r in saves)
     assert all((r["path"] is None) == (mode == "memory") for r in saves)
+    rounding = 2e-6  # the records keep 6 decimals
+    if mode == "sync":  # the training thread waited for each whole write
+        assert len(writes) == len(saves)
+        assert all(r["stall_seconds"] >= w - rounding for r, w in zip(saves, writes, strict=True))
+    elif mode == "async":  # each write ran after the stall ended and before the save was committed
+        assert len(writes) == len(saves)
+        assert all(r["seconds"] - r["stall_seconds"] >= SLOW_WRITE - rounding for r in saves)
+    else:
+        assert writes == [] and not (tmp_path / "checkpoint" / "strategy").exists()
 
 
 def test_rollback_restores_the_checkpoint_state_and_rng(tmp_path):
@@ -242,9 +276,14 @@ def test_ec_snapshot_refuses_stage0():
         t.strategy.recover(t.state, [0])
 
 
-def test_strategies_record_their_costs_in_the_summary(tmp_path):
+def test_strategies_record_their_costs_in_the_summary(tmp_path, monkeypatch):
+    """summary.json totals: the async stall leaves out every write (each slowed by SLOW_WRITE s)."""
+    slow_disk(monkeypatch)
     for setting in ("checkpoint", "one"):
-        _, summary, _ = run(setting, {3: [2]}, tmp_path / setting, save_mode="async")
+        _, summary, recs = run(setting, {3: [2]}, tmp_path / setting, save_mode="async")
         stats = summary["strategy_stats"]
-        assert stats["saves"] >= 3 and stats["save_bytes"] > 0 and stats["save_stall_seconds"] >= 0
+        saves = [r for r in recs if r["kind"] == "checkpoint" and r["purpose"] == "strategy"]
+        assert stats["saves"] == len(saves) >= 3 and stats["save_bytes"] == sum(r["bytes"] for r in saves)
+        assert stats["save_stall_seconds"] == pytest.approx(sum(r["stall_seconds"] for r in saves), abs=1e-5)
+        assert stats["save_seconds"] - stats["save_stall_seconds"] >= stats["saves"] * SLOW_WRITE - 1e-5
         assert stats["checkpoint_every"] == 4

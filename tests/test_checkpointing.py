@@ -89,7 +89,7 @@ def test_truncated_and_missing_files_are_refused(tmp_path):
     layer.unlink()
     with pytest.raises(CheckpointError, match=r"layer_0002\.safetensors is missing"):
         checkpointing.read_checkpoint(path)
-    with pytest.raises(CheckpointError, match="no meta.json"):
+    with pytest.raises(CheckpointError, match="nowhere does not exist; existing checkpoints: iter_0000001"):
         checkpointing.read_checkpoint(tmp_path / "nowhere")
 
 
@@ -166,3 +166,18 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
     assert torch.equal(
         snap.files["layer_0000"]["param/w"][-3:], torch.tensor([11_999_997.0, 11_999_998.0, 11_999_999.0])
     )
+
+
+def test_a_failure_right_after_a_resume_is_recovered_as_in_the_run_that_never_stopped(tmp_path):
+    """The checkpoint carries CheckFree's ω (the last step's gradient norms) and the LR multipliers: the first
+    iteration after a resume rebuilds a failed stage with the same weights, at the same learning rate."""
+    cfg = tiny_config()
+    failures = ScriptedFailures({1: [3], 3: [2]})  # stage 3 rebuilt earlier (lr × lr_scale); stage 2 at once
+    a = make_trainer(cfg, "checkfree", failures)
+    for _ in range(3):
+        a.step()
+    b = make_trainer(cfg, "checkfree", failures, seed=5)
+    b.resume(save(a, tmp_path))
+    assert b.state.grad_norms == a.state.grad_norms and b.state.lr_multipliers == a.state.lr_multipliers
+    a.step(), b.step()
+    assert all(torch.equal(x, y) for x, y in zip(params_of(a), params_of(b), strict=True))

@@ -135,7 +135,11 @@ def test_include_stage0_does_not_change_transformer_draws():
 
 def test_injector_extremes_and_validation():
     assert all(StageFailureInjector(3, 0.0, seed=1).draw(it) == [] for it in range(50))
-    assert StageFailureInjector(3, 1.0, seed=1).draw(0) == [1, 2, 3]
+    assert StageFailureInjector(3, 0.999, seed=1).draw(0) == [1, 2, 3]
+    with pytest.raises(
+        ValueError, match=r"failure probability 1.0 is invalid: expected a number in \[0, 1\)"
+    ):
+        StageFailureInjector(3, 1.0, seed=1)  # the one range of a probability, as in a config file
     with pytest.raises(ValueError, match=r"iteration -1 is invalid"):
         StageFailureInjector(3, 0.1, seed=1).draw(-1)
     with pytest.raises(ValueError, match=r"failure probability 1.5"):

@@ -112,7 +112,9 @@ def test_zero_copy_encode_aliases_and_copy_encode_snapshots() -> None:
         (MessageType.JOIN, {"stage": 1, "location": "Iowa", "address": "tcp://127.0.0.1:5"}, {}),
         (MessageType.HEARTBEAT, {}, {}),
         (MessageType.LEAVE, {}, {}),
-        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),
+        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),  # commands: checkfree.swarm.control
+        (MessageType.STAGE0_COPY, {"stage": 0, "part": "head", "version": 3}, {"w.x": torch.ones(2)}),
+        (MessageType.CHECKPOINT, {"stage": 2, "version": 4}, {"w.x": torch.ones(2), "m.x": torch.ones(2)}),
     ],
 )
 def test_every_message_type_round_trips(mtype: MessageType, meta: dict, tensors: dict) -> None:
@@ -220,3 +222,10 @@ def test_no_pickle_in_the_wire_code() -> None:
         text = path.read_text()
         for word in ("import pickle", "recv_pyobj", "send_pyobj", "torch.load", "torch.save"):
             assert word not in text, f"{path.name} uses {word}"
+
+
+def test_a_data_frame_longer_than_its_nbytes_is_a_protocol_error() -> None:
+    """Extra bytes after a tensor's data are refused by name, not left to a numpy broadcast error."""
+    frames = _frames()
+    with pytest.raises(ProtocolError, match="Data frame of tensor 'activations' is 97 bytes; expected 96"):
+        decode(frames[:3] + [frames[3] + b"\0"])

@@ -99,10 +99,13 @@ def test_zero_and_random_rules():
         (2, [2, 3], (1, 4)),
         (3, [2, 3], (1, 4)),
         (2, [1, 2, 3, 4], (None, None)),
+        (5, [3, 4, 5], (2, 6)),  # two lost stages on the left are skipped
+        (3, [3, 4, 5], (2, 6)),  # and two on the right
+        (6, [4, 5, 6], (3, None)),
     ],
 )
 def test_live_neighbours_skip_stages_lost_in_the_same_iteration(stage, failed, expected):
-    assert live_neighbours(stage, failed, 4) == expected
+    assert live_neighbours(stage, failed, 6 if max(failed) > 4 else 4) == expected
 
 
 def test_aliases_follow_the_swap_flag():
@@ -202,6 +205,16 @@ def test_copy_average_zero_random():
     assert weight(state, 2) == 2.0
     state, (rec,) = run("random", [2])
     assert abs(weight(state, 2)) < 0.2 and rec.rule == "random"
+
+
+def test_random_reinit_differs_per_stage_and_repeats_per_run():
+    """Two stages lost together get independent fresh weights; the same failure in another run (or on another
+    data-parallel rank) gets the same ones."""
+    state, _ = run("random", [2, 3])
+    again, _ = run("random", [2, 3])
+    w = [state.stages[s].layers[0].weight for s in (2, 3)]
+    assert not torch.equal(w[0], w[1])
+    assert torch.equal(w[0], again.stages[2].layers[0].weight)
 
 
 def test_checkfree_plus_restores_stage0_from_neighbour_copy():

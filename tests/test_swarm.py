@@ -110,6 +110,9 @@ class _FakeNode:
         self.cfg = SwarmConfig(model_config="tiny_config.json")  # 4 transformer stages
         self.members, self.peers, self.sent = {0: [0], 1: [11], 4: [14]}, {0: {"stage": 0}}, []
 
+    def plausible_version(self, version: int) -> bool:
+        return version <= 5  # the supervisor has begun iteration 4
+
     def send(
         self,
         peer: int,
@@ -144,6 +147,9 @@ def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() ->
             "embedding", 4, {"w.embed_tokens.weight": torch.ones(4, 2, dtype=torch.int64)}
         ),
         "not named w.<key>": _copy("embedding", 4, {"embed_tokens.weight": torch.ones(4, 2)}),
+        "NaN": _copy("embedding", 4, {"w.embed_tokens.weight": torch.full((4, 2), float("nan"))}),
+        "inf": _copy("embedding", 4, {"w.embed_tokens.weight": torch.full((4, 2), float("inf"))}),
+        "version ahead of the swarm": _copy("embedding", 2**62, emb),
     }
     for why, msg in bad.items():
         with pytest.raises(ValueError):

@@ -20,6 +20,7 @@ import zmq
 from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.neighbours import weighted_average
 from checkfree.swarm import weights as W
+from checkfree.swarm.auth import read_token
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
 from checkfree.swarm.supervisor import Supervisor
@@ -168,12 +169,21 @@ def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(t
     assert all(math.isfinite(loss) for _, loss in out["loss_curve"])
 
 
+INSIDER = 1
+"""The attacker of the hostile-bytes test holds node 1's key (it passes CURVE) and sends as node 1."""
+
+
 def _hostile() -> dict[str, list[bytes]]:
     good = [
         bytes(f)
         for f in encode(
-            Message(MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)})
+            Message(MessageType.FORWARD, INSIDER, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)})
         )
+    ]
+    schema = [
+        Message(MessageType.FORWARD, INSIDER, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}),
+        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
+        Message(MessageType.CONTROL, INSIDER, meta={"command": "crash"}),
     ]
     return {
         "pickle payload": [pickle.dumps({"evil": 1})],
@@ -183,24 +193,23 @@ def _hostile() -> dict[str, list[bytes]]:
         "wrong shape": good[:2]
         + [good[2][:-16] + (5).to_bytes(8, "little", signed=True) + good[2][-8:]]
         + good[3:],
-        "unknown type": [HEADER.pack(MAGIC, VERSION, 77, 0, 99, 1, 0, len(good[1]), 1)] + good[1:],
+        "unknown type": [HEADER.pack(MAGIC, VERSION, 77, 0, INSIDER, 1, 0, len(good[1]), 1)] + good[1:],
+        "no epoch": [bytes(f) for f in encode(schema[0])],
+        "epoch not an integer": [bytes(f) for f in encode(schema[1])],
+        "unknown command": [bytes(f) for f in encode(schema[2])],
     }
 
 
 def _nonsense() -> list[list[bytes]]:
-    """Well-formed on the wire, nonsense to a node: caught by the node, not the transport."""
+    """Well-formed on the wire and in their schema, nonsense to a node: caught by the node, not the
+    transport."""
     msgs = [
-        Message(
-            MessageType.FORWARD, 99, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}
-        ),  # no epoch
-        Message(
-            MessageType.CONTROL, 99, meta={"command": "shutdown"}
-        ),  # commands come from the supervisor only
-        Message(MessageType.GRADIENTS, 99, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
+        Message(MessageType.CONTROL, INSIDER, meta={"command": "shutdown"}),  # only the supervisor commands
+        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "epoch": 0, "microbatches": 1}, {}),
         # a stage-0 copy under a setting that keeps none, from a node that does not serve stage 0
         Message(
             MessageType.STAGE0_COPY,
-            99,
+            INSIDER,
             0,
             -1,
             {"stage": 0, "part": "embedding", "version": 1},
@@ -223,8 +232,12 @@ def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) 
     while sup.node_address(target) is None or not sup.results.rows:
         assert time.monotonic() < deadline and thread.is_alive(), "the swarm did not start"
         time.sleep(0.05)
+    keys, _ = read_token(sup.token_path)
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 0)
+    raw.curve_serverkey = keys.public_key(target).encode()
+    raw.curve_secretkey = keys.secret_key(INSIDER)
+    raw.curve_publickey = keys.public_key(INSIDER).encode()
     raw.connect(sup.node_address(target))
     try:
         sent_at = len(sup.results.rows)
@@ -243,18 +256,35 @@ def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) 
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path) -> None:
+@pytest.mark.parametrize("insecure", [False, True], ids=["join-token", "insecure"])
+def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path, insecure: bool) -> None:
     from checkfree.swarm.launcher import run_launcher
 
     cfg = _config(tmp_path, replicas=1)
     # this "machine" hosts nodes 0-1; the launcher (the other "machine") hosts 2-3, and node 2 crashes there
     sup = Supervisor(
-        cfg, "ours", {2: [2]}, iterations=5, run_dir=tmp_path / "a", vocab_size=300, start=0, end=2
+        cfg,
+        "ours",
+        {2: [2]},
+        iterations=5,
+        run_dir=tmp_path / "a",
+        vocab_size=300,
+        start=0,
+        end=2,
+        insecure=insecure,
     )
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
     thread.start()
-    assert run_launcher(sup.address, 2, 4, tmp_path / "b") == 0
+    if insecure:  # plain TCP: the bootstrap address is all the second machine needs
+        assert run_launcher(sup.address, 2, 4, tmp_path / "b") == 0
+        assert not sup.token_path.exists() and not (tmp_path / "b" / "keys").exists()
+    else:
+        deadline = time.monotonic() + 60
+        while not sup.token_path.exists():  # the first machine writes the join token; the second reads it
+            assert time.monotonic() < deadline and thread.is_alive()
+            time.sleep(0.05)
+        assert run_launcher(None, 2, 4, tmp_path / "b", token=sup.token_path) == 0
     thread.join(timeout=60)
     assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
     assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["sources"] == [1, 3]

@@ -91,3 +91,23 @@ def test_swapped_and_in_order_runs_differ():
     assert not torch.equal(
         a.state.stages[1].layers[0].mlp.down_proj.weight, b.state.stages[1].layers[0].mlp.down_proj.weight
     )
+
+
+def test_after_a_rollback_the_learning_rate_follows_the_training_position(tmp_path):
+    """GPT's warm-up/cosine schedule is a function of the data position (effective iteration), which a
+    checkpoint rollback moves back; the wall-clock iteration keeps growing."""
+    from checkfree.metrics import MetricsSink, read_metrics
+
+    from helpers import ScriptedFailures
+
+    cfg = tiny_config(
+        architecture="GPT", warmup_iterations=4, max_iterations=8, checkpoint_every=3, save_mode="memory"
+    )
+    sink = MetricsSink(tmp_path / "m.jsonl")
+    make_trainer(cfg, "checkpoint", ScriptedFailures({5: [2]}), sink=sink).train()
+    sink.close()
+    trains = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "train"]
+    assert any(r["iteration"] != r["effective_iteration"] for r in trains)  # a rollback happened
+    assert [r["lr"] for r in trains] == pytest.approx(
+        [learning_rate(cfg, r["effective_iteration"]) for r in trains]
+    )

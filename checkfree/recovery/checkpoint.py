@@ -119,6 +119,7 @@ class Checkpoint(_CheckpointStrategy):
     """
 
     name = "checkpoint"
+    rolls_back = True  # checkfree.progress estimates the run's wall-clock length from K and the failure rate
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +26,14 @@ from checkfree.report.analysis import (
     timing_models,
 )
 from checkfree.report.runs import Run, SwarmRun, load_runs
+from checkfree.rundir import check_output_dir, claim_output_dir
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReportResult", "add_parser", "build_report"]
+__all__ = ["REPORT_MARKER", "ReportResult", "add_parser", "build_report"]
+
+REPORT_MARKER = "checkfree_report.json"
+"""Written first into a report directory (run directories, target): marks it as a report that may be replaced."""
 
 
 @dataclass
@@ -57,11 +62,22 @@ def build_report(
     Args:
         target_loss: validation loss (nats) to reach, or "auto" (see :func:`analysis.auto_target`).
         plots: write the PNGs (the tables alone are much faster).
+    ``out`` must be new, empty or an earlier report (recognised by :data:`REPORT_MARKER`); it is checked before
+    anything is read.
+
     Raises:
-        ValueError: no usable simulator run or swarm run among ``run_dirs``, or "auto" without a no_failure run.
+        DirectoryConflictError: ``out`` is a file or a non-empty directory that is not an earlier report.
+        ValueError: no usable simulator run or swarm run among ``run_dirs``, "auto" without a no_failure run, or
+            a target loss that is not a positive number.
     """
     from checkfree.report import markdown
 
+    out = Path(out)
+    check_output_dir(out, REPORT_MARKER, "report")
+    if not isinstance(target_loss, str) and not (math.isfinite(target_loss) and target_loss > 0):
+        raise ValueError(
+            f"--target-loss is {target_loss}; expected a positive validation loss (nats) or 'auto'."
+        )
     runs, swarms, skipped = load_runs([Path(p) for p in run_dirs])
     if not runs and not swarms:
         reasons = "; ".join(f"{p}: {why}" for p, why in skipped) or "no directories given"
@@ -75,7 +91,9 @@ def build_report(
     models = timing_models(runs, swarms, timing or TimingOptions())
     groups = analyse(runs, models, target)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_output_dir(
+        out, REPORT_MARKER, {"run_dirs": [str(Path(p).resolve()) for p in run_dirs], "target": target}
+    )
     pngs: list[Path] = []
     if groups and plots:
         from checkfree.report import plots as plotting
@@ -101,13 +119,23 @@ def build_report(
     return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target)
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number")
+    return value
+
+
 def _target(text: str) -> float | str:
     if text == "auto":
         return text
     try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'auto'") from None
+        return _positive(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number or 'auto'") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -134,17 +162,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="output directory for report.md and the PNGs")
     p.add_argument(
         "--iteration-seconds",
-        type=float,
+        type=_positive,
         help="T_iter (s) for every strategy (default: swarm measured, else the SPEC §5 formula)",
     )
     p.add_argument(
         "--forward-seconds",
-        type=float,
+        type=_positive,
         help="T_fwd (s) of the formula (default: measured compute seconds / 2.5)",
     )
     p.add_argument(
         "--recovery-seconds",
-        type=float,
+        type=_positive,
         help="seconds per stage recovery (default: swarm measured, else the paper's 30 s / 91.32 s ratio)",
     )
     p.set_defaults(func=cmd_report)

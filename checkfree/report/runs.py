@@ -391,7 +391,7 @@ def load_runs(paths: list[Path]) -> tuple[list[Run], list[SwarmRun], list[tuple[
         try:
             r = load_run(p)
         except RunDirError as e:
-            log.warning("skipping %s: %s", p, e)
+            log.debug("skipping %s: %s", p, e)  # the caller lists the skipped directories
             skipped.append((p, str(e)))
             continue
         (swarms if isinstance(r, SwarmRun) else runs).append(r)

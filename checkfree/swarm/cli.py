@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
+
 log = logging.getLogger("checkfree.swarm")
 
 
@@ -65,7 +67,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--end", type=int, help="one past the last node id this machine starts (END; default: all)"
     )
     r.add_argument("--iterations", type=int, default=500, help="committed iterations to train")
-    r.add_argument("--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>)")
+    r.add_argument(
+        "--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>, -2, -3… if taken)"
+    )
+    r.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="a run directory that holds a run is moved aside to DIR.replaced-<timestamp> (nothing is deleted)",
+    )
     r.add_argument(
         "--bind-host",
         default="127.0.0.1",
@@ -77,6 +86,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--bootstrap",
         help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
         "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)",
+    )
+    r.add_argument(
+        "--join-token",
+        type=Path,
+        help="join the authenticated swarm whose supervisor wrote this token (<run_dir>/join_token.json "
+        "on the first machine): this machine only hosts nodes START..END-1",
+    )
+    r.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no CURVE authentication or encryption (single-machine debugging only: anyone who reaches a "
+        "port can then speak for any node)",
     )
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
     r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
@@ -150,7 +171,49 @@ def _vocab_size(cfg, cache_dir: Path | None) -> int:
     return corpus.vocab_size
 
 
+def _check_run(
+    args: argparse.Namespace, cfg, schedule: dict[int, list[int]], schedule_path: str | None
+) -> int:
+    """Everything ``swarm run`` can check before it starts or writes anything; returns END.
+
+    Raises:
+        ValueError: iterations, node range or schedule do not fit the swarm (one sentence with the way out).
+    """
+    end = cfg.n_nodes if args.end is None else args.end
+    if args.iterations < 1:
+        raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
+    if not 0 <= args.start < end <= cfg.n_nodes:
+        raise ValueError(
+            f"node range START {args.start} .. END {end} does not fit the swarm's nodes 0..{cfg.n_nodes - 1} "
+            f"({args.config}); expected 0 <= START < END <= {cfg.n_nodes}."
+        )
+    bad = sorted(n for n in schedule if n >= cfg.n_nodes)
+    if bad:
+        raise ValueError(
+            f"the schedule {schedule_path} names nodes {bad[0]}..{bad[-1]}, but the swarm of {args.config} has "
+            f"nodes 0..{cfg.n_nodes - 1}; pass --schedule with a schedule for this topology (python "
+            f"failure_generator.py --rate {args.rate} --stages {cfg.n_stages} --replicas {cfg.replicas} "
+            "--out FILE) or --no-schedule."
+        )
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port is {args.port}; expected a TCP port in 0..65535 (0 = any free port).")
+    if args.cache_dir is not None:
+        check_directory_path(args.cache_dir, "--cache-dir")
+    return end
+
+
+def _default_run_dir(args: argparse.Namespace) -> Path:
+    base = Path("runs") / f"swarm-{args.setting}-{args.rate}"
+    candidate, n = base, 1
+    while not args.overwrite and holds_something(candidate):
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    import zmq
+
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.results import summary_table
@@ -164,10 +227,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"ours-plus needs at least 4 transformer stages for its swaps; the config has {cfg.n_stages}."
         )
     schedule, schedule_path = _schedule(args)
-    run_dir = args.run_dir or Path("runs") / f"swarm-{args.setting}-{args.rate}"
-    end = cfg.n_nodes if args.end is None else args.end
+    end = _check_run(args, cfg, schedule, schedule_path)
+    run_dir = args.run_dir or _default_run_dir(args)
+    plan = plan_run_dir(run_dir, overwrite=args.overwrite)
     if args.dry_run:
-        host = LocalHost(run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir)
+        from checkfree.swarm.auth import SwarmKeys
+
+        keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
+        host = LocalHost(
+            run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir, keys=keys
+        )
         print(
             f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
             f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
@@ -176,32 +245,58 @@ def cmd_run(args: argparse.Namespace) -> int:
         for n in range(args.start, end):
             print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
         return 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if args.bootstrap:
+    if args.bootstrap and args.join_token is None and not args.insecure:
+        raise ValueError(
+            "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
+        )
+    if args.join_token is not None:
+        from checkfree.swarm.auth import read_token
+
+        read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
+    if args.bootstrap or args.join_token:
         from checkfree.swarm.launcher import run_launcher
 
+        apply_run_dir(plan)
         return run_launcher(
-            args.bootstrap, args.start, end, run_dir, args.bind_host, args.advertise_host, args.cache_dir
+            args.bootstrap,
+            args.start,
+            end,
+            run_dir,
+            args.bind_host,
+            args.advertise_host,
+            args.cache_dir,
+            token=args.join_token,
         )
+    vocab_size = _vocab_size(cfg, args.cache_dir)
+    try:  # binds the bootstrap socket; nothing is written yet
+        sup = Supervisor(
+            cfg,
+            args.setting,
+            schedule,
+            args.iterations,
+            run_dir,
+            vocab_size,
+            start=args.start,
+            end=end,
+            bind_host=args.bind_host,
+            port=args.port,
+            advertise_host=args.advertise_host,
+            cache_dir=args.cache_dir,
+            insecure=args.insecure,
+        )
+    except zmq.ZMQError as exc:
+        raise ValueError(
+            f"the supervisor cannot listen on --bind-host {args.bind_host} --port {args.port} ({exc}); "
+            "expected a local interface and a free port (0 = any free port)."
+        ) from None
+    apply_run_dir(plan)
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("checkfree").addHandler(handler)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
-    sup = Supervisor(
-        cfg,
-        args.setting,
-        schedule,
-        args.iterations,
-        run_dir,
-        _vocab_size(cfg, args.cache_dir),
-        start=args.start,
-        end=end,
-        bind_host=args.bind_host,
-        port=args.port,
-        advertise_host=args.advertise_host,
-        cache_dir=args.cache_dir,
-    )
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    if not args.insecure:
+        log.info("supervisor: join token for other machines: %s", sup.token_path)
     sup.write_config()
     try:
         results = sup.run()
@@ -216,6 +311,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+TABLE_KEYS = (
+    "setting",
+    "iterations_completed",
+    "iterations_executed",
+    "crashes_count",
+    "recovered_count",
+    "mean_iteration_s",
+    "mean_iteration_s_without_crashes",
+    "mean_crash_to_serving_s",
+    "tokens_per_s",
+    "loss_curve",
+)
+"""The fields of throughput.json that ``swarm table`` shows."""
+
+
 def cmd_table(args: argparse.Namespace) -> int:
     from checkfree.swarm.results import summary_table
 
@@ -224,6 +334,15 @@ def cmd_table(args: argparse.Namespace) -> int:
         path = d / "throughput.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; expected a finished swarm run directory.")
-        runs.append(json.loads(path.read_text()))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(
+                f"{path} is not valid JSON; expected the throughput.json of a swarm run."
+            ) from None
+        missing = [k for k in TABLE_KEYS if k not in data] if isinstance(data, dict) else list(TABLE_KEYS)
+        if missing:
+            raise ValueError(f"{path} lacks {missing}; expected the throughput.json of a finished swarm run.")
+        runs.append(data)
     print(summary_table(runs))
     return 0

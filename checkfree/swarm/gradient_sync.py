@@ -15,7 +15,8 @@ import torch
 
 from checkfree.pipeline import clip_coefficient, grad_norm, scale_grads
 from checkfree.swarm import weights as W
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType
+from checkfree.swarm.control import control
+from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 
 if TYPE_CHECKING:
     from checkfree.swarm.node import Node
@@ -32,11 +33,14 @@ class GradientSync:
         """The epoch whose ``sync`` this node has started; -1 when none is under way."""
         self.norm = 1.0
         """The unclipped norm of the last averaged gradients (ω of the step that follows)."""
+        self.reduced = -1
+        """The epoch whose gradients were averaged and reported ``ready`` (a ``commit`` needs it); -1: none."""
 
     def reset(self) -> None:
         """Forget the epoch's gradients (a new epoch began, or it was aborted)."""
         self.received.clear()
         self.epoch = -1
+        self.reduced = -1
 
     def replicas(self) -> list[int]:
         """The other serving replicas of this node's stage."""
@@ -63,19 +67,28 @@ class GradientSync:
         """Keep a replica's gradients of the current epoch.
 
         Raises:
-            ValueError: a gradient's shape or dtype does not fit this stage (the node drops and counts it).
-            KeyError: a parameter's gradient is missing.
+            ProtocolError: the sender is not a serving replica of this stage, a gradient is missing, extra,
+                of the wrong shape or dtype, or not finite, or the microbatch count is implausible (the node
+                drops the message and counts it).
         """
         node = self.node
-        if node.epoch_of(msg) is None or msg.meta["stage"] != node.stage or msg.sender not in self.replicas():
+        if msg.meta["stage"] != node.stage or msg.sender not in self.replicas():
+            raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {msg.sender}, not a replica")
+        if node.epoch_of(msg) is None:
             return
         grads = W.split(msg.tensors, "g")
-        for name, p in node.module.named_parameters():
+        params = dict(node.module.named_parameters())
+        if grads.keys() != params.keys() or len(grads) != len(msg.tensors):
+            raise ProtocolError(f"gradients name {sorted(set(grads) ^ set(params))[:3]} wrongly")
+        for name, p in params.items():
             if grads[name].shape != p.shape or grads[name].dtype != p.dtype:
-                raise ValueError(
+                raise ProtocolError(
                     f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}"
                 )
-        self.received[msg.sender] = (grads, int(msg.meta["microbatches"]))
+        W.check_finite(grads, f"node {msg.sender}")
+        if msg.meta["microbatches"] > node.cfg.mb_count * node.cfg.replicas:
+            raise ProtocolError(f"{msg.meta['microbatches']} microbatches is implausible")
+        self.received[msg.sender] = (grads, msg.meta["microbatches"])
         self._try_reduce()
 
     def _try_reduce(self) -> None:
@@ -97,9 +110,10 @@ class GradientSync:
         self.norm = grad_norm(node.module)
         scale_grads(node.module, clip_coefficient(self.norm, node.model_cfg.grad_clip))
         self.epoch = -1
+        self.reduced = node.epoch
         node.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
             node.iteration,
-            meta={"command": "ready", "epoch": node.epoch, "grad_norm": self.norm, "pipelines": pipelines},
+            meta=control("ready", epoch=node.epoch, grad_norm=self.norm, pipelines=pipelines),
         )

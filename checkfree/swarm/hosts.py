@@ -8,7 +8,9 @@ Two ways to start a node, both a separate OS process running ``checkfree.swarm.n
   transfer, not Python start-up (report it as such).
 * ``exec``: ``subprocess.Popen([python, -m, checkfree.swarm.node, ...])`` (the command printed by dry runs).
 
-One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr). Nothing is written to the working
+One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr), and, in an authenticated swarm, one key
+file per node, ``<run_dir>/keys/node<id>.json`` (mode 0600: the node's own CURVE secret key and the
+supervisor's public key, checkfree.swarm.auth), written just before the node starts. Nothing is written to the working
 directory. Only processes this object started are ever signalled, by their pid (never by name). An
 ``atexit`` hook kills whatever is still running if the supervisor itself dies of an exception.
 """
@@ -24,6 +26,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from checkfree.swarm.auth import SwarmKeys
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,7 @@ class LocalHost:
     Args:
         run_dir: where node logs go. bootstrap: the supervisor's address. bind_host/advertise_host: passed
         to nodes. cache_dir: data cache for stage-0 nodes. python: interpreter (default: this one).
+        keys: the swarm's keys (key files are written from them); None: nodes run ``--insecure``.
     """
 
     def __init__(
@@ -87,11 +92,13 @@ class LocalHost:
         cache_dir: Path | None = None,
         python: str = sys.executable,
         mode: str = "fork",
+        keys: SwarmKeys | None = None,
     ) -> None:
         if mode not in ("fork", "exec"):
             raise ValueError(f"process start mode is {mode!r}; expected 'fork' or 'exec'.")
         self.run_dir, self.bootstrap, self.bind_host = Path(run_dir), bootstrap, bind_host
         self.advertise_host, self.cache_dir, self.python, self.mode = advertise_host, cache_dir, python, mode
+        self.keys = keys
         self.procs: dict[int, subprocess.Popen | _Forked] = {}
         self._logs: dict[int, object] = {}
         atexit.register(self.reap_all)
@@ -119,11 +126,17 @@ class LocalHost:
             cmd += ["--cache-dir", str(self.cache_dir)]
         if replacement:
             cmd.append("--replacement")
+        cmd += ["--key-file", str(self.key_file(node))] if self.keys is not None else ["--insecure"]
         return cmd
 
-    def spawn(self, node: int, stage: int, location: str, replacement: bool) -> int:
-        """Start node ``node``; returns its pid."""
+    def key_file(self, node: int) -> Path:
+        return self.run_dir / "keys" / f"node{node}.json"
+
+    def spawn(self, node: int, stage: int, location: str, replacement: bool, admit_upto: int = 0) -> int:
+        """Start node ``node``; returns its pid. ``admit_upto``: see SwarmKeys.write_key_file."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.keys is not None:
+            self.keys.write_key_file(self.key_file(node), node, admit_upto)
         cmd = self.command(node, stage, location, replacement)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":

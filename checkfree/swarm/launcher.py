@@ -1,9 +1,10 @@
 """A swarm spanning several machines: the launcher that hosts one machine's share of the nodes.
 
 Machine A runs the supervisor (``run_throughput.sh 0 K ...`` with ``--bind-host 0.0.0.0 --advertise-host A
---port P``); its address ``tcp://A:P`` is the *bootstrap*. Machine B runs ``run_throughput.sh K N ...
---bootstrap tcp://A:P --bind-host 0.0.0.0 --advertise-host B``, which starts this launcher instead of a
-supervisor. The launcher introduces itself to the supervisor (JOIN, stage -2, with its slot range) and then
+--port P``); its address ``tcp://A:P`` is the *bootstrap*, and it writes the join token
+``<run_dir>/join_token.json`` (checkfree.swarm.auth). Machine B gets a copy of that file (scp) and runs
+``run_throughput.sh K N ... --join-token FILE --bind-host 0.0.0.0 --advertise-host B``, which starts this
+launcher instead of a supervisor. The launcher introduces itself to the supervisor (JOIN, stage -2, with its slot range) and then
 only obeys: ``spawn`` (start a node process here, pointed at the bootstrap), ``kill`` (SIGKILL one of its
 own nodes by pid: a scheduled crash) and ``shutdown``; it reports ``exited`` when one of its nodes dies by
 itself. All policy (schedule, recovery, results) stays with the supervisor, which writes throughput.json
@@ -15,8 +16,11 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from checkfree.swarm import control
+from checkfree.swarm.auth import read_token
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.transport import Transport, TransportError
@@ -30,7 +34,7 @@ LAUNCHER_STAGE = -2
 
 
 def run_launcher(
-    bootstrap: str,
+    bootstrap: str | None,
     start: int,
     end: int,
     run_dir: Path,
@@ -38,66 +42,89 @@ def run_launcher(
     advertise_host: str | None = None,
     cache_dir: Path | None = None,
     join_timeout: float = 120.0,
+    token: Path | None = None,
 ) -> int:
-    """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code."""
+    """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code.
+
+    ``token``: the join token the supervisor wrote (checkfree.swarm.auth); its bootstrap address is used
+    unless ``bootstrap`` is given. Without a token the launcher and its nodes run unauthenticated
+    (``--insecure`` on the supervisor's side too).
+
+    Raises:
+        AuthError: the token cannot be read.
+        ValueError: neither a token nor a bootstrap address is given.
+    """
     me = LAUNCHER_ID_BASE + start
-    transport = Transport(me, bind_host=bind_host)
+    keys, identity = None, None
+    if token is not None:
+        keys, token_bootstrap = read_token(token)
+        bootstrap = bootstrap or token_bootstrap
+        identity = keys.identity(me)
+    if bootstrap is None:
+        raise ValueError("a launcher needs --join-token FILE (or --bootstrap ADDRESS with --insecure).")
+    transport = Transport(me, bind_host=bind_host, identity=identity, validate=control.check)
     address = transport.address
     if advertise_host:
         address = f"tcp://{advertise_host}:{address.rsplit(':', 1)[1]}"
-    host = LocalHost(Path(run_dir), bootstrap, bind_host, advertise_host, cache_dir)
+    host = LocalHost(Path(run_dir), bootstrap, bind_host, advertise_host, cache_dir, keys=keys)
     reported: set[int] = set()
+    state = {"heard": False, "done": False}
 
     def send(meta: dict) -> None:
         try:
             transport.send(SUPERVISOR_ID, Message(MessageType.CONTROL, me, meta=meta))
-        except (TransportError, ProtocolError) as exc:
+        except TransportError as exc:
             log.warning("launcher %d: could not reach the supervisor: %s", me, exc)
+
+    def spawn(m: dict) -> None:
+        if m["node"] in host.procs:
+            raise ProtocolError(f"spawn of node {m['node']}, which this launcher started already")
+        host.spawn(m["node"], m["stage"], m["location"], m["replacement"], m["admit_upto"])
+
+    def kill(m: dict) -> None:
+        if m["node"] not in host.procs:
+            raise ProtocolError(f"kill of node {m['node']}, which this launcher did not start")
+        host.kill(m["node"])
+        reported.add(m["node"])
+
+    def shutdown(m: dict) -> None:
+        host.wait_all(timeout=15.0)
+        state["done"] = True
+
+    commands: dict[str, Callable[[dict], None]] = {"spawn": spawn, "kill": kill, "shutdown": shutdown}
 
     try:
         transport.connect(SUPERVISOR_ID, bootstrap)
-        transport.send(
-            SUPERVISOR_ID,
-            Message(
-                MessageType.JOIN,
-                me,
-                meta={
-                    "stage": LAUNCHER_STAGE,
-                    "location": "",
-                    "address": address,
-                    "slots": list(range(start, end)),
-                },
-            ),
-        )
+        join = {"stage": LAUNCHER_STAGE, "location": "", "address": address, "slots": list(range(start, end))}
+        transport.send(SUPERVISOR_ID, Message(MessageType.JOIN, me, meta=join))
         deadline = time.monotonic() + join_timeout
-        heard = False
-        while True:
+        while not state["done"]:
             msg = transport.recv(0.1)
-            if msg is not None and msg.sender == SUPERVISOR_ID and msg.type == MessageType.CONTROL:
-                heard = True
-                command = msg.meta["command"]
-                if command == "spawn":
-                    m = msg.meta
-                    host.spawn(int(m["node"]), int(m["stage"]), str(m["location"]), bool(m["replacement"]))
-                elif command == "kill":
-                    host.kill(int(msg.meta["node"]))
-                    reported.add(int(msg.meta["node"]))
-                elif command == "shutdown":
-                    host.wait_all(timeout=15.0)
-                    return 0
+            if msg is not None:
+                try:
+                    handler = commands.get(msg.meta.get("command", ""))
+                    if msg.sender != SUPERVISOR_ID or msg.type != MessageType.CONTROL or handler is None:
+                        raise ProtocolError(
+                            "only the supervisor's spawn, kill and shutdown are for a launcher"
+                        )
+                    state["heard"] = True
+                    handler(msg.meta)
+                except ProtocolError as exc:
+                    log.warning("launcher %d: dropped a %s from %d: %s", me, msg.type.name, msg.sender, exc)
             for node, proc in host.procs.items():
                 code = proc.poll()
                 if code is not None and node not in reported:
                     reported.add(node)
-                    send({"command": "exited", "node": node, "code": code})
-            if not heard and time.monotonic() > deadline:
+                    send(control.control("exited", node=node, code=code))
+            if not state["heard"] and time.monotonic() > deadline:
                 log.error(
                     "launcher %d: no word from the supervisor at %s in %.0f s", me, bootstrap, join_timeout
                 )
                 return 3
-            if heard and SUPERVISOR_ID in transport.dead_peers():
+            if state["heard"] and SUPERVISOR_ID in transport.dead_peers():
                 log.error("launcher %d: the supervisor is gone; stopping its nodes", me)
                 return 3
+        return 0
     finally:
         host.reap_all()
         transport.close()

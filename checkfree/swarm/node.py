@@ -1,6 +1,7 @@
 """One swarm node = one process = one stage replica: join, serve microbatches, average gradients, recover.
 
-Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L --bootstrap ADDR``):
+Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L --bootstrap ADDR
+--key-file FILE``; ``--insecure`` instead of the key file for plain TCP):
 
 1. **Join**: connect to the bootstrap (the supervisor), send JOIN (stage, location, address). The WELCOME
    reply carries the resolved swarm config, the peer table and the checkpoint version; the node connects to
@@ -8,8 +9,9 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
 2. **Recover** (replacements only, ``--replacement``): ask the setting's plan (checkfree.swarm.strategies)
    which stages to fetch, send WEIGHTS_REQUEST to a serving node of each (or the storage node), combine the
    answers with the shared recovery math (``copy_state`` / ``weighted_average``) and report ``serving``.
-   An unanswered request is re-sent to the next candidate after ``request_timeout``; after
-   ``max_attempts`` rounds the node reports ``recovery_failed`` and exits (the supervisor retries).
+   A rejected or error answer, or a source that leaves the peer table, sends the request to the next
+   candidate at once; an unanswered one after ``request_timeout``; after ``max_attempts`` rounds the node
+   reports ``recovery_failed`` and exits (the supervisor retries).
 3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration:
    ``begin`` (stage 0 starts its pipeline, see checkfree.swarm.worker) → every node forwards/backwards what
    arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
@@ -17,15 +19,20 @@ Life of a node (``python -m checkfree.swarm.node --id N --stage S --location L -
    pipelines), record the unclipped norm ω (SPEC §2), clip and report ``ready`` → ``commit``: Adam
    step (and, on checkpoint iterations, the designated replica ships weights + Adam state to storage) →
    ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
-4. **Serve weights** at any time: WEIGHTS_REQUEST → WEIGHTS_RESPONSE with the weights, the last gradient
-   norm, and (if asked) Adam's moments, step and lr. Under ``ours-plus`` stage 0 also pushes its embedding
+4. **Serve weights** at any time to a peer the supervisor lists (a request from one not yet listed waits,
+   bounded, for the next ``peers``; the node never dials an unlisted requester): WEIGHTS_REQUEST →
+   WEIGHTS_RESPONSE with the weights, the last gradient norm, and (if asked) Adam's moments, step and lr. Under ``ours-plus`` stage 0 also pushes its embedding
    and head to stages 1 and S after each step, and those serve the copies to a stage-0 replacement
    (checkfree.swarm.stage0_copies).
 5. **Leave** on ``shutdown`` (final stats to the supervisor), or exit by itself when the supervisor has
    been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
 
-Peer messages that pass the wire format but make no sense (wrong stage, unknown microbatch, bad shape) are
-dropped with a warning and counted in ``bad_messages``; the node keeps serving.
+Every message passes the wire format and its schema (checkfree.swarm.control) in the transport; the
+dispatch tables (``handlers`` by message type, ``commands`` by CONTROL command, accepted from the supervisor
+only) route it. A peer message that still makes no sense (a wrong stage, an unknown microbatch, a bad shape,
+NaN weights, an implausible epoch or version) raises ``ProtocolError``, is logged and counted in
+``bad_messages``, and the node keeps serving. Any other exception is a bug: the node exits non-zero with the
+traceback in its log, and the supervisor replaces it like any crash.
 """
 
 from __future__ import annotations
@@ -34,13 +41,17 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from checkfree.swarm import control
 from checkfree.swarm import weights as W
+from checkfree.swarm.auth import Identity, read_key_file
 from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.gradient_sync import GradientSync
 from checkfree.swarm.netem import NetEm
 from checkfree.swarm.pipeline_driver import PipelineDriver
@@ -55,8 +66,10 @@ log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_S = 120.0
 """Seconds a new node waits for the supervisor's WELCOME before it gives up."""
-MAX_FUTURE = 2000
-"""Messages of a not-yet-begun epoch buffered at most (a flood of them is dropped)."""
+MAX_WAITING_REQUESTS = 64
+"""WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
+FUTURE_EPOCHS = 4
+"""An epoch more than this far ahead of the node's last ``begin`` is implausible (dropped and counted)."""
 
 
 class SwarmNetEm(NetEm):
@@ -75,7 +88,8 @@ class SwarmNetEm(NetEm):
 
 
 class Node:
-    """A stage replica. Args: ids and addresses as on the command line; ``cache_dir``: data cache."""
+    """A stage replica. Args: ids and addresses as on the command line; ``cache_dir``: data cache;
+    ``identity``: its CURVE keypair and keyring (None: unauthenticated, ``--insecure``)."""
 
     def __init__(
         self,
@@ -87,19 +101,26 @@ class Node:
         advertise_host: str | None = None,
         replacement: bool = False,
         cache_dir: Path | None = None,
+        identity: Identity | None = None,
     ):
         self.id, self.stage, self.location = node_id, stage, location
         self.bootstrap, self.replacement = bootstrap, replacement
         self.cache_dir = cache_dir
         self.netem = SwarmNetEm(time_scale=0.0)
-        self.transport = Transport(node_id, bind_host=bind_host, netem=self.netem)
+        self.transport = Transport(
+            node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
+        )
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
         self.peers: dict[int, dict[str, Any]] = {}
         self.epoch, self.iteration, self.version = -1, -1, 0
+        self.max_version = 0
+        """Highest weights version a peer may claim: iterations the supervisor has begun (plausibility)."""
         self.members: dict[int, list[int]] = {}
-        self.future: list[Message] = []
+        self.future = FutureBuffer()
+        self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
+        """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
         self.grad_norm = 1.0  # ω before any completed iteration (SPEC §2)
         self.serving = False
         self.done = False
@@ -108,11 +129,36 @@ class Node:
         self.task: Recovery | Rollback | None = None
         self.stage0_copies = Stage0Copies(self)
         self.gradients = GradientSync(self)
+        self.handlers: dict[MessageType, Callable[[Message], None]] = {
+            MessageType.FORWARD: self._on_pipeline,
+            MessageType.BACKWARD: self._on_pipeline,
+            MessageType.GRADIENTS: self.gradients.on_gradients,
+            MessageType.WEIGHTS_REQUEST: self._on_weights_request,
+            MessageType.WEIGHTS_RESPONSE: self._on_weights_response,
+            MessageType.CONTROL: self._on_control,
+            MessageType.STAGE0_COPY: self.stage0_copies.on_copy,
+        }
+        """Message type → handler; JOIN / LEAVE / ITERATION_END / CHECKPOINT addressed to a node are dropped."""
+        self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
+            "peers": self._on_peers,
+            "begin": self._begin,
+            "sync": self._sync,
+            "commit": self._commit,
+            "abort": self._abort,
+            "checkpoint": self._checkpoint,
+            "rollback": self._rollback,
+            "shutdown": self._shutdown,
+        }
+        """CONTROL command (from the supervisor only) → handler."""
 
     # ------------------------------------------------------------------ lifecycle
 
     def run(self) -> int:
-        """Join, (recover,) serve until shutdown; returns the process exit code."""
+        """Join, (recover,) serve until shutdown; returns the process exit code.
+
+        A bug (any exception but the protocol's validation error) propagates: the process exits non-zero
+        with the traceback in its log, and the supervisor replaces it like any crash.
+        """
         try:
             self.transport.connect(SUPERVISOR_ID, self.bootstrap)
             self.send(
@@ -142,7 +188,7 @@ class Node:
                     self.give_up(str(exc))
                     time.sleep(0.5)  # let the report leave
                     return 4
-                self.task = Recovery(self, plan, welcome.meta.get("checkpoint_version", 0))
+                self.task = Recovery(self, plan, welcome.meta["checkpoint_version"])
                 self.task.start()
             else:
                 self._serve({"rule": "initial"})
@@ -162,13 +208,13 @@ class Node:
             msg = self.transport.recv(timeout=0.1)
             if msg is None:
                 continue
-            if (
-                msg.type == MessageType.CONTROL
-                and msg.sender == SUPERVISOR_ID
-                and msg.meta["command"] == "welcome"
-            ):
+            if msg.sender == SUPERVISOR_ID and msg.meta.get("command") == "welcome":
                 return msg
-            self.future.append(msg)
+            early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.future
+            try:
+                early.add(msg)
+            except ProtocolError as exc:
+                self.reject(msg, str(exc))
         return None
 
     def _setup(self, meta: dict[str, Any]) -> None:
@@ -180,9 +226,11 @@ class Node:
         self.netem = SwarmNetEm(self.cfg.location_table(), self.cfg.geo(), time_scale=self.cfg.time_scale)
         self.transport.netem = self.netem
         self.storage_id = self.cfg.storage_id
-        self._update_peers(meta["peers"])
+        self.max_version = meta["iteration"]
+        self._on_peers(meta)
         self.members = {int(s): ids for s, ids in meta["members"].items()}
-        self.module = build_stage(self.model_cfg, self.stage, meta["vocab_size"], self.cfg.init_seed)
+        self.vocab_size = meta["vocab_size"]
+        self.module = build_stage(self.model_cfg, self.stage, self.vocab_size, self.cfg.init_seed)
         self.opt = W.make_optimizer(self.module, self.model_cfg.lr)
         self.worker = StageWorker(self.module, self.stage)
         self.driver = PipelineDriver(self, meta) if self.stage == 0 else None
@@ -202,10 +250,9 @@ class Node:
         self.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
-            meta={"command": "serving", "stage": self.stage, "version": self.version, "record": record},
+            meta=control.control("serving", stage=self.stage, version=self.version, record=record),
         )
-        for msg in self._take_future(lambda m: m.type == MessageType.WEIGHTS_REQUEST):
-            self.dispatch(msg)
+        self._replay_requests()
 
     def _tick(self) -> bool:
         """Timeouts; True when the node must exit (its supervisor is gone)."""
@@ -233,72 +280,89 @@ class Node:
         meta: dict[str, Any] | None = None,
         tensors: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """Send to a connected peer; a peer that is gone is logged (the supervisor handles the death)."""
+        """Send to a connected peer; a peer that is gone is logged (the supervisor handles the death).
+
+        ``meta`` gets this node's ``stage`` unless it is a CONTROL message or names one.
+        """
         meta = meta if meta is not None else {}
-        meta.setdefault("stage", self.stage)
+        if mtype != MessageType.CONTROL:
+            meta.setdefault("stage", self.stage)
         try:
             self.transport.send(peer, Message(mtype, self.id, iteration, microbatch, meta, tensors or {}))
-        except (TransportError, ProtocolError) as exc:  # a peer gone meanwhile: the timeouts recover
+        except TransportError as exc:  # a peer gone meanwhile: the timeouts recover
             log.warning("node %d: could not send %s to %d: %s", self.id, mtype.name, peer, exc)
 
-    def _update_peers(self, rows: list[list[Any]]) -> None:
-        """Connect to every listed peer ([id, stage, location, address]); forget peers no longer listed."""
+    def _on_peers(self, meta: dict[str, Any]) -> None:
+        """Admit the listed keys, connect to every listed peer ([id, stage, location, address]) and forget
+        peers no longer listed; then answer requests that were waiting for their sender to be listed."""
+        if "keys" in meta and self.transport.identity is not None:
+            self.transport.identity.keyring.update({int(k): v for k, v in meta["keys"].items()})
         listed = set()
-        for pid, stage, location, address in rows:
-            if pid == self.id:
+        for pid, stage, location, address in meta["peers"]:
+            if pid == self.id or pid < 0:
                 continue
-            listed.add(pid)
             old = self.peers.get(pid)
             if old is None or old["address"] != address:
+                try:
+                    self.transport.connect(pid, address)
+                except TransportError as exc:
+                    log.warning("node %d: cannot dial peer %d: %s", self.id, pid, exc)
+                    continue
                 self.netem.set_location(pid, location)
-                self.transport.connect(pid, address)
+            listed.add(pid)
             self.peers[pid] = {"stage": stage, "location": location, "address": address}
         for pid in set(self.peers) - listed:
             self.peers.pop(pid)
             self.transport.disconnect(pid)
+        if self.serving:
+            self._replay_requests()
+        if self.task is not None:
+            self.task.peers_changed()
 
-    def _take_future(self, keep) -> list[Message]:
-        taken = [m for m in self.future if keep(m)]
-        self.future = [m for m in self.future if not keep(m)]
-        return taken
+    def _replay(self, keep: Callable[[Message], bool]) -> None:
+        for msg in self.future.take(keep):
+            self.dispatch(msg)
+
+    def _replay_requests(self) -> None:
+        for msg in self.waiting.take(lambda m: m.sender in self.peers):
+            self.dispatch(msg)
+
+    def plausible_version(self, version: int) -> bool:
+        """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
+        return version <= max(self.max_version, self.iteration + 1)
 
     def _lost_stages(self) -> set[int]:
         return {s for s in range(self.cfg.n_stages + 1) if not self.members.get(s)}
 
     def dispatch(self, msg: Message) -> None:
-        """Route one message; nonsense from a peer is logged and counted, never fatal."""
-        handler = {
-            MessageType.FORWARD: self._on_pipeline,
-            MessageType.BACKWARD: self._on_pipeline,
-            MessageType.GRADIENTS: self.gradients.on_gradients,
-            MessageType.WEIGHTS_REQUEST: self._on_weights_request,
-            MessageType.WEIGHTS_RESPONSE: self._on_weights_response,
-            MessageType.CONTROL: self._on_control,
-            MessageType.STAGE0_COPY: self.stage0_copies.on_copy,
-        }.get(msg.type)
+        """Route one message through the handler table; a message a handler rejects (ProtocolError: nonsense
+        from a peer) is logged and counted in ``bad_messages``. Any other exception is a bug: it propagates."""
+        handler = self.handlers.get(msg.type)
         if handler is None:
-            return  # JOIN / LEAVE / ITERATION_END addressed to a node: nothing to do
+            self.reject(msg, f"a node takes no {msg.type.name}")
+            return
         try:
             handler(msg)
-        except (KeyError, TypeError, ValueError, IndexError, RuntimeError, AttributeError) as exc:
-            self.bad_messages += 1
-            log.warning(
-                "node %d: dropped a %s from %d that does not fit: %s: %s",
-                self.id,
-                msg.type.name,
-                msg.sender,
-                type(exc).__name__,
-                exc,
-            )
+        except ProtocolError as exc:
+            self.reject(msg, str(exc))
+
+    def reject(self, msg: Message, why: str) -> None:
+        """Count and log a peer message that does not fit (the node keeps serving)."""
+        self.bad_messages += 1
+        log.warning("node %d: dropped a %s from %d: %s", self.id, msg.type.name, msg.sender, why)
 
     def epoch_of(self, msg: Message) -> int | None:
-        """The message's epoch; None (dropped) when stale, buffered when it is ahead of this node."""
+        """The message's epoch; None (dropped) when stale, buffered when it is ahead of this node.
+
+        Raises:
+            ProtocolError: the epoch is more than FUTURE_EPOCHS ahead of the supervisor's last ``begin``, or
+                the buffer for future epochs is full (count or bytes).
+        """
         epoch = msg.meta["epoch"]
-        if not isinstance(epoch, int):
-            raise ValueError(f"epoch is {epoch!r}; expected an integer")
         if epoch > self.epoch:
-            if len(self.future) < MAX_FUTURE:
-                self.future.append(msg)
+            if epoch > self.epoch + FUTURE_EPOCHS:
+                raise ProtocolError(f"epoch {epoch} is implausibly far ahead of this node's {self.epoch}")
+            self.future.add(msg)
             return None
         return epoch if epoch == self.epoch else None
 
@@ -308,18 +372,27 @@ class Node:
         if not self.serving or self.epoch_of(msg) is None:
             return
         route, pos, pipeline = msg.meta["route"], msg.meta["pos"], msg.meta["pipeline"]
-        key = (int(pipeline), msg.microbatch)
+        key = (pipeline, msg.microbatch)
         tensor = msg.tensors["activations" if msg.type == MessageType.FORWARD else "gradients"]
-        if tensor.dtype != torch.float32 or tensor.dim() != 3 or tensor.shape[-1] != self.model_cfg.dmodel:
-            raise ValueError(
-                f"tensor is {tuple(tensor.shape)} {tensor.dtype}; expected (B, T, "
-                f"{self.model_cfg.dmodel}) float32"
+        m = self.model_cfg
+        if (
+            tensor.dtype != torch.float32
+            or tensor.dim() != 3
+            or tensor.shape[-1] != m.dmodel
+            or not 0 < tensor.shape[0] <= m.batch_size
+            or not 0 < tensor.shape[1] <= m.seq_l
+        ):
+            raise ProtocolError(
+                f"tensor is {tuple(tensor.shape)} {tensor.dtype}; expected (<= {m.batch_size}, <= {m.seq_l}, "
+                f"{m.dmodel}) float32"
             )
+        if not 0 <= pos <= len(route) or len(route) != self.cfg.n_stages + 1:
+            raise ProtocolError(f"route {route[:8]} position {pos} does not fit {self.cfg.n_stages} stages")
         if self.driver is not None:
             self.driver.on_message(msg, route, pos, key, tensor)
             return
-        if route[pos] != self.id:
-            raise ValueError(f"route position {pos} names node {route[pos]}, not this node")
+        if pos >= len(route) or route[pos] != self.id or pos == 0:
+            raise ProtocolError(f"route position {pos} of {route[:8]} is not this node")
         meta = {"epoch": self.epoch, "route": route, "pipeline": pipeline}
         if msg.type == MessageType.FORWARD:
             out = self.worker.forward(key, tensor)
@@ -335,7 +408,7 @@ class Node:
         else:
             grad = self.worker.backward(key, tensor)
             if grad is None:
-                raise ValueError(f"no saved forward for pipeline {key[0]} microbatch {key[1]}")
+                raise ProtocolError(f"no saved forward for pipeline {key[0]} microbatch {key[1]}")
             self.send(
                 route[pos - 1],
                 MessageType.BACKWARD,
@@ -346,29 +419,36 @@ class Node:
             )
 
     def _begin(self, meta: dict[str, Any]) -> None:
+        if meta["epoch"] <= self.epoch:
+            raise ProtocolError(f"begin of epoch {meta['epoch']}; this node is at epoch {self.epoch} already")
         self.epoch, self.iteration = meta["epoch"], meta["iteration"]
+        self.max_version = max(self.max_version, self.iteration)
         self.members = {int(s): ids for s, ids in meta["members"].items()}
         self.worker.reset()
         self.gradients.reset()
         self.stage0_copies.push()  # holders that joined since the last step
         if self.driver is not None:
             self.driver.begin()
-        for msg in self._take_future(lambda m: m.meta.get("epoch") == self.epoch):
-            self.dispatch(msg)
-        self.future = [
-            m
-            for m in self.future
-            if not (isinstance(m.meta.get("epoch"), int) and m.meta["epoch"] < self.epoch)
-        ]
+        self.future.drop_before(self.epoch)
+        self._replay(lambda m: m.meta.get("epoch") == self.epoch)
+
+    def _sync(self, meta: dict[str, Any]) -> None:
+        if meta["epoch"] == self.epoch:
+            self.gradients.start()
 
     def _commit(self, meta: dict[str, Any]) -> None:
-        if meta["epoch"] != self.epoch:
-            return
+        if meta["epoch"] != self.epoch or self.gradients.reduced != self.epoch:
+            raise ProtocolError(
+                f"commit of epoch {meta['epoch']}; this node is at epoch {self.epoch} and has reduced the "
+                f"gradients of epoch {self.gradients.reduced}"
+            )
+        self.gradients.reduced = -1  # one step per epoch
         t0 = time.thread_time()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.step_s += time.thread_time() - t0  # CPU seconds
         self.version, self.grad_norm = meta["iteration"] + 1, self.gradients.norm
+        self.max_version = max(self.max_version, self.version)
         if self.id in meta.get("checkpoint_senders", []):
             self.send_checkpoint()
         self.stage0_copies.push()
@@ -377,8 +457,25 @@ class Node:
             SUPERVISOR_ID,
             MessageType.CONTROL,
             self.iteration,
-            meta={"command": "committed", "epoch": self.epoch, **self.report()},
+            meta=control.control("committed", epoch=self.epoch, **self.report()),
         )
+
+    def _abort(self, meta: dict[str, Any]) -> None:
+        if meta["epoch"] == self.epoch:
+            self.worker.reset()
+            self.gradients.reset()
+            if self.driver is not None:
+                self.driver.abort()
+
+    def _checkpoint(self, meta: dict[str, Any]) -> None:
+        if self.id in meta["checkpoint_senders"]:
+            self.send_checkpoint()
+
+    def _rollback(self, meta: dict[str, Any]) -> None:
+        if meta["version"] > self.max_version:
+            raise ProtocolError(f"rollback to version {meta['version']}, beyond {self.max_version}")
+        self.task = Rollback(self, meta["version"])
+        self.task.start()
 
     def report(self) -> dict[str, Any]:
         """Cumulative stats for the supervisor: bytes per message type, compute seconds, bad messages."""
@@ -387,6 +484,7 @@ class Node:
             "sent_bytes": stats["sent_bytes"],
             "sent_messages": stats["sent_messages"],
             "dropped_malformed": stats["dropped_malformed"],
+            "dropped_spoofed": stats["dropped_spoofed"],
             "bad_messages": self.bad_messages,
             "compute": {**self.worker.compute, "step_cpu_s": self.step_s},
             "version": self.version,
@@ -406,26 +504,21 @@ class Node:
         """Ship weights + Adam state to the storage node (asynchronous: the send never blocks)."""
         self.send(
             self.storage_id,
-            MessageType.WEIGHTS_RESPONSE,
+            MessageType.CHECKPOINT,
             self.iteration,
-            meta={**self.weights_meta(), "checkpoint": self.version},
+            meta=self.weights_meta(),
             tensors=W.stage_tensors(self.module, self.opt),
         )
 
     def _on_weights_request(self, msg: Message) -> None:
+        """Answer a listed peer with this stage's weights (or the stage-0 copy it names); a request from a
+        peer the supervisor has not listed yet waits in the future buffer (the next ``peers`` replays it):
+        a node dials only the peers the supervisor lists."""
         meta = msg.meta
-        if not self.serving:
-            self.future.append(msg)  # answered once this node serves
+        if not self.serving or msg.sender not in self.peers and msg.sender != SUPERVISOR_ID:
+            self.waiting.add(msg)  # answered once this node serves and the requester is listed
             return
-        if msg.sender not in self.peers and isinstance(meta.get("address"), str):
-            self.netem.set_location(msg.sender, str(meta.get("location", "")))
-            self.transport.connect(msg.sender, meta["address"])
-            self.peers[msg.sender] = {
-                "stage": -1,
-                "location": meta.get("location"),
-                "address": meta["address"],
-            }
-        reply = {"request": meta.get("request", ""), **self.weights_meta()}
+        reply = {"request": meta["request"], **self.weights_meta()}
         if "part" in meta:  # a stage-0 replacement asks for the copy this node holds (CheckFree+)
             self.stage0_copies.answer(msg, reply)
             return
@@ -438,8 +531,9 @@ class Node:
         )
 
     def _on_weights_response(self, msg: Message) -> None:
-        if self.task is not None:
-            self.task.on_response(msg)
+        if self.task is None:
+            raise ProtocolError("a weights answer, but this node is not fetching weights")
+        self.task.on_response(msg)
 
     def recovered(self, record: dict[str, Any]) -> None:
         """Called by a finished Recovery: serve."""
@@ -448,47 +542,27 @@ class Node:
     def restored(self, record: dict[str, Any]) -> None:
         """Called by a finished Rollback: report to the supervisor."""
         self.task = None
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta={"command": "restored", **record})
+        meta = control.control("restored", version=record["version"], bytes=record["bytes"], record=record)
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
 
     def give_up(self, reason: str) -> None:
         log.error("node %d: %s", self.id, reason)
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta={"command": "recovery_failed", "reason": reason})
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("recovery_failed", reason=reason))
         self.task = None
 
     # ------------------------------------------------------------------ supervisor commands
 
     def _on_control(self, msg: Message) -> None:
         if msg.sender != SUPERVISOR_ID:
-            raise ValueError("CONTROL from a node; only the supervisor commands")
-        meta, command = msg.meta, msg.meta["command"]
-        if command == "peers":
-            self._update_peers(meta["peers"])
-        elif command == "begin":
-            self._begin(meta)
-        elif command == "sync":
-            if meta["epoch"] == self.epoch:
-                self.gradients.start()
-        elif command == "commit":
-            self._commit(meta)
-        elif command == "abort":
-            if meta["epoch"] == self.epoch:
-                self.worker.reset()
-                self.gradients.reset()
-                if self.driver is not None:
-                    self.driver.abort()
-        elif command == "checkpoint":
-            if self.id in meta.get("checkpoint_senders", []):
-                self.send_checkpoint()
-        elif command == "rollback":
-            self.task = Rollback(self, meta["version"])
-            self.task.start()
-        elif command == "shutdown":
-            self._shutdown()
-        else:
-            raise ValueError(f"unknown command {command!r}")
+            raise ProtocolError("CONTROL from a node; only the supervisor commands")
+        command = msg.meta["command"]
+        handler = self.commands.get(command)
+        if handler is None:
+            raise ProtocolError(f"command {command!r} is not for a node")
+        handler(msg.meta)
 
-    def _shutdown(self) -> None:
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta={"command": "final", **self.report()})
+    def _shutdown(self, meta: dict[str, Any]) -> None:
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("final", **self.report()))
         deadline = time.monotonic() + 3.0
         while self.transport.stats["sent_messages"]["CONTROL"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -512,17 +586,27 @@ def main(argv: list[str] | None = None) -> int:
         "--replacement", action="store_true", help="recover the stage from peers before serving"
     )
     parser.add_argument("--cache-dir", type=Path, help="data cache of stage-0 nodes")
+    parser.add_argument("--key-file", type=Path, help="this node's CURVE key file (checkfree.swarm.auth)")
+    parser.add_argument(
+        "--insecure", action="store_true", help="plain TCP, no authentication (single-machine debugging)"
+    )
     args = parser.parse_args(argv)
+    if (args.key_file is None) == (not args.insecure):
+        parser.error("give exactly one of --key-file FILE and --insecure")
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,
         format=f"%(asctime)s node{args.id} %(levelname)s %(name)s: %(message)s",
     )
     torch.set_num_threads(1)
+    identity = None if args.insecure else read_key_file(args.key_file, args.id)
     if args.stage == -1:
         from checkfree.swarm.storage import StorageNode
 
-        return StorageNode(args.id, args.location, args.bootstrap, args.bind_host, args.advertise_host).run()
+        storage = StorageNode(
+            args.id, args.location, args.bootstrap, args.bind_host, args.advertise_host, identity
+        )
+        return storage.run()
     node = Node(
         args.id,
         args.stage,
@@ -532,6 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         args.advertise_host,
         args.replacement,
         args.cache_dir,
+        identity,
     )
     return node.run()
 

@@ -17,7 +17,7 @@ import torch
 
 from checkfree.pipeline import stage_order
 from checkfree.swarm.config import route
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType
+from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.worker import make_batches
 
 if TYPE_CHECKING:
@@ -101,11 +101,11 @@ class PipelineDriver:
         """A microbatch returning: final activations (head + loss) or the first stage's input gradient."""
         node, mb = self.node, msg.microbatch
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
-            raise ValueError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
+            raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
         meta = {"epoch": node.epoch, "route": path, "pipeline": self.pipeline}
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
-                raise ValueError(f"microbatch {mb} came back twice")
+                raise ProtocolError(f"microbatch {mb} came back twice")
             loss, grad = node.worker.head_loss(tensor, self.labels[mb], node.cfg.mb_count)
             self.losses[mb] = loss
             node.send(
@@ -118,13 +118,13 @@ class PipelineDriver:
             )
         elif msg.type == MessageType.BACKWARD and pos == 0:
             if not node.worker.embed_backward(key, tensor):
-                raise ValueError(f"no saved embedding for microbatch {mb}")
+                raise ProtocolError(f"no saved embedding for microbatch {mb}")
             del self.inflight[mb]
             self._pump()
             if not self.inflight and self.next_mb >= node.cfg.mb_count:
                 self._finish()
         else:
-            raise ValueError(f"{msg.type.name} at route position {pos} is not for stage 0")
+            raise ProtocolError(f"{msg.type.name} at route position {pos} is not for stage 0")
 
     def _finish(self) -> None:
         node = self.node

@@ -12,8 +12,11 @@ A message is a list of ZeroMQ frames::
 
 ``decode`` rejects anything that does not match this layout exactly with a ``ProtocolError`` whose message
 is one sentence naming the field, the value seen and what was expected. Received tensors are copied once
-into fresh writable memory (never aliasing a network buffer). NaN/inf values in tensors are allowed (a
-diverging run must still be able to report them).
+into fresh writable memory (never aliasing a network buffer). NaN/inf values are allowed by the wire format
+(a diverging run must still be able to report its activations); the handlers of weights, gradients, stage-0
+copies and checkpoints reject them (checkfree.swarm.weights.check_finite). The meta of each message type and
+of each CONTROL command has a schema (checkfree.swarm.control) that the transport checks right after
+``decode``.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ class MessageType(IntEnum):
     LEAVE = 9  # orderly departure
     CONTROL = 10  # supervisor <-> node commands, JSON meta only
     STAGE0_COPY = 11  # CheckFree+: stage 0's embedding (to stage 1) or head (to stage S) after each step
+    CHECKPOINT = 12  # checkpoint baseline: a stage's weights + Adam state, a node to the storage node
 
 
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -81,6 +85,7 @@ DTYPE_CODES: dict[torch.dtype, int] = {
 }
 """Allowlist of tensor dtypes and their wire codes."""
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+_ITEMSIZE = {dtype: torch.empty((), dtype=dtype).element_size() for dtype in DTYPE_CODES}
 
 # Per type: meta keys that must be present, with their JSON type. ``stage`` is the stage index that the
 # message concerns (the sender's stage for FORWARD/BACKWARD/GRADIENTS/JOIN, the requested stage for
@@ -97,6 +102,7 @@ REQUIRED_META: dict[MessageType, dict[str, type]] = {
     MessageType.LEAVE: {},
     MessageType.CONTROL: {"command": str},
     MessageType.STAGE0_COPY: {"stage": int, "part": str, "version": int},
+    MessageType.CHECKPOINT: {"stage": int, "version": int},
 }
 REQUIRED_TENSORS: dict[MessageType, frozenset[str]] = {
     MessageType.FORWARD: frozenset({"activations"}),
@@ -364,7 +370,7 @@ def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[st
                 f"Shape of tensor {name!r} is {list(shape)}; expected dims >= 0 and not huge."
             )
     dtype = CODE_DTYPES[code]
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = _ITEMSIZE[dtype]
     want = math.prod(shape) * itemsize
     if want != size:
         raise ProtocolError(

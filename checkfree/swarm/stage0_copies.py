@@ -19,7 +19,8 @@ import torch
 
 from checkfree.recovery.neighbours import stage0_copy_holders, stage0_part
 from checkfree.swarm import weights as W
-from checkfree.swarm.protocol import Message, MessageType
+from checkfree.swarm.protocol import Message, MessageType, ProtocolError
+from checkfree.swarm.worker import build_stage
 from checkfree.training_state import StateDict
 
 if TYPE_CHECKING:
@@ -72,28 +73,51 @@ class Stage0Copies:
         """Keep a pushed copy (the newest version wins).
 
         Raises:
-            ValueError: the setting keeps no copies, this stage holds another part, the sender is not a
-                stage-0 node, or the tensors are not the named part's floating-point entries (the node drops
-                the message and counts it).
+            ProtocolError: the setting keeps no copies, this stage holds another part, the sender is not a
+                stage-0 node, the version is ahead of the supervisor's iterations, or the tensors are not the
+                named part's entries with this node's shapes and finite values (the node drops the message and
+                counts it).
         """
         node = self.node
         part, version = msg.meta["part"], msg.meta["version"]
         mine = self.part_held_by_me() if self._active() else None
         if part != mine:
-            raise ValueError(f"stage-0 copy part {part!r} sent to stage {node.stage}; expected {mine!r}")
+            raise ProtocolError(f"stage-0 copy part {part!r} sent to stage {node.stage}; expected {mine!r}")
         if msg.sender not in node.members.get(0, []) and node.peers.get(msg.sender, {}).get("stage") != 0:
-            raise ValueError(f"stage-0 copy from node {msg.sender}, which does not serve stage 0")
+            raise ProtocolError(f"stage-0 copy from node {msg.sender}, which does not serve stage 0")
+        if not node.plausible_version(version):
+            raise ProtocolError(f"stage-0 copy version {version} is ahead of the swarm's iterations")
         state = W.split(msg.tensors, "w")
         if not state or len(state) != len(msg.tensors):
-            raise ValueError("stage-0 copy holds no tensors or tensors not named w.<key>")
+            raise ProtocolError("stage-0 copy holds no tensors or tensors not named w.<key>")
         for key, tensor in state.items():
             if stage0_part(key) != part or not torch.is_floating_point(tensor):
-                raise ValueError(
+                raise ProtocolError(
                     f"stage-0 copy entry {key!r} ({tensor.dtype}) is not a floating-point {part} entry"
                 )
+        shapes = self.part_shapes(part)
+        if shapes is not None and {k: (t.shape, t.dtype) for k, t in state.items()} != shapes:
+            raise ProtocolError(f"stage-0 {part} copy from node {msg.sender} has other keys or shapes")
+        W.check_finite(state, f"node {msg.sender}")
         old = self.held.get(part)
         if old is None or version >= old[0]:
             self.held[part] = (int(version), state)
+
+    def part_shapes(self, part: str) -> dict[str, tuple[torch.Size, torch.dtype]] | None:
+        """Keys, shapes and dtypes of stage 0's ``part`` (from a stage-0 module built once), None if unknown."""
+        if not hasattr(self, "_shapes"):
+            node = self.node
+            cfg = getattr(node, "cfg", None)
+            vocab = getattr(node, "vocab_size", None)
+            if cfg is None or vocab is None:
+                return None
+            with torch.device("meta"):  # shapes only: no memory, no init
+                own = build_stage(cfg.model, 0, vocab, cfg.init_seed).state_dict()
+            self._shapes = {
+                p: {k: (v.shape, v.dtype) for k, v in own.items() if stage0_part(k) == p}
+                for p in ("embedding", "head")
+            }
+        return self._shapes.get(part)
 
     def answer(self, msg: Message, reply: dict[str, Any]) -> None:
         """Answer a WEIGHTS_REQUEST for a stage-0 part with the held copy, or with an error if none is held."""

@@ -1,19 +1,28 @@
 """The checkpoint storage node of the ``checkpoint`` setting (SPEC §5, §8).
 
 Every ``checkpoint_interval`` iterations one replica of each stage pushes its weights and Adam state here
-(a WEIGHTS_RESPONSE with meta ``checkpoint`` = version, i.e. iterations completed). The node keeps the two
-newest versions per stage (a rollback needs a version every stage has, and the newest may still be in
-transit for some stage), acknowledges each with CONTROL ``stored`` to the supervisor, and answers
-WEIGHTS_REQUEST ``{stage, version}`` with that snapshot (an ``error`` answer if it has none).
+(a CHECKPOINT message, meta ``version`` = iterations completed). The node keeps the two newest versions per
+stage (a rollback needs a version every stage has, and the newest may still be in transit for some stage),
+acknowledges each with CONTROL ``stored`` to the supervisor, and answers WEIGHTS_REQUEST ``{stage, version}``
+with that snapshot (an ``error`` answer if it has none).
+
+A checkpoint is stored only if it comes from a node the supervisor lists for that stage, its version is not
+ahead of the iterations the supervisor has begun (``begin`` broadcasts), and every tensor is finite; anything else is dropped and counted (``bad_messages``), so a forged checkpoint can
+neither poison a rollback nor evict a real version.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from checkfree.swarm import control
+from checkfree.swarm import weights as W
+from checkfree.swarm.auth import Identity
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.transport import Transport, TransportError
 
@@ -32,17 +41,36 @@ class StorageNode:
         bootstrap: str,
         bind_host: str = "127.0.0.1",
         advertise_host: str | None = None,
+        identity: Identity | None = None,
     ) -> None:
         from checkfree.swarm.node import SwarmNetEm
 
         self.id, self.location, self.bootstrap = node_id, location, bootstrap
         self.netem = SwarmNetEm(time_scale=0.0)
-        self.transport = Transport(node_id, bind_host=bind_host, netem=self.netem)
+        self.transport = Transport(
+            node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
+        )
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
         self.snapshots: dict[int, dict[int, Message]] = {}
         self.known: dict[int, str] = {}
+        self.stages: dict[int, int] = {}
+        """peer id → the stage the supervisor lists it for."""
+        self.max_version = 0
+        self.bad_messages = 0
+        self.done = False
+        self.handlers: dict[MessageType, Callable[[Message], None]] = {
+            MessageType.CONTROL: self._on_control,
+            MessageType.CHECKPOINT: self._store,
+            MessageType.WEIGHTS_REQUEST: self._serve,
+        }
+        self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
+            "peers": self._peers,
+            "begin": self._begin,
+            "shutdown": self._shutdown,
+        }
+        """Supervisor commands the storage node acts on; the others (sync, commit, ...) are not for it."""
 
     def run(self) -> int:
         from checkfree.swarm.config import swarm_config_from_dict
@@ -62,7 +90,7 @@ class StorageNode:
             deadline, welcome = time.monotonic() + JOIN_TIMEOUT_S, None
             while welcome is None and time.monotonic() < deadline:
                 msg = t.recv(0.1)
-                if msg is not None and msg.type == MessageType.CONTROL and msg.meta["command"] == "welcome":
+                if msg is not None and msg.sender == SUPERVISOR_ID and msg.meta.get("command") == "welcome":
                     welcome = msg
             if welcome is None:
                 log.error("storage %d: no WELCOME within %.0f s; exiting", self.id, JOIN_TIMEOUT_S)
@@ -71,72 +99,98 @@ class StorageNode:
             t.heartbeat_interval, t.peer_timeout = cfg.heartbeat_interval, cfg.peer_timeout
             self.netem = SwarmNetEm(cfg.location_table(), cfg.geo(), time_scale=cfg.time_scale)
             t.netem = self.netem
-            self._peers(welcome.meta["peers"])
+            self.max_version = welcome.meta["iteration"]
+            self._peers(welcome.meta)
+            record = {"rule": "storage"}
             self._send(
                 SUPERVISOR_ID,
                 Message(
                     MessageType.CONTROL,
                     self.id,
-                    meta={"command": "serving", "stage": -1, "version": 0, "record": {"rule": "storage"}},
+                    meta=control.control("serving", stage=-1, version=0, record=record),
                 ),
             )
-            while SUPERVISOR_ID not in t.dead_peers():
+            while not self.done and SUPERVISOR_ID not in t.dead_peers():
                 msg = t.recv(0.1)
-                if msg is None:
-                    continue
-                if msg.type == MessageType.CONTROL and msg.sender == SUPERVISOR_ID:
-                    if msg.meta["command"] == "shutdown":
-                        self._send(
-                            SUPERVISOR_ID,
-                            Message(
-                                MessageType.CONTROL,
-                                self.id,
-                                meta={
-                                    "command": "final",
-                                    "sent_bytes": t.stats["sent_bytes"],
-                                    "sent_messages": t.stats["sent_messages"],
-                                    "stored_versions": self._versions(),
-                                },
-                            ),
-                        )
-                        time.sleep(0.3)
-                        return 0
-                    if msg.meta["command"] == "peers":
-                        self._peers(msg.meta["peers"])
-                elif msg.type == MessageType.WEIGHTS_RESPONSE and "checkpoint" in msg.meta:
-                    self._store(msg)
-                elif msg.type == MessageType.WEIGHTS_REQUEST:
-                    self._serve(msg)
+                if msg is not None:
+                    self.dispatch(msg)
+            if self.done:
+                return 0
             log.error("storage %d: the supervisor is gone; exiting", self.id)
             return 3
         finally:
             self.transport.close()
 
+    def dispatch(self, msg: Message) -> None:
+        """Route through the handler table; a message that does not fit is dropped and counted."""
+        handler = self.handlers.get(msg.type)
+        try:
+            if handler is None:
+                raise ProtocolError(f"the storage node takes no {msg.type.name}")
+            handler(msg)
+        except ProtocolError as exc:
+            self.bad_messages += 1
+            log.warning("storage %d: dropped a %s from %d: %s", self.id, msg.type.name, msg.sender, exc)
+
+    def _on_control(self, msg: Message) -> None:
+        if msg.sender != SUPERVISOR_ID:
+            raise ProtocolError("CONTROL from a node; only the supervisor commands")
+        handler = self.commands.get(msg.meta["command"])
+        if handler is not None:
+            handler(msg.meta)
+
+    def _shutdown(self, meta: dict[str, Any]) -> None:
+        stats = self.transport.stats
+        final = control.control(
+            "final",
+            sent_bytes=stats["sent_bytes"],
+            sent_messages=stats["sent_messages"],
+            dropped_malformed=stats["dropped_malformed"],
+            dropped_spoofed=stats["dropped_spoofed"],
+            bad_messages=self.bad_messages,
+            stored_versions=self._versions(),
+        )
+        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=final))
+        time.sleep(0.3)
+        self.done = True
+
+    def _begin(self, meta: dict[str, Any]) -> None:
+        self.max_version = max(self.max_version, meta["iteration"])
+
     def _send(self, peer: int, msg: Message) -> None:
         try:
             self.transport.send(peer, msg)
-        except (TransportError, ProtocolError) as exc:
+        except TransportError as exc:
             log.warning("storage %d: could not send %s to %d: %s", self.id, msg.type.name, peer, exc)
 
-    def _peers(self, rows: list) -> None:
-        for pid, _stage, location, address in rows:
-            if pid != self.id:
-                self._connect(pid, location, address)
-
-    def _connect(self, pid: int, location: str, address: str) -> None:
-        if self.known.get(pid) != address:
-            self.netem.set_location(pid, location)
-            self.transport.connect(pid, address)
-            self.known[pid] = address
+    def _peers(self, meta: dict[str, Any]) -> None:
+        if "keys" in meta and self.transport.identity is not None:
+            self.transport.identity.keyring.update({int(k): v for k, v in meta["keys"].items()})
+        for pid, stage, location, address in meta["peers"]:
+            if pid == self.id or pid < 0:
+                continue
+            if self.known.get(pid) != address:
+                try:
+                    self.transport.connect(pid, address)
+                except TransportError as exc:
+                    log.warning("storage %d: cannot dial peer %d: %s", self.id, pid, exc)
+                    continue
+                self.netem.set_location(pid, location)
+                self.known[pid] = address
+            self.stages[pid] = stage
 
     def _versions(self) -> dict[str, list[int]]:
         return {str(s): sorted(v) for s, v in self.snapshots.items()}
 
     def _store(self, msg: Message) -> None:
-        stage, version = msg.meta["stage"], msg.meta["checkpoint"]
-        if not isinstance(stage, int) or not isinstance(version, int):
-            log.warning("storage %d: dropped a checkpoint with stage %r version %r", self.id, stage, version)
-            return
+        stage, version = msg.meta["stage"], msg.meta["version"]
+        if self.stages.get(msg.sender) != stage:
+            raise ProtocolError(f"a stage-{stage} checkpoint from node {msg.sender}, which does not hold it")
+        if version > self.max_version + 1:
+            raise ProtocolError(f"checkpoint version {version} is ahead of iteration {self.max_version}")
+        W.check_finite(msg.tensors, f"node {msg.sender}")
+        if not msg.tensors or any(not k.startswith(("w.", "m.", "v.")) for k in msg.tensors):
+            raise ProtocolError("a checkpoint holds only w.*, m.* and v.* tensors")
         kept = self.snapshots.setdefault(stage, {})
         kept[version] = msg
         for old in sorted(kept)[:-KEEP_VERSIONS]:
@@ -150,27 +204,24 @@ class StorageNode:
             nbytes,
             msg.sender,
         )
-        self._send(
-            SUPERVISOR_ID,
-            Message(
-                MessageType.CONTROL,
-                self.id,
-                meta={"command": "stored", "stage": stage, "version": version, "bytes": nbytes},
-            ),
+        meta = control.control(
+            "stored", stage=stage, version=version, bytes=nbytes, bad_messages=self.bad_messages
         )
+        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=meta))
 
     def _serve(self, msg: Message) -> None:
+        if msg.sender not in self.known and msg.sender != SUPERVISOR_ID:
+            raise ProtocolError(
+                f"a weights request from node {msg.sender}, which the supervisor has not listed"
+            )
         stage, version = msg.meta["stage"], msg.meta.get("version")
-        address = msg.meta.get("address")
-        if isinstance(address, str) and address.startswith("tcp://"):
-            self._connect(msg.sender, str(msg.meta.get("location", "")), address)
-        snap = self.snapshots.get(stage, {}).get(version)
-        reply = {"stage": stage, "request": msg.meta.get("request", "")}
+        snap = self.snapshots.get(stage, {}).get(version) if version is not None else None
+        reply: dict[str, Any] = {"stage": stage, "request": msg.meta["request"]}
         if snap is None:
             reply["error"] = f"no checkpoint of stage {stage} at version {version}"
             self._send(msg.sender, Message(MessageType.WEIGHTS_RESPONSE, self.id, meta=reply))
             return
-        meta = {k: v for k, v in snap.meta.items() if k != "checkpoint"} | reply
+        meta = dict(snap.meta) | reply
         tensors: dict[str, torch.Tensor] = snap.tensors
         if not msg.meta.get("optimizer"):
             tensors = {k: v for k, v in tensors.items() if k.startswith("w.")}

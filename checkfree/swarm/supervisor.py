@@ -35,17 +35,23 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from checkfree.swarm import control as schemas
+from checkfree.swarm.auth import KEY_WINDOW, KeyRing, SwarmKeys
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.control import control
 from checkfree.swarm.hosts import LocalHost
-from checkfree.swarm.launcher import LAUNCHER_STAGE
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.launcher import LAUNCHER_ID_BASE
+from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType
 from checkfree.swarm.results import Results
 from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
+from checkfree.swarm.supervisor_inbox import PeerMessages
 from checkfree.swarm.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -75,7 +81,7 @@ class Slot:
         """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
 
 
-class Supervisor:
+class Supervisor(PeerMessages):
     """Runs a swarm to ``iterations`` committed iterations; :meth:`run` returns the throughput results.
 
     Args:
@@ -101,6 +107,7 @@ class Supervisor:
         advertise_host: str | None = None,
         cache_dir: Path | None = None,
         on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None,
+        insecure: bool = False,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
@@ -126,57 +133,119 @@ class Supervisor:
             if self.strategy.rollback_on_stage_loss
             else None
         )
+        self.next_id = cfg.first_replacement_id
+        self.keys = None if insecure else SwarmKeys.new()
+        identity = None
+        if self.keys is not None:
+            ring = KeyRing({n: self.keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
+            launchers = range(LAUNCHER_ID_BASE, LAUNCHER_ID_BASE + cfg.n_nodes)
+            ring.update({n: self.keys.public_key(n) for n in launchers})
+            identity = self.keys.identity(SUPERVISOR_ID, ring)
         self.transport = Transport(
             SUPERVISOR_ID,
             bind_host=bind_host,
             port=port,
             heartbeat_interval=cfg.heartbeat_interval,
             peer_timeout=cfg.peer_timeout,
+            identity=identity,
+            validate=schemas.check,
         )
+        self._admit_window()
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
-        self.host = LocalHost(self.run_dir, self.address, bind_host, advertise_host, cache_dir)
+        self.host = LocalHost(
+            self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=self.keys
+        )
         self.by_node: dict[int, Slot] = {}
         self.launchers: set[int] = set()
         self.t_created = time.monotonic()
-        self.next_id = cfg.first_replacement_id
+        self.bad_messages = 0
+        """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
         self.epoch = 0
         self.deaths = 0
         self.fired: set[tuple[int, int]] = set()
         self.stored: dict[int, set[int]] = {}
+        self.storage_lost_at: int | None = None
+        """The iteration during which the storage node died (its checkpoints went with it), or None."""
         self.inbox: dict[str, dict[int, dict[str, Any]]] = {}
         self.results = Results(cfg, setting, iterations)
         self.results.vocab_size = vocab_size
+        self.node_handlers: dict[MessageType, Callable[[Slot, Message], None]] = {
+            MessageType.ITERATION_END: self._on_iteration_end,
+            MessageType.CONTROL: self._on_node_control,
+        }
+        """Message type (from a slot's occupant) → handler; JOIN and launchers are routed before."""
+        self.node_commands: dict[str, Callable[[Slot, dict[str, Any]], None]] = {
+            "serving": self._on_serving,
+            "stored": self._on_stored,
+            "committed": self._on_report,
+            "final": self._on_report,
+            "restored": self._on_restored,
+            "ready": self._to_inbox,
+            "stalled": self._to_inbox,
+            "recovery_failed": self._to_inbox,
+        }
+        """CONTROL command from a node → handler."""
+
+    @property
+    def token_path(self) -> Path:
+        """The join token other machines' launchers need (written by :meth:`run`; absent with ``insecure``)."""
+        return self.run_dir / "join_token.json"
+
+    def _admit_window(self) -> None:
+        """Admit the next KEY_WINDOW replacement ids (they get their keys before they dial)."""
+        if self.keys is not None and self.transport.identity is not None:
+            ids = range(self.next_id, self.next_id + KEY_WINDOW)
+            self.transport.identity.keyring.update({n: self.keys.public_key(n) for n in ids})
 
     # ------------------------------------------------------------------ public
 
     def run(self) -> dict[str, Any]:
-        """Start, train, shut down; returns (and writes) the throughput results. Raises SwarmError."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        """Start, train, shut down; returns (and writes) the throughput results.
+
+        Raises:
+            SwarmError: a retry limit was exceeded, or an internal error (a bug) stopped the run: its
+                traceback is appended to ``<run_dir>/supervisor.log``. Every node is reaped either way.
+        """
         try:
-            for slot in self._all_slots():
-                if slot.local:
-                    self._spawn(slot, replacement=False)
-            self._wait_serving(initial=True)
-            if self.storage is not None:
-                self._checkpoint_initial()
-            self.results.start()
-            it = 0
-            while it < self.iterations:
-                it = self._ensure_serving(it)
-                if self._attempt(it):
-                    it += 1
-            self._shutdown()
-            return self.results.finish(self.run_dir)
+            return self._run()
+        except SwarmError:
+            raise
+        except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
+            with open(self.run_dir / "supervisor.log", "a") as f:
+                f.write(f"internal error of the supervisor:\n{traceback.format_exc()}")
+            raise SwarmError(
+                f"internal error of the supervisor ({type(exc).__name__}: {exc}); traceback in "
+                f"{self.run_dir / 'supervisor.log'}."
+            ) from exc
         finally:
             self.host.reap_all()
             self.transport.close()
 
+    def _run(self) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.keys is not None:
+            self.keys.write_token(self.token_path, self.address)
+        for slot in self._all_slots():
+            if slot.local:
+                self._spawn(slot, replacement=False)
+        self._wait_serving(initial=True)
+        if self.storage is not None:
+            self._checkpoint_initial()
+        self.results.start()
+        it = 0
+        while it < self.iterations:
+            it = self._ensure_serving(it)
+            if self._attempt(it):
+                it += 1
+        self._shutdown()
+        return self.results.finish(self.run_dir)
+
     def fetch_weights(self, node: int, stage: int, timeout: float = 30.0, part: str | None = None) -> Message:
         """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
         the CheckFree+ copy of stage 0's "embedding" or "head" it holds; for tests."""
-        rid = f"supervisor:{time.monotonic()}"
+        rid = secrets.token_hex(16)
         self._send(
             node,
             MessageType.WEIGHTS_REQUEST,
@@ -204,13 +273,14 @@ class Supervisor:
     def _send(self, node: int, mtype: MessageType, meta: dict[str, Any]) -> None:
         try:
             self.transport.send(node, Message(mtype, SUPERVISOR_ID, meta=meta))
-        except (TransportError, ProtocolError) as exc:
+        except TransportError as exc:
             log.warning("supervisor: could not send %s to %d: %s", mtype.name, node, exc)
 
     def _broadcast(self, command: str, **meta: Any) -> None:
+        msg = control(command, **meta)
         for slot in self._all_slots():
             if slot.address is not None and not slot.dead:
-                self._send(slot.occupant, MessageType.CONTROL, {"command": command, **meta})
+                self._send(slot.occupant, MessageType.CONTROL, msg)
 
     def _members(self) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {s: [] for s in range(self.cfg.n_stages + 1)}
@@ -232,107 +302,6 @@ class Supervisor:
             self._handle(msg)
             msg = self.transport.recv(0)
 
-    def _handle(self, msg: Message) -> None:
-        if msg.type == MessageType.JOIN:
-            self._on_join(msg)
-            return
-        if msg.sender in self.launchers:
-            if msg.type == MessageType.CONTROL and msg.meta["command"] == "exited":
-                slot = self.by_node.get(int(msg.meta["node"]))
-                if slot is not None and slot.occupant == msg.meta["node"]:
-                    self._mark_dead(slot, f"process exited with code {msg.meta.get('code')}")
-            return
-        slot = self.by_node.get(msg.sender)
-        if slot is None or slot.occupant != msg.sender:
-            log.info("supervisor: ignored a %s from unknown node %d", msg.type.name, msg.sender)
-            return
-        if msg.type == MessageType.ITERATION_END:
-            self.inbox.setdefault("iteration_end", {})[msg.sender] = msg.meta
-        elif msg.type == MessageType.CONTROL:
-            command = msg.meta["command"]
-            if command == "serving":
-                self._on_serving(slot, msg.meta)
-            elif command == "stored":
-                self.stored.setdefault(int(msg.meta["stage"]), set()).add(int(msg.meta["version"]))
-            elif command in ("committed", "final"):
-                self.results.node_report(msg.sender, msg.meta)
-                slot.version = int(msg.meta.get("version", slot.version))
-                self.inbox.setdefault(command, {})[msg.sender] = msg.meta
-            else:
-                if command == "restored":
-                    slot.version = int(msg.meta["version"])
-                self.inbox.setdefault(command, {})[msg.sender] = msg.meta
-
-    def _on_launcher(self, msg: Message) -> None:
-        """Another machine's launcher offers to host slots; start their initial nodes there."""
-        slots = [
-            n
-            for n in msg.meta.get("slots", [])
-            if isinstance(n, int)
-            and 0 <= n < self.cfg.n_nodes
-            and not self.slots[n].local
-            and self.slots[n].launcher is None
-        ]
-        self.launchers.add(msg.sender)
-        self.transport.connect(msg.sender, msg.meta["address"])
-        log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
-        for n in slots:
-            self.slots[n].launcher = msg.sender
-            self._spawn(self.slots[n], replacement=False)
-
-    def _on_join(self, msg: Message) -> None:
-        node, meta = msg.sender, msg.meta
-        if meta["stage"] == LAUNCHER_STAGE:
-            self._on_launcher(msg)
-            return
-        slot = self.by_node.get(node)
-        if slot is None and node < self.cfg.n_nodes and not self.slots[node].local:
-            slot = self.slots[node]  # started by another machine's launcher
-            self.by_node[node] = slot
-        if slot is None or slot.occupant != node or slot.stage != meta["stage"]:
-            log.warning(
-                "supervisor: ignored a JOIN from node %d (stage %s): not expected", node, meta["stage"]
-            )
-            return
-        slot.address = meta["address"]
-        self.transport.connect(node, slot.address)
-        if slot.crash is not None:
-            slot.crash["t_join"] = self.results.now()
-        self._send(
-            node,
-            MessageType.CONTROL,
-            {
-                "command": "welcome",
-                "config": self.cfg.to_json(),
-                "setting": self.setting,
-                "peers": self._peer_rows(),
-                "members": {str(k): v for k, v in self._members().items()},
-                "vocab_size": self.vocab_size,
-                "rank": slot.slot % self.cfg.replicas,
-                "checkpoint_version": self._complete_checkpoint(),
-            },
-        )
-        self._broadcast("peers", peers=self._peer_rows())
-        log.info(
-            "supervisor: node %d joined (stage %d, %s, %s)", node, slot.stage, slot.location, slot.address
-        )
-
-    def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> None:
-        slot.serving, slot.version = True, int(meta["version"])
-        slot.deadline = float("inf")
-        if slot.crash is not None:
-            slot.crash.update(self.results.served(slot.crash, meta["record"]))
-            self.results.crashes.append(slot.crash)
-            log.info(
-                "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
-                slot.occupant,
-                slot.stage,
-                slot.crash["latency_s"],
-                meta["record"].get("rule"),
-                meta["record"].get("sources"),
-            )
-            slot.crash = None
-
     # ------------------------------------------------------------------ processes and deaths
 
     def _spawn(self, slot: Slot, replacement: bool) -> None:
@@ -344,23 +313,22 @@ class Supervisor:
             )
         if replacement:
             slot.occupant, self.next_id = self.next_id, self.next_id + 1
+            self._admit_window()
         slot.address, slot.serving, slot.dead = None, False, False
         slot.deadline = time.monotonic() + self.cfg.recovery_timeout
         self.by_node[slot.occupant] = slot
         if slot.local:
-            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement)
+            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, self.next_id)
         elif slot.launcher is not None:
-            self._send(
-                slot.launcher,
-                MessageType.CONTROL,
-                {
-                    "command": "spawn",
-                    "node": slot.occupant,
-                    "stage": slot.stage,
-                    "location": slot.location,
-                    "replacement": replacement,
-                },
+            spawn = control(
+                "spawn",
+                node=slot.occupant,
+                stage=slot.stage,
+                location=slot.location,
+                replacement=replacement,
+                admit_upto=self.next_id,
             )
+            self._send(slot.launcher, MessageType.CONTROL, spawn)
         if slot.crash is not None:
             slot.crash.update(replacement_node=slot.occupant, t_spawn=self.results.now())
 
@@ -368,7 +336,7 @@ class Supervisor:
         if slot.local:
             self.host.kill(slot.occupant)
         elif slot.launcher is not None:
-            self._send(slot.launcher, MessageType.CONTROL, {"command": "kill", "node": slot.occupant})
+            self._send(slot.launcher, MessageType.CONTROL, control("kill", node=slot.occupant))
         self._mark_dead(slot, why)
 
     def _mark_dead(self, slot: Slot, why: str) -> None:
@@ -379,6 +347,13 @@ class Supervisor:
         )
         slot.dead, slot.serving = True, False
         self.deaths += slot is not self.storage
+        if slot is self.storage and self.stored:
+            log.warning(
+                "supervisor: the storage node is gone; the checkpoints it held (%s) are lost",
+                {s: sorted(v) for s, v in self.stored.items()},
+            )
+            self.stored.clear()
+            self.storage_lost_at = self.results.current_iteration
         if slot.crash is None:
             slot.crash = {
                 "slot": slot.slot,
@@ -439,6 +414,13 @@ class Supervisor:
                 self.strategy.plan(stage, lost, self.cfg.n_stages)
             except RecoveryImpossible as exc:
                 raise SwarmError(str(exc)) from None
+        if lost and self.strategy.rollback_on_stage_loss and not self._has_complete_checkpoint():
+            cause = (
+                f"the storage node restarted during iteration {self.storage_lost_at} and lost every checkpoint"
+                if self.storage_lost_at is not None
+                else "the storage node holds no checkpoint every stage stored"
+            )
+            raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
         pending = [dict(s.crash) for s in self.slots if s.crash is not None]
         self._wait_serving()
         if lost and self.strategy.rollback_on_stage_loss:
@@ -549,6 +531,10 @@ class Supervisor:
 
     # ------------------------------------------------------------------ checkpoints, rollback, shutdown
 
+    def _has_complete_checkpoint(self) -> bool:
+        stages = range(self.cfg.n_stages + 1)
+        return bool(self.stored) and bool(set.intersection(*(self.stored.get(s, set()) for s in stages)))
+
     def _complete_checkpoint(self) -> int:
         """Newest version that every stage has stored (0 if none)."""
         stages = range(self.cfg.n_stages + 1)
@@ -571,7 +557,7 @@ class Supervisor:
         )
         self.inbox.pop("restored", None)
         for node in targets:
-            self._send(node, MessageType.CONTROL, {"command": "rollback", "version": version})
+            self._send(node, MessageType.CONTROL, control("rollback", version=version))
         deadline = time.monotonic() + self.cfg.recovery_timeout
         while not targets <= set(self.inbox.get("restored", {})):
             self._poll(0.02)
@@ -593,7 +579,7 @@ class Supervisor:
             log.warning("supervisor: no final stats from nodes %s", sorted(missing))
         self.results.finals = self.inbox.get("final", {})
         for launcher in self.launchers:
-            self._send(launcher, MessageType.CONTROL, {"command": "shutdown"})
+            self._send(launcher, MessageType.CONTROL, control("shutdown"))
         self.host.wait_all(timeout=10.0)
 
     def write_config(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from checkfree.swarm.protocol import ProtocolError
 from checkfree.training_state import StateDict
 
 BETAS = (0.9, 0.999)
@@ -55,20 +56,36 @@ def split(tensors: dict[str, torch.Tensor], prefix: str) -> StateDict:
     return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix + ".")}
 
 
+def check_finite(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Reject NaN/inf in a peer's weights, gradients, Adam moments or stage-0 copy.
+
+    Raises:
+        ProtocolError: naming the first tensor that holds a NaN or an infinity.
+    """
+    for name, t in tensors.items():
+        if torch.is_floating_point(t) and not bool(torch.isfinite(t).all()):
+            raise ProtocolError(f"tensor {name!r} from {source} holds NaN or inf; expected finite numbers.")
+
+
 def check_state(module: nn.Module, state: StateDict, source: str) -> None:
-    """Raise ValueError naming the first key or shape that does not fit ``module``."""
+    """Check that ``state`` has exactly ``module``'s keys, shapes and dtypes, and finite values.
+
+    Raises:
+        ProtocolError: naming the first key, shape or value that does not fit.
+    """
     own = module.state_dict()
     if own.keys() != state.keys():
         diff = sorted(set(own) ^ set(state))[:3]
-        raise ValueError(
+        raise ProtocolError(
             f"weights from {source} differ from this stage in keys {diff}; expected the same stage."
         )
     for k, v in own.items():
         if v.shape != state[k].shape or v.dtype != state[k].dtype:
-            raise ValueError(
+            raise ProtocolError(
                 f"weights from {source}: {k!r} is {tuple(state[k].shape)} {state[k].dtype}; "
                 f"expected {tuple(v.shape)} {v.dtype}."
             )
+    check_finite(state, source)
 
 
 def load_optimizer(

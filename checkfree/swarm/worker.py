@@ -25,6 +25,7 @@ from torch import nn
 
 from checkfree.config import Config
 from checkfree.model import build_hf_model, split_model
+from checkfree.swarm.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,29 @@ class StageWorker:
         self._count("forward", t0)
         return y.detach()
 
+    def _take(self, key: tuple[int, int], grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The saved (input, output) of ``key``, removed; None if unknown.
+
+        Raises:
+            ProtocolError: ``grad``'s shape or dtype is not the saved output's (the entry is kept).
+        """
+        saved = self.saved.get(key)
+        if saved is None:
+            return None
+        if grad.shape != saved[1].shape or grad.dtype != saved[1].dtype:
+            raise ProtocolError(
+                f"gradient of microbatch {key} is {tuple(grad.shape)} {grad.dtype}; expected "
+                f"{tuple(saved[1].shape)} {saved[1].dtype}."
+            )
+        return self.saved.pop(key)
+
     def backward(self, key: tuple[int, int], grad: torch.Tensor) -> torch.Tensor | None:
-        """Backward of a saved microbatch; returns the gradient w.r.t. its input (None if unknown key)."""
-        saved = self.saved.pop(key, None)
+        """Backward of a saved microbatch; returns the gradient w.r.t. its input (None if unknown key).
+
+        Raises:
+            ProtocolError: ``grad`` does not have the saved output's shape and dtype.
+        """
+        saved = self._take(key, grad)
         if saved is None:
             return None
         t0 = self._start()
@@ -141,6 +162,10 @@ class StageWorker:
 
     def head_loss(self, h: torch.Tensor, labels: torch.Tensor, mb_count: int) -> tuple[float, torch.Tensor]:
         """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count."""
+        if h.shape[:2] != labels.shape:
+            raise ProtocolError(
+                f"final activations are {tuple(h.shape)}; expected {tuple(labels.shape)} x d."
+            )
         t0 = self._start()
         h = h.requires_grad_()
         with torch.enable_grad():
@@ -151,8 +176,12 @@ class StageWorker:
         return float(loss.detach()), h.grad
 
     def embed_backward(self, key: tuple[int, int], grad: torch.Tensor) -> bool:
-        """Stage 0: finish a microbatch's backward through the embedding; False if unknown key."""
-        saved = self.saved.pop(key, None)
+        """Stage 0: finish a microbatch's backward through the embedding; False if unknown key.
+
+        Raises:
+            ProtocolError: ``grad`` does not have the embedding output's shape and dtype.
+        """
+        saved = self._take(key, grad)
         if saved is None:
             return False
         t0 = self._start()

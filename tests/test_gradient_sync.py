@@ -1,0 +1,105 @@
+"""The swarm's data-parallel gradient exchange (SPEC §8) between three replicas of one stage, over the real wire
+format: every replica ends with the bit-identical *average* of the replicas' gradients, records ω before
+clipping, steps with the clipped gradient and reports both to the supervisor."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from checkfree.pipeline import clip_coefficient
+from checkfree.swarm.gradient_sync import GradientSync
+from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, decode, encode
+
+STAGE, REPLICAS, MB_COUNT = 2, (5, 6, 7), 2
+
+
+class FakeNode:
+    """The part of a swarm Node that GradientSync uses; messages go through encode/decode to the peers."""
+
+    def __init__(self, node_id: int, swarm: dict[int, FakeNode], grad_clip: float, microbatches: int):
+        self.id, self.stage, self.epoch, self.iteration = node_id, STAGE, 3, 17
+        self.swarm, self.to_supervisor = swarm, []
+        self.members = {STAGE: list(REPLICAS)}
+        self.cfg, self.model_cfg = SimpleNamespace(mb_count=MB_COUNT), SimpleNamespace(grad_clip=grad_clip)
+        self.worker = SimpleNamespace(microbatches=microbatches)
+        self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
+        gen = torch.Generator().manual_seed(node_id)
+        for p in self.module.parameters():
+            p.grad = torch.randn(p.shape, generator=gen) * 0.37  # sums depend on their order in float32
+        self.sync = GradientSync(self)
+
+    def epoch_of(self, msg: Message) -> int | None:
+        return msg.meta["epoch"] if msg.meta["epoch"] == self.epoch else None
+
+    def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
+        meta = {"stage": self.stage, **(meta or {})}
+        msg = decode(encode(Message(mtype, self.id, iteration, microbatch, meta, tensors or {}), copy=True))
+        if peer == SUPERVISOR_ID:
+            self.to_supervisor.append(msg)
+        else:
+            self.swarm[peer].sync.on_gradients(msg)
+
+
+def exchange(grad_clip: float, microbatches: tuple[int, ...] = (MB_COUNT,) * 3) -> dict[int, FakeNode]:
+    swarm: dict[int, FakeNode] = {}
+    for node_id, mbs in zip(REPLICAS, microbatches, strict=True):
+        swarm[node_id] = FakeNode(node_id, swarm, grad_clip, mbs)
+    own = {n: [p.grad.clone() for p in node.module.parameters()] for n, node in swarm.items()}
+    for node in swarm.values():
+        node.own = own[node.id]
+    for node in swarm.values():  # 5 sends first, so 6 and 7 see their peers' gradients in another order
+        node.sync.start()
+    return swarm
+
+
+@pytest.mark.parametrize(
+    "microbatches, pipelines",
+    [((2, 2, 2), 3.0), ((2, 1, 2), 2.5)],  # a pipeline that lost a microbatch counts for half
+)
+def test_replicas_average_the_gradients_bit_identically(microbatches, pipelines):
+    swarm = exchange(grad_clip=1e9, microbatches=microbatches)  # no clipping: the average itself
+    grads = {n: [p.grad for p in node.module.parameters()] for n, node in swarm.items()}
+    for i in range(len(grads[5])):
+        total = sum(node.own[i] for node in swarm.values())
+        assert torch.allclose(grads[5][i], total / pipelines, rtol=1e-6, atol=0)
+        assert torch.equal(grads[5][i], grads[6][i]) and torch.equal(grads[5][i], grads[7][i])
+    for node in swarm.values():
+        (ready,) = node.to_supervisor
+        assert ready.meta["command"] == "ready" and ready.meta["epoch"] == 3
+        assert ready.meta["pipelines"] == pytest.approx(pipelines)
+
+
+def test_omega_is_the_norm_of_the_average_before_clipping_and_the_step_uses_the_clipped_one():
+    clip = 0.05
+    swarm = exchange(grad_clip=clip)
+    node = swarm[6]
+    mean = [sum(n.own[i] for n in swarm.values()) / 3 for i in range(len(node.own))]
+    omega = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in mean])))
+    assert omega > 10 * clip  # clipping is active
+    assert node.sync.norm == pytest.approx(omega, rel=1e-6)
+    assert node.to_supervisor[0].meta["grad_norm"] == pytest.approx(omega, rel=1e-6)
+    coefficient = clip_coefficient(omega, clip)
+    for p, g in zip(node.module.parameters(), mean, strict=True):
+        assert torch.allclose(p.grad, g * coefficient, rtol=1e-5, atol=0)
+
+
+def test_gradients_of_another_stage_or_epoch_are_ignored():
+    swarm = exchange(grad_clip=1e9)
+    node = swarm[5]
+    before = [p.grad.clone() for p in node.module.parameters()]
+    node.sync.reset()
+    node.sync.epoch = node.epoch  # a sync of this epoch is under way; foreign gradients arrive
+    stray = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
+    for meta, sender in (
+        ({"stage": STAGE + 1, "epoch": 3}, 6),
+        ({"stage": STAGE, "epoch": 2}, 6),
+        ({"stage": STAGE, "epoch": 3}, 9),
+    ):
+        node.sync.on_gradients(Message(MessageType.GRADIENTS, sender, 17, -1, meta, stray))
+    assert node.sync.received == {} and all(
+        torch.equal(p.grad, b) for p, b in zip(node.module.parameters(), before, strict=True)
+    )

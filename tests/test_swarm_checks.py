@@ -1,0 +1,241 @@
+"""The swarm's checks without processes: control-plane schemas, recovery that moves on at once, rejected
+numbers, a bug that is a crash, the supervisor forgetting a dead storage node, keys and the join token."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import zmq
+
+from checkfree.swarm import control
+from checkfree.swarm.auth import AuthError, SwarmKeys, read_key_file, read_token
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.early import FutureBuffer
+from checkfree.swarm.gradient_sync import GradientSync
+from checkfree.swarm.node import Node
+from checkfree.swarm.protocol import Message, MessageType, ProtocolError
+from checkfree.swarm.recovering import Recovery
+from checkfree.swarm.strategies import RecoveryPlan
+from checkfree.swarm.supervisor import Supervisor, SwarmError
+
+
+def _ctl(**meta) -> Message:
+    return Message(MessageType.CONTROL, -1, meta=meta)
+
+
+@pytest.mark.parametrize(
+    ("meta", "match"),
+    [
+        ({"command": "crash"}, "CONTROL command is 'crash'"),
+        ({"command": "stored"}, "lacks field 'stage'"),
+        ({"command": "sync", "epoch": 1, "evil": 1}, "unknown field 'evil'"),
+        ({"command": "sync", "epoch": "1"}, "field 'epoch' is '1'"),
+        ({"command": "sync", "epoch": True}, "field 'epoch'"),
+        ({"command": "ready", "epoch": 1, "grad_norm": 1.0, "pipelines": float("nan")}, "'pipelines'"),
+        ({"command": "peers", "peers": [[1, 1, "Iowa", "udp://x"]]}, "'peers'"),
+        ({"command": "rollback", "version": 2**63 - 1}, "'version'"),
+    ],
+)
+def test_each_command_has_a_schema_checked_on_receipt(meta: dict, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        control.check(_ctl(**meta))
+
+
+def test_data_plane_schemas_and_a_senders_own_bad_command_is_a_bug() -> None:
+    ok = Message(
+        MessageType.FORWARD, 1, meta={"stage": 1, "epoch": 3, "route": [0, 1], "pos": 1, "pipeline": 0}
+    )
+    control.check(ok)
+    with pytest.raises(ProtocolError, match="unknown field 'address'"):
+        control.check(
+            Message(MessageType.WEIGHTS_REQUEST, 1, meta={"stage": 1, "request": "r", "address": "x"})
+        )
+    control.check(
+        _ctl(command="ready", epoch=1, grad_norm=float("nan"), pipelines=1.0)
+    )  # divergence is reported
+    with pytest.raises(control.SchemaBug):  # not a ProtocolError: no dispatcher may swallow it
+        control.control("stored", stage=1)
+
+
+class _FakeNode:
+    """What Recovery and GradientSync read of a node; sends and rejections are recorded."""
+
+    def __init__(self) -> None:
+        self.id, self.stage, self.storage_id, self.epoch, self.iteration = 20, 1, 9, 4, 3
+        self.cfg = SimpleNamespace(request_timeout=60.0, max_attempts=2, mb_count=4, replicas=2)
+        self.model_cfg = SimpleNamespace(grad_clip=1.0, grad_norm_mode="paper", lr=1e-3, lr_scale=1.1)
+        self.module = torch.nn.Linear(2, 2)
+        self.members = {1: [3, 5]}
+        self.peers = {3: {}, 5: {}}
+        self.sent: list[tuple[int, dict]] = []
+        self.rejected: list[str] = []
+        self.gave_up: list[str] = []
+        self.task = None
+
+    def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
+        self.sent.append((peer, meta))
+
+    def reject(self, msg: Message, why: str) -> None:
+        self.rejected.append(why)
+
+    def give_up(self, reason: str) -> None:
+        self.gave_up.append(reason)
+
+    def plausible_version(self, version: int) -> bool:
+        return version <= self.iteration + 1
+
+    def epoch_of(self, msg: Message) -> int | None:
+        return msg.meta["epoch"] if msg.meta["epoch"] == self.epoch else None
+
+
+def _answer(node: _FakeNode, sender: int, request: str, **change) -> Message:
+    tensors = {f"w.{k}": v.clone() for k, v in node.module.state_dict().items()}
+    meta = {"stage": 1, "request": request, "version": 3, "grad_norm": 0.5, "lr": 1e-3, "step": 3}
+    return Message(
+        MessageType.WEIGHTS_RESPONSE,
+        sender,
+        meta=meta | change.get("meta", {}),
+        tensors=change.get("tensors", tensors),
+    )
+
+
+def test_a_rejected_answer_asks_the_next_source_at_once() -> None:
+    node = _FakeNode()
+    rec = Recovery(node, RecoveryPlan("replica", [1]))
+    node.task = rec
+    rec.start()
+    ((target, meta),) = node.sent
+    assert target == 3 and len(meta["request"]) == 32  # secrets.token_hex(16): unguessable
+    with pytest.raises(ProtocolError, match="unrequested"):
+        rec.on_response(_answer(node, 3, "20:0:0"))  # the old predictable id
+    nan = {f"w.{k}": torch.full_like(v, float("nan")) for k, v in node.module.state_dict().items()}
+    bad = {
+        "NaN": {"tensors": nan},
+        "another stage": {"meta": {"stage": 3}},
+        "version ahead": {"meta": {"version": 2**62}},
+    }
+    for i, (why, change) in enumerate(bad.items()):
+        target, meta = node.sent[-1]
+        if i == 2:  # the last candidate round: one more rejection would give up (max_attempts 2 x 2 sources)
+            break
+        rec.on_response(_answer(node, target, meta["request"], **change))
+        assert len(node.rejected) == i + 1, why
+        assert (
+            node.sent[-1][0] == (5 if target == 3 else 3) and node.sent[-1][1]["request"] != meta["request"]
+        )
+    # a source that leaves the swarm mid-fetch: the next one is asked at once, no timeout
+    target, meta = node.sent[-1]
+    node.peers.pop(target)
+    rec.peers_changed()
+    assert node.sent[-1][0] != target and len(node.sent) == 4
+    assert rec.requests[0]["response"] is None and not node.gave_up
+
+
+def test_gradients_with_nan_or_from_a_non_replica_are_rejected() -> None:
+    node = _FakeNode()
+    node.members = {1: [20, 5]}
+    sync = GradientSync(node)
+    grads = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
+    meta = {"stage": 1, "epoch": 4, "microbatches": 4}
+    with pytest.raises(ProtocolError, match="NaN"):
+        sync.on_gradients(
+            Message(
+                MessageType.GRADIENTS,
+                5,
+                3,
+                -1,
+                meta,
+                {k: torch.full_like(v, float("nan")) for k, v in grads.items()},
+            )
+        )
+    with pytest.raises(ProtocolError, match="not a replica"):
+        sync.on_gradients(Message(MessageType.GRADIENTS, 7, 3, -1, meta, grads))
+    with pytest.raises(ProtocolError, match="implausible"):
+        sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta | {"microbatches": 10**6}, grads))
+    sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, grads))
+    assert set(sync.received) == {5}
+
+
+def test_the_early_message_buffer_is_bounded_in_count_and_bytes() -> None:
+    buf = FutureBuffer(max_messages=3, max_bytes=100)
+    small = Message(MessageType.FORWARD, 1, meta={"epoch": 5}, tensors={"a": torch.zeros(5)})  # 20 bytes
+    for _ in range(3):
+        buf.add(small)
+    with pytest.raises(ProtocolError, match="full"):
+        buf.add(small)
+    buf.take(lambda m: True)
+    with pytest.raises(ProtocolError, match="full"):
+        buf.add(Message(MessageType.FORWARD, 1, meta={"epoch": 5}, tensors={"a": torch.zeros(26)}))
+
+
+def test_a_bug_in_a_handler_is_a_crash_not_a_bad_message() -> None:
+    node = Node.__new__(Node)
+    node.id, node.bad_messages = 1, 0
+    node.handlers = {MessageType.LEAVE: lambda m: (_ for _ in ()).throw(ProtocolError("nonsense"))}
+    node.dispatch(Message(MessageType.LEAVE, 2))
+    assert node.bad_messages == 1
+    node.handlers = {MessageType.LEAVE: lambda m: {}["missing"]}
+    with pytest.raises(KeyError):
+        node.dispatch(Message(MessageType.LEAVE, 2))
+    assert node.bad_messages == 1
+
+
+def test_a_dead_storage_node_is_forgotten_and_a_later_stage_loss_names_the_cause(tmp_path: Path) -> None:
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    sup = Supervisor(cfg, "checkpoint", {}, iterations=1, run_dir=tmp_path, vocab_size=300)
+    try:
+        for slot in sup._all_slots():
+            slot.serving = True
+        sup.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
+        sup.results.current_iteration = 6
+        sup._mark_dead(sup.storage, "process exited with code -9")
+        assert sup.stored == {} and sup.storage_lost_at == 6
+        sup.slots[2].serving = False  # stage 2's only replica is lost
+        with pytest.raises(SwarmError, match="storage node restarted during iteration 6"):
+            sup._ensure_serving(7)
+    finally:
+        sup.transport.close()
+
+
+def test_keys_token_and_key_files(tmp_path: Path) -> None:
+    keys = SwarmKeys.new()
+    assert keys.public_key(3) != keys.public_key(4) and zmq.curve_public(
+        keys.secret_key(3)
+    ).decode() == keys.public_key(3)
+    keys.write_token(tmp_path / "token.json", "tcp://a:1")
+    assert stat.S_IMODE((tmp_path / "token.json").stat().st_mode) == 0o600
+    again, bootstrap = read_token(tmp_path / "token.json")
+    assert bootstrap == "tcp://a:1" and again.public_key(7) == keys.public_key(7)
+    keys.write_key_file(tmp_path / "k.json", 5)
+    ident = read_key_file(tmp_path / "k.json", 5)
+    assert ident.public == keys.public_key(5) and ident.keyring.owner(keys.public_key(-1)) == -1
+    assert "swarm_secret" not in json.loads((tmp_path / "k.json").read_text())  # a node never holds S
+    with pytest.raises(AuthError, match="for node 5; expected node 6"):
+        read_key_file(tmp_path / "k.json", 6)
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(AuthError, match="cannot be read"):
+        read_token(tmp_path / "bad.json")
+
+
+def test_an_internal_supervisor_error_is_one_swarm_error_with_the_traceback_in_the_log(
+    tmp_path: Path,
+) -> None:
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    sup = Supervisor(cfg, "ours", {}, iterations=1, run_dir=tmp_path, vocab_size=300)
+    reaped: list[bool] = []
+    sup.host.reap_all = lambda: reaped.append(True)  # type: ignore[method-assign]
+
+    def bug() -> dict:
+        return {}["a bug"]
+
+    sup._run = bug  # type: ignore[method-assign]
+    with pytest.raises(SwarmError, match=r"internal error of the supervisor \(KeyError: 'a bug'\)") as err:
+        sup.run()
+    assert "\n" not in str(err.value) and reaped == [True]
+    log = (tmp_path / "supervisor.log").read_text()
+    assert "Traceback (most recent call last)" in log and "KeyError: 'a bug'" in log
