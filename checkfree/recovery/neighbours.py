@@ -140,8 +140,11 @@ class _NeighbourStrategy(RecoveryStrategy):
     """Shared loop: the planner decides each lost stage's rule and sources; this executes the plans on local
     stages, then gives each rebuilt stage a fresh Adam at lr × lr_scale."""
 
+    planner_setting = ""
+    """The planner's setting this strategy executes (its canonical name; a subclass keeps its parent's)."""
+
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
-        plans = planner.plan(failed, state.n_stages, self.name)
+        plans = planner.plan(failed, state.n_stages, self.planner_setting)
         records = []
         for stage in sorted(failed):
             t0 = time.perf_counter()
@@ -252,6 +255,7 @@ class Copy(_NeighbourStrategy):
     """``copy`` (ours-naive): copy stage i−1, or stage 2 for the first stage."""
 
     name = "copy"
+    planner_setting = "copy"
 
 
 @register
@@ -259,6 +263,7 @@ class RandomInit(_NeighbourStrategy):
     """``random`` (ours-random): a fresh N(0, init_std) initialisation."""
 
     name = "random"
+    planner_setting = "random"
 
 
 @register
@@ -266,6 +271,7 @@ class Zero(_NeighbourStrategy):
     """``zero`` (ours-zero): copy a neighbour, then zero each block's MLP output projection."""
 
     name = "zero"
+    planner_setting = "zero"
 
 
 @register
@@ -273,6 +279,7 @@ class Average(_NeighbourStrategy):
     """``average`` (ours-avg-ablation): uniform 0.5/0.5 average of the two neighbours."""
 
     name = "average"
+    planner_setting = "average"
 
 
 @register
@@ -284,6 +291,7 @@ class CheckFree(_NeighbourStrategy):
     """
 
     name = "checkfree"
+    planner_setting = "checkfree"
 
 
 @register
@@ -296,6 +304,7 @@ class CheckFreePlus(CheckFree):
     """
 
     name = "checkfree_plus"
+    planner_setting = "checkfree_plus"
     recovers_stage0 = True
     requires_swaps = True
 
