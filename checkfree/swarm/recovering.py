@@ -215,8 +215,9 @@ class Recovery:
         return {
             "rule": plan.rule,
             "sources": [m.sender for m in answers],
-            "source_stages": plan.sources,
-            "parts": plan.parts or None,
+            "source_stages": list(plan.sources),
+            "parts": list(plan.parts) or None,
+            "rung": plan.rung,
             "omegas": omegas,
             "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
             "fallback": plan.fallback,
