@@ -1,4 +1,4 @@
-"""``python -m checkfree simulate | schedule | swarm | report | export | generate``.
+"""``python -m checkfree simulate | schedule | swarm | report | export | generate | probe``.
 
 The only place that configures output: library modules log, this module decides where logs go.
 """

@@ -155,4 +155,4 @@ def test_every_subcommand_named_in_the_help_exists():
     names = set(parser._subparsers._group_actions[0].choices)
     usage = parser.description.replace("`", "").split("checkfree", 1)[1]
     named = {w.strip(" .|") for w in usage.split("|")}
-    assert named == names == {"simulate", "schedule", "swarm", "report", "export", "generate"}
+    assert named == names == {"simulate", "schedule", "swarm", "report", "export", "generate", "probe"}

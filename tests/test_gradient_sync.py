@@ -12,7 +12,7 @@ from torch import nn
 
 from checkfree.pipeline import clip_coefficient
 from checkfree.swarm.gradient_sync import GradientSync
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, decode, encode
+from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
 
 STAGE, REPLICAS, MB_COUNT = 2, (5, 6, 7), 2
 
@@ -24,7 +24,8 @@ class FakeNode:
         self.id, self.stage, self.epoch, self.iteration = node_id, STAGE, 3, 17
         self.swarm, self.to_supervisor = swarm, []
         self.members = {STAGE: list(REPLICAS)}
-        self.cfg, self.model_cfg = SimpleNamespace(mb_count=MB_COUNT), SimpleNamespace(grad_clip=grad_clip)
+        self.cfg = SimpleNamespace(mb_count=MB_COUNT, replicas=len(REPLICAS))
+        self.model_cfg = SimpleNamespace(grad_clip=grad_clip)
         self.worker = SimpleNamespace(microbatches=microbatches)
         self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
         gen = torch.Generator().manual_seed(node_id)
@@ -87,19 +88,19 @@ def test_omega_is_the_norm_of_the_average_before_clipping_and_the_step_uses_the_
         assert torch.allclose(p.grad, g * coefficient, rtol=1e-5, atol=0)
 
 
-def test_gradients_of_another_stage_or_epoch_are_ignored():
+def test_gradients_of_another_stage_sender_or_epoch_change_nothing():
+    """Another stage's or a non-replica's gradients are refused (ProtocolError: the node drops and counts the
+    message); a stale epoch's are ignored. Nothing is kept and no gradient changes."""
     swarm = exchange(grad_clip=1e9)
     node = swarm[5]
     before = [p.grad.clone() for p in node.module.parameters()]
     node.sync.reset()
     node.sync.epoch = node.epoch  # a sync of this epoch is under way; foreign gradients arrive
     stray = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
-    for meta, sender in (
-        ({"stage": STAGE + 1, "epoch": 3}, 6),
-        ({"stage": STAGE, "epoch": 2}, 6),
-        ({"stage": STAGE, "epoch": 3}, 9),
-    ):
-        node.sync.on_gradients(Message(MessageType.GRADIENTS, sender, 17, -1, meta, stray))
+    for meta, sender in (({"stage": STAGE + 1, "epoch": 3}, 6), ({"stage": STAGE, "epoch": 3}, 9)):
+        with pytest.raises(ProtocolError, match="not a replica"):
+            node.sync.on_gradients(Message(MessageType.GRADIENTS, sender, 17, -1, meta, stray))
+    node.sync.on_gradients(Message(MessageType.GRADIENTS, 6, 17, -1, {"stage": STAGE, "epoch": 2}, stray))
     assert node.sync.received == {} and all(
         torch.equal(p.grad, b) for p, b in zip(node.module.parameters(), before, strict=True)
     )
