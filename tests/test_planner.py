@@ -8,7 +8,7 @@ import pytest
 
 from checkfree.model import build_stages
 from checkfree.recovery import make_strategy
-from checkfree.recovery.planner import RecoveryImpossible, plan, plan_ladder
+from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan, plan, plan_ladder
 from checkfree.swarm.strategies import make_recovery
 from checkfree.training_state import TrainingState, make_adam
 
@@ -126,3 +126,23 @@ def test_swarm_ladder_takes_a_live_replica_then_the_neighbour_rule():
     with pytest.raises(RecoveryImpossible):
         ladder.plan(2, {1, 2, 3, 4}, 4)
     assert not plan_ladder([3], 4, ("ec_snapshot", "random"), ec_fresh=False)[3].rung == "ec_snapshot"
+
+
+def test_a_plan_travels_as_json_and_a_bad_one_is_refused():
+    for p in (plan([0, 1], 4, "checkfree_plus")[0], plan_ladder([2], 4, ("redundant", "random"))[2]):
+        assert RecoveryPlan.from_json(p.to_json(), 4) == p
+    good = plan([2], 4, "checkfree")[2].to_json()
+    bad = [
+        None,
+        {**good, "extra": 1},
+        {k: v for k, v in good.items() if k != "rung"},
+        {**good, "rule": "teleport"},
+        {**good, "sources": [1, 9]},
+        {**good, "sources": [True]},
+        {**good, "parts": ["tail"]},
+        {**good, "with_optimizer": "yes"},
+        {**good, "fallback": 3},
+    ]
+    for data in bad:
+        with pytest.raises(ValueError):
+            RecoveryPlan.from_json(data, 4)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 NEIGHBOUR_SETTINGS = ("copy", "zero", "random", "average", "checkfree", "checkfree_plus")
 """Canonical settings whose lost stages this planner rebuilds from neighbours."""
@@ -61,6 +62,46 @@ class RecoveryPlan:
     fallback: str | None = None
     rung: str | None = None
     """The exactness ladder's rung that produced this plan (:func:`plan_ladder`), else None."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as JSON (the swarm's supervisor sends it to the replacement it plans for)."""
+        return {**dataclasses.asdict(self), "sources": list(self.sources), "parts": list(self.parts)}
+
+    @classmethod
+    def from_json(cls, data: Any, n_stages: int) -> RecoveryPlan:
+        """A plan received as JSON, checked field by field.
+
+        Raises:
+            ValueError: a missing or unknown field, a wrong type, an unknown rule or part, a stage outside 0..S.
+        """
+        if not isinstance(data, dict) or set(data) != {f.name for f in dataclasses.fields(cls)}:
+            raise ValueError(
+                f"a recovery plan must hold exactly the fields of RecoveryPlan; got {data!r:.120}."
+            )
+        sources, parts = data["sources"], data["parts"]
+        if data["rule"] not in PLAN_RULES:
+            raise ValueError(f"recovery plan rule {data['rule']!r:.40} is unknown.")
+        if not isinstance(sources, list) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and 0 <= s <= n_stages for s in sources
+        ):
+            raise ValueError(f"recovery plan sources {sources!r:.80} are not stages 0..{n_stages}.")
+        if not isinstance(parts, list) or not all(p in ("embedding", "head") for p in parts):
+            raise ValueError(f"recovery plan parts {parts!r:.80} are not 'embedding' / 'head'.")
+        for key in ("with_optimizer", "fresh_lr_scale"):
+            if not isinstance(data[key], bool):
+                raise ValueError(f"recovery plan field {key!r} is {data[key]!r:.40}; expected true or false.")
+        for key in ("fallback", "rung"):
+            if data[key] is not None and not isinstance(data[key], str):
+                raise ValueError(
+                    f"recovery plan field {key!r} is {data[key]!r:.40}; expected a string or null."
+                )
+        return cls(**{**data, "sources": tuple(sources), "parts": tuple(parts)})
+
+
+PLAN_RULES = frozenset(
+    {"replica", "copy", "zero", "random", "average", "checkfree", "stage0_copy", "storage", "ec_decode"}
+)
+"""Every rule a plan may name (the swarm's "storage" loads a checkpoint from its storage node)."""
 
 
 def live_neighbours(stage: int, lost: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:

@@ -117,6 +117,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "checkpoint_version": "nat",
         "iteration": "nat",
         "keys?": "keys",
+        "plan?": "obj",
     },
     "peers": {"peers": "peers", "keys?": "keys"},
     "begin": {"epoch": "nat", "iteration": "nat", "members": "members"},

@@ -58,7 +58,7 @@ from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery, Rollback
 from checkfree.swarm.stage0_copies import Stage0Copies
-from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
+from checkfree.swarm.strategies import RecoveryPlan, make_recovery
 from checkfree.swarm.transport import Transport, TransportError
 from checkfree.swarm.worker import StageWorker, build_stage
 
@@ -182,10 +182,10 @@ class Node:
                 return 3
             self._setup(welcome.meta)
             if self.replacement:
-                try:
-                    plan = self.strategy.plan(self.stage, self._lost_stages(), self.cfg.n_stages)
-                except RecoveryImpossible as exc:
-                    self.give_up(str(exc))
+                try:  # the supervisor planned this loss event once; a replacement never re-plans
+                    plan = RecoveryPlan.from_json(welcome.meta.get("plan"), self.cfg.n_stages)
+                except ValueError as exc:
+                    self.give_up(f"the WELCOME holds no usable recovery plan ({exc})")
                     time.sleep(0.5)  # let the report leave
                     return 4
                 self.task = Recovery(self, plan, welcome.meta["checkpoint_version"])
@@ -330,9 +330,6 @@ class Node:
     def plausible_version(self, version: int) -> bool:
         """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
         return version <= max(self.max_version, self.iteration + 1)
-
-    def _lost_stages(self) -> set[int]:
-        return {s for s in range(self.cfg.n_stages + 1) if not self.members.get(s)}
 
     def dispatch(self, msg: Message) -> None:
         """Route one message through the handler table; a message a handler rejects (ProtocolError: nonsense

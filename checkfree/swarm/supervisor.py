@@ -50,7 +50,7 @@ from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType
 from checkfree.swarm.results import Results
-from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
+from checkfree.swarm.strategies import RecoveryImpossible, RecoveryPlan, make_recovery
 from checkfree.swarm.supervisor_inbox import PeerMessages
 from checkfree.swarm.transport import Transport, TransportError
 
@@ -79,6 +79,8 @@ class Slot:
         self.crash: dict[str, Any] | None = None
         self.launcher: int | None = None
         """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
+        self.plan: RecoveryPlan | None = None
+        """How this slot's replacement rebuilds its stage: planned once per loss event by the supervisor."""
 
 
 class Supervisor(PeerMessages):
@@ -385,11 +387,31 @@ class Supervisor(PeerMessages):
         died, self.deaths = self.deaths > 0, 0
         return died
 
+    def _plan_event(self) -> set[int]:
+        """Plan, once for this loss event, how every slot without a serving node is rebuilt; returns the lost
+        stages (no serving replica). Replacements execute these plans and never re-plan, so replicas of one
+        stage lost together are rebuilt alike, whatever order they join in.
+
+        Raises:
+            SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
+        """
+        lost = {s for s in range(self.cfg.n_stages + 1) if not self._members()[s]}
+        for slot in self.slots:
+            if slot.serving:
+                continue
+            try:
+                slot.plan = self.strategy.plan(slot.stage, lost, self.cfg.n_stages)
+            except RecoveryImpossible as exc:
+                raise SwarmError(str(exc)) from None
+        return lost
+
     def _wait_serving(self, initial: bool = False) -> None:
-        """Until every slot serves: replace dead slots (local ones), enforce deadlines."""
+        """Until every slot serves: replace dead slots (local ones), enforce deadlines; a death meanwhile is a new
+        loss event, planned anew."""
         while True:
             self._poll(0.02)
-            self._check_deaths()
+            if self._check_deaths() and not initial:
+                self._plan_event()
             orphans = [s.slot for s in self.slots if not s.local and s.launcher is None]
             if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
                 raise SwarmError(
@@ -408,12 +430,7 @@ class Supervisor(PeerMessages):
         """Recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
         if all(s.serving for s in self._all_slots()):
             return it
-        lost = {s for s in range(self.cfg.n_stages + 1) if not self._members()[s]}
-        for stage in sorted(lost):
-            try:
-                self.strategy.plan(stage, lost, self.cfg.n_stages)
-            except RecoveryImpossible as exc:
-                raise SwarmError(str(exc)) from None
+        lost = self._plan_event()
         if lost and self.strategy.rollback_on_stage_loss and not self._has_complete_checkpoint():
             cause = (
                 f"the storage node restarted during iteration {self.storage_lost_at} and lost every checkpoint"

@@ -183,6 +183,7 @@ class PeerMessages:
             checkpoint_version=self._complete_checkpoint(),
             iteration=self.results.current_iteration + 1,
             **self._keys(),
+            **({"plan": slot.plan.to_json()} if slot.plan is not None else {}),
         )
         self._send(node, MessageType.CONTROL, welcome)
         self._broadcast("peers", peers=self._peer_rows(), **self._keys())
