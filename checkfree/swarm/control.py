@@ -116,6 +116,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "rank": "nat",
         "checkpoint_version": "nat",
         "iteration": "nat",
+        "epoch": "nat",
         "keys?": "keys",
         "plan?": "obj",
     },

@@ -227,6 +227,8 @@ class Node:
         self.transport.netem = self.netem
         self.storage_id = self.cfg.storage_id
         self.max_version = meta["iteration"]
+        # the supervisor's last begun epoch: a peer's FORWARD for the next one may arrive before our "begin"
+        self.epoch = meta["epoch"]
         self._on_peers(meta)
         self.members = {int(s): ids for s, ids in meta["members"].items()}
         self.vocab_size = meta["vocab_size"]

@@ -182,6 +182,7 @@ class PeerMessages:
             rank=slot.slot % self.cfg.replicas,
             checkpoint_version=self._complete_checkpoint(),
             iteration=self.results.current_iteration + 1,
+            epoch=self.epoch,
             **self._keys(),
             **({"plan": slot.plan.to_json()} if slot.plan is not None else {}),
         )
