@@ -106,15 +106,6 @@ class RecoveryStrategy:
 
 
 REGISTRY: dict[str, type[RecoveryStrategy]] = {}
-__all__ = [
-    "ALIASES",
-    "REGISTRY",
-    "RecoveryRecord",
-    "RecoveryStrategy",
-    "make_strategy",
-    "register",
-    "resolve_setting",
-]
 
 
 def register(cls: type[RecoveryStrategy]) -> type[RecoveryStrategy]:

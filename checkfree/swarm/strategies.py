@@ -72,6 +72,21 @@ class Checkpoint(SwarmRecovery):
         return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
+def executable(plan: RecoveryPlan, stage: int) -> RecoveryPlan:
+    """``plan`` when the swarm can execute it.
+
+    Raises:
+        RecoveryImpossible: a "random" plan (no transformer stage survives): the swarm has no re-initialisation
+            rule yet, unlike the simulator.
+    """
+    if plan.rule == "random":
+        raise RecoveryImpossible(
+            f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
+            "rule, so there is nothing to recover from."
+        )
+    return plan
+
+
 class CheckFree(SwarmRecovery):
     """CheckFree (SPEC §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
@@ -79,13 +94,7 @@ class CheckFree(SwarmRecovery):
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        plan = planner.plan([stage], n_stages, self.name, live=live)[stage]
-        if plan.rule == "random":
-            raise RecoveryImpossible(
-                f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
-                "rule, so there is nothing to recover from."
-            )
-        return plan
+        return executable(planner.plan([stage], n_stages, self.name, live=live)[stage], stage)
 
 
 class CheckFreePlus(CheckFree):
@@ -106,13 +115,7 @@ class Ladder(CheckFreePlus):
 
     def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        plan = planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage]
-        if plan.rule == "random":
-            raise RecoveryImpossible(
-                f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
-                "rule, so there is nothing to recover from."
-            )
-        return plan
+        return executable(planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage], stage)
 
 
 STRATEGIES: dict[str, type[SwarmRecovery]] = {
