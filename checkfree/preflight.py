@@ -22,6 +22,7 @@ import torch
 
 from checkfree import checkpointing
 from checkfree.config import Config, load_config
+from checkfree.devices import autocast_context
 from checkfree.failures import (
     PAPER_ITERATION_SECONDS,
     StageFailureInjector,
@@ -32,7 +33,6 @@ from checkfree.failures import (
 from checkfree.pipeline import stage_order
 from checkfree.recovery import make_strategy
 from checkfree.rundir import RunDirPlan, check_directory_path, holds_something, plan_run_dir
-from checkfree.simulate import autocast_context
 
 if TYPE_CHECKING:
     from checkfree.launch import SimulateOptions

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from checkfree import checkpointing
 from checkfree.config import Config
+from checkfree.devices import autocast_context, to_device
 from checkfree.failures import StageFailureSource
 from checkfree.metrics import MetricsSink
 from checkfree.pipeline import (
@@ -58,22 +59,6 @@ def learning_rate(cfg: Config, iteration: int) -> float:
     span = max(1, cfg.max_iterations - cfg.warmup_iterations)
     progress = min(1.0, (iteration - cfg.warmup_iterations) / span)
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
-
-
-def autocast_context(device: torch.device, mode: str) -> torch.autocast:
-    """The autocast of a run: bf16 on CUDA for "auto", bf16 on any device for "bf16", disabled for "off" (and
-    for "auto" on a CPU, which has no fast bf16 matmul). Raises ValueError for another mode."""
-    if mode not in ("auto", "bf16", "off"):
-        raise ValueError(f"autocast is {mode!r}; expected 'auto', 'bf16' or 'off'.")
-    on = mode == "bf16" or (mode == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=on)
-
-
-def to_device(batch: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """``batch`` on ``device``; to CUDA through pinned memory with a non-blocking copy (no host sync)."""
-    if device.type != "cuda":
-        return batch.to(device)
-    return batch.pin_memory().to(device, non_blocking=True)
 
 
 @dataclass

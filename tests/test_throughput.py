@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from checkfree.config import load_config
+from checkfree.devices import autocast_context
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_stages
 from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer, autocast_context
+from checkfree.simulate import RunContext, Trainer
 from checkfree.throughput import (
     Peak,
     ThroughputMeter,
