@@ -40,20 +40,20 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from checkfree.checkpoint_meta import meta_type_problem
+from checkfree.checkpoint_meta import (
+    FORMAT,
+    META_SUM,
+    CheckpointError,
+    checkpoint_name,
+    list_checkpoints,
+    read_meta,
+)
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
 
-FORMAT = "checkfree-universal-v2"
-META_SUM = "meta.sha256"
-_DIR_RE = re.compile(r"^iter_(\d{7,})$")
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.(.+)$")
 _OPT_KEYS = ("step", "exp_avg", "exp_avg_sq")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, truncated, corrupt or does not fit the model; one sentence says which."""
 
 
 @dataclass
@@ -172,10 +172,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def checkpoint_name(iteration: int) -> str:
-    return f"iter_{iteration:07d}"
-
-
 def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
     """Write ``snapshot`` atomically as ``root/iter_<effective iteration>`` and keep the newest ``keep``.
 
@@ -210,15 +206,6 @@ def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
     return final
 
 
-def list_checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoints under ``root``, oldest (lowest effective iteration) first; temporaries ignored."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _DIR_RE.match(p.name)) and p.is_dir()]
-    return [p for _, p in sorted(found)]
-
-
 def prune(root: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` checkpoints and stale temporary directories of other processes."""
     root = Path(root)
@@ -228,61 +215,6 @@ def prune(root: Path, keep: int) -> None:
         for p in root.glob(pattern):
             if not p.name.endswith(f"-{os.getpid()}"):
                 shutil.rmtree(p, ignore_errors=True)
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    meta_path, sum_path = path / "meta.json", path / META_SUM
-    if not meta_path.is_file():
-        raise CheckpointError(
-            f"checkpoint {path} has no meta.json; expected a directory written by checkfree "
-            "(an interrupted save never leaves one under its final name)."
-        )
-    raw = meta_path.read_bytes()
-    if not sum_path.is_file():
-        raise CheckpointError(f"checkpoint file {sum_path} is missing; the metadata cannot be verified.")
-    if hashlib.sha256(raw).hexdigest() != sum_path.read_text().strip():
-        raise CheckpointError(
-            f"checkpoint file {meta_path} fails its sha256 check ({sum_path}): it is corrupt."
-        )
-    try:
-        meta = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"checkpoint file {meta_path} is not valid JSON: it is corrupt.") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        got = meta.get("format") if isinstance(meta, dict) else None
-        raise CheckpointError(f"checkpoint {path} has format {got!r}; expected {FORMAT!r}.")
-    missing = [
-        k
-        for k in ("iteration", "effective_iteration", "n_stages", "n_layers_per_stage", "files")
-        if k not in meta
-    ]
-    if missing:
-        raise CheckpointError(f"checkpoint file {meta_path} lacks the keys {missing}: it is corrupt.")
-    problem = meta_type_problem(meta)
-    if problem:
-        raise CheckpointError(f"checkpoint file {meta_path} has {problem}.")
-    return meta
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """meta.json of a checkpoint directory, verified against meta.sha256 and type-checked (no tensor is read).
-
-    Raises:
-        CheckpointError: the directory does not exist (the message lists the checkpoints next to it), or its
-            meta.json is missing, corrupt or has a field of the wrong type.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        siblings = [p.name for p in list_checkpoints(path.parent)]
-        listing = ", ".join(siblings) if siblings else f"none under {path.parent}"
-        raise CheckpointError(f"checkpoint {path} does not exist; existing checkpoints: {listing}.")
-    inside = list_checkpoints(path / "checkpoints")
-    if inside and not (path / "meta.json").exists():
-        names = ", ".join(str(p) for p in inside)
-        raise CheckpointError(
-            f"{path} is a run directory, not a checkpoint; expected one of its checkpoints: {names}."
-        )
-    return _read_meta(path)
 
 
 def read_checkpoint(path: Path) -> Snapshot:
