@@ -25,6 +25,7 @@ from checkfree.swarm.protocol import Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import FetchContext, Recovery
 from checkfree.swarm.strategies import RecoveryPlan
 from checkfree.swarm.supervisor import Supervisor, SwarmError
+from checkfree.swarm.transport import TransportError
 
 
 def _ctl(**meta) -> Message:
@@ -251,3 +252,44 @@ def test_an_internal_supervisor_error_is_one_swarm_error_with_the_traceback_in_t
     assert "\n" not in str(err.value) and reaped == [True]
     log = (tmp_path / "supervisor.log").read_text()
     assert "Traceback (most recent call last)" in log and "KeyError: 'a bug'" in log
+
+
+class _Links:
+    """The part of a Transport that Membership uses: dials, hang-ups, WAN locations, the keyring."""
+
+    def __init__(self) -> None:
+        self.dialled: list[tuple[int, str]] = []
+        self.dropped: list[int] = []
+        self.netem = SimpleNamespace(set_location=lambda pid, loc: self.located.append((pid, loc)))
+        self.located: list[tuple[int, str]] = []
+        self.identity = SimpleNamespace(keyring={})
+
+    def connect(self, pid: int, address: str) -> None:
+        if address == "tcp://unreachable:1":
+            raise TransportError("no route")
+        self.dialled.append((pid, address))
+
+    def disconnect(self, pid: int) -> None:
+        self.dropped.append(pid)
+
+
+@pytest.mark.parametrize("forget", [True, False])
+def test_membership_dials_listed_peers_once_and_forgets_unlisted_ones_unless_it_keeps_them(forget) -> None:
+    """A node (forget) hangs up on peers no longer listed; the storage node keeps them (a late request of a
+    removed node is still answered). Only new or moved peers are dialled; an unreachable one is not listed."""
+    links, members = _Links(), Membership(7, forget_unlisted=forget)
+    rows = [
+        [7, 1, "A", "tcp://me:1"],
+        [-1, -1, "A", "tcp://sup:1"],
+        [3, 1, "B", "tcp://b:1"],
+        [4, 2, "C", "tcp://c:1"],
+    ]
+    members.admit({"peers": rows, "keys": {"3": "k3"}}, links)
+    assert links.dialled == [(3, "tcp://b:1"), (4, "tcp://c:1")] and links.identity.keyring == {3: "k3"}
+    assert links.located == [(3, "B"), (4, "C")] and members.stage_of(4) == 2 and members.stage_of(7) is None
+    moved = [[3, 1, "B", "tcp://b:2"], [5, 2, "C", "tcp://unreachable:1"]]
+    members.admit({"peers": moved}, links)
+    assert links.dialled[2:] == [(3, "tcp://b:2")] and 5 not in members.peers
+    assert (4 in members.peers, links.dropped) == ((False, [4]) if forget else (True, []))
+    members.set_members({"0": [1], "2": [4, 6]})
+    assert members.serving(2) == [4, 6] and members.serving(1) == []
