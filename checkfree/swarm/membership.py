@@ -6,6 +6,7 @@ Used by every process that joins a swarm: a stage replica (checkfree.swarm.node)
 * :func:`join` dials the bootstrap (the supervisor), sends JOIN (``stage``, ``location``, ``address``, …) and
   waits at most ``JOIN_TIMEOUT_S`` for the supervisor's WELCOME; other messages that arrive first go to the
   caller's ``early`` handler (a node keeps them) or are dropped.
+* :class:`PeerSender` is the process's ``send``.
 * :class:`Membership` holds the peer table (``peers``: id → stage, location, address, as the supervisor's
   ``peers`` rows list them) and the serving replicas of each stage (``members``, from WELCOME and ``begin``).
   :meth:`Membership.admit` applies a ``peers`` command: it admits the listed CURVE keys, dials new or moved
@@ -21,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.netem import SwarmNetEm
@@ -38,6 +41,33 @@ def advertised(transport: Transport, advertise_host: str | None) -> str:
     if not advertise_host:
         return transport.address
     return f"tcp://{advertise_host}:{transport.address.rsplit(':', 1)[1]}"
+
+
+class PeerSender:
+    """The ``send`` callable of a process (checkfree.swarm.node_state.Send): a message to a connected peer; a
+    peer that is gone is logged (the supervisor handles the death). ``meta`` gets the sender's ``stage`` unless
+    it is a CONTROL message or names one."""
+
+    def __init__(self, transport: Transport, node_id: int, stage: int) -> None:
+        self.transport, self.node_id, self.stage = transport, node_id, stage
+
+    def __call__(
+        self,
+        peer: int,
+        mtype: MessageType,
+        iteration: int = -1,
+        microbatch: int = -1,
+        meta: dict[str, Any] | None = None,
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        meta = meta if meta is not None else {}
+        if mtype != MessageType.CONTROL:
+            meta.setdefault("stage", self.stage)
+        msg = Message(mtype, self.node_id, iteration, microbatch, meta, tensors or {})
+        try:
+            self.transport.send(peer, msg)
+        except TransportError as exc:  # a peer gone meanwhile: the timeouts recover
+            log.warning("node %d: could not send %s to %d: %s", self.node_id, mtype.name, peer, exc)
 
 
 def configure_links(transport: Transport, cfg: SwarmConfig) -> SwarmNetEm:

@@ -50,7 +50,7 @@ from checkfree.swarm.auth import Identity, read_key_file
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.iteration import IterationCommands
-from checkfree.swarm.membership import Membership, advertised, configure_links, join
+from checkfree.swarm.membership import Membership, PeerSender, advertised, configure_links, join
 from checkfree.swarm.netem import SwarmNetEm
 from checkfree.swarm.node_parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node_state import Progress, StageState
@@ -60,7 +60,7 @@ from checkfree.swarm.recovering import Recovery, Rollback
 from checkfree.swarm.relay import check_pipeline_message
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.strategies import RecoveryPlan, make_recovery
-from checkfree.swarm.transport import Transport, TransportError
+from checkfree.swarm.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class Node:
             node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
         )
         self.address = advertised(self.transport, advertise_host)
+        self.send = PeerSender(self.transport, node_id, stage)
         self.membership = Membership(node_id)
         self.progress = Progress()
         self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
@@ -181,15 +182,13 @@ class Node:
         self.progress.epoch = meta["epoch"]
         self._on_peers(meta)
         self.membership.set_members(meta["members"])
+        shared = (self.progress, self.membership, self.send)
         parts = build_parts(
-            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, self.progress, self.membership,
-            self.send, self.reject,
-        )  # fmt: skip
+            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, *shared, self.reject
+        )
         self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
-        self.steps = IterationCommands(
-            self.id, parts, self.progress, self.membership, self.send, self.dispatch, lambda: self.serving,
-            self.send_checkpoint, self.report,
-        )  # fmt: skip
+        hooks = (self.dispatch, lambda: self.serving, self.send_checkpoint, self.report)
+        self.steps = IterationCommands(self.id, parts, *shared, *hooks)
         self.commands |= self.steps.table()
         where = f"stage {self.stage} at {self.location}, {self.address}, {len(self.membership.peers)} peers"
         log.info("node %d: %s, setting %s", self.id, where, self.strategy.name)
@@ -214,27 +213,6 @@ class Node:
         return False
 
     # ------------------------------------------------------------------ messaging
-
-    def send(
-        self,
-        peer: int,
-        mtype: MessageType,
-        iteration: int = -1,
-        microbatch: int = -1,
-        meta: dict[str, Any] | None = None,
-        tensors: dict[str, torch.Tensor] | None = None,
-    ) -> None:
-        """Send to a connected peer; a peer that is gone is logged (the supervisor handles the death).
-
-        ``meta`` gets this node's ``stage`` unless it is a CONTROL message or names one.
-        """
-        meta = meta if meta is not None else {}
-        if mtype != MessageType.CONTROL:
-            meta.setdefault("stage", self.stage)
-        try:
-            self.transport.send(peer, Message(mtype, self.id, iteration, microbatch, meta, tensors or {}))
-        except TransportError as exc:  # a peer gone meanwhile: the timeouts recover
-            log.warning("node %d: could not send %s to %d: %s", self.id, mtype.name, peer, exc)
 
     def _on_peers(self, meta: dict[str, Any]) -> None:
         """Admit the listed keys and peers (checkfree.swarm.membership); then answer requests that were waiting

@@ -24,10 +24,10 @@ from checkfree.swarm import control
 from checkfree.swarm import weights as W
 from checkfree.swarm.auth import Identity
 from checkfree.swarm.config import swarm_config_from_dict
-from checkfree.swarm.membership import Membership, advertised, configure_links, join
+from checkfree.swarm.membership import Membership, PeerSender, advertised, configure_links, join
 from checkfree.swarm.netem import SwarmNetEm
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-from checkfree.swarm.transport import Transport, TransportError
+from checkfree.swarm.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ class StorageNode:
             node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
         )
         self.address = advertised(self.transport, advertise_host)
+        self.send = PeerSender(self.transport, node_id, -1)
         self.snapshots: dict[int, dict[int, Message]] = {}
         self.membership = Membership(node_id, forget_unlisted=False)
         """Every peer the supervisor has listed, and the stage it lists it for (kept when unlisted: a request
@@ -84,13 +85,10 @@ class StorageNode:
             self.max_version = welcome.meta["iteration"]
             self._peers(welcome.meta)
             record = {"rule": "storage"}
-            self._send(
+            self.send(
                 SUPERVISOR_ID,
-                Message(
-                    MessageType.CONTROL,
-                    self.id,
-                    meta=control.control("serving", stage=-1, version=0, record=record),
-                ),
+                MessageType.CONTROL,
+                meta=control.control("serving", stage=-1, version=0, record=record),
             )
             while not self.done and SUPERVISOR_ID not in t.dead_peers():
                 msg = t.recv(0.1)
@@ -132,18 +130,12 @@ class StorageNode:
             bad_messages=self.bad_messages,
             stored_versions=self._versions(),
         )
-        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=final))
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=final)
         time.sleep(0.3)
         self.done = True
 
     def _begin(self, meta: dict[str, Any]) -> None:
         self.max_version = max(self.max_version, meta["iteration"])
-
-    def _send(self, peer: int, msg: Message) -> None:
-        try:
-            self.transport.send(peer, msg)
-        except TransportError as exc:
-            log.warning("storage %d: could not send %s to %d: %s", self.id, msg.type.name, peer, exc)
 
     def _peers(self, meta: dict[str, Any]) -> None:
         self.membership.admit(meta, self.transport)
@@ -176,7 +168,7 @@ class StorageNode:
         meta = control.control(
             "stored", stage=stage, version=version, bytes=nbytes, bad_messages=self.bad_messages
         )
-        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=meta))
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
 
     def _serve(self, msg: Message) -> None:
         if msg.sender not in self.membership.peers and msg.sender != SUPERVISOR_ID:
@@ -188,10 +180,10 @@ class StorageNode:
         reply: dict[str, Any] = {"stage": stage, "request": msg.meta["request"]}
         if snap is None:
             reply["error"] = f"no checkpoint of stage {stage} at version {version}"
-            self._send(msg.sender, Message(MessageType.WEIGHTS_RESPONSE, self.id, meta=reply))
+            self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=reply)
             return
         meta = dict(snap.meta) | reply
         tensors: dict[str, torch.Tensor] = snap.tensors
         if not msg.meta.get("optimizer"):
             tensors = {k: v for k, v in tensors.items() if k.startswith("w.")}
-        self._send(msg.sender, Message(MessageType.WEIGHTS_RESPONSE, self.id, meta=meta, tensors=tensors))
+        self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=meta, tensors=tensors)
