@@ -13,7 +13,6 @@ import logging
 import os
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.metrics import MetricsSink
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
 from checkfree.monitoring import TENSORBOARD_DIR, TensorBoardMirror, progress_bar
+from checkfree.options import SimulateOptions
 from checkfree.preflight import preflight
 from checkfree.recovery import make_strategy
 from checkfree.rundir import RunDirPlan, apply_run_dir
@@ -34,54 +34,6 @@ log = logging.getLogger(__name__)
 
 HUB_VOCAB = {"llama2": 32000, "gpt2": 50257}
 PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-@dataclass
-class SimulateOptions:
-    """Everything ``python -m checkfree simulate`` accepts (README: simulator options)."""
-
-    setting: str
-    config: str
-    world_size: int = 1
-    rate: float = 16.0
-    start_iter: int = 0
-    swaps: bool = True
-    run_dir: Path | None = None
-    runs_root: Path = Path("runs")
-    max_iterations: int | None = None
-    eval_interval: int | None = None
-    log_interval: int | None = None
-    checkpoint_interval: int | None = None
-    seed: int | None = None
-    failure_seed: int | None = None
-    failure_probability: float | None = None
-    failure_schedule: Path | None = None
-    schedule_replicas: int | None = None
-    fail_stage0: bool = False
-    grad_norm_mode: str | None = None
-    iteration_seconds: float | None = None
-    """Iteration time (s) of the %/h formula; None = the paper's 91.32 s (a warning when given but unused)."""
-    resume_from: Path | None = None
-    device: str = "auto"
-    max_train_tokens: int | None = None
-    peak_tflops: float | None = None
-    compile: bool = False
-    compile_backend: str = "inductor"
-    autocast: str = "auto"
-    tensorboard: bool = False
-    cache_dir: Path | None = None
-    dry_run: bool = False
-    progress: bool = True
-    overwrite: bool = False
-    """A fresh run into a directory that holds a run moves the old one aside to DIR.replaced-<timestamp>."""
-    allow_data_change: bool = False
-    """Resume a checkpoint on other data (dataset or tokenizer) than it was trained on, with a warning."""
-    max_wall_iterations: int | None = None
-    """Stop after this many wall-clock iterations (None = 20 × max_iterations)."""
-    recovery_accounting: bool = True
-    """Add weight distances and probe losses to each recovery record (checkfree.recovery_accounting)."""
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""
 
 
 def plan_lines(opts: SimulateOptions) -> list[str]:

@@ -16,7 +16,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -30,12 +30,10 @@ from checkfree.failures import (
     load_stage_schedule,
     resolve_failure_probability,
 )
+from checkfree.options import SimulateOptions
 from checkfree.pipeline import stage_order
 from checkfree.recovery import make_strategy
 from checkfree.rundir import RunDirPlan, check_directory_path, holds_something, plan_run_dir
-
-if TYPE_CHECKING:
-    from checkfree.launch import SimulateOptions
 
 STAGE_ENTRY_KEYS = ("iteration", "stage")
 

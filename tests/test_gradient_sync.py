@@ -12,32 +12,35 @@ from torch import nn
 
 from checkfree.pipeline import clip_coefficient
 from checkfree.swarm.gradient_sync import GradientSync
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, StageState
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
 
 STAGE, REPLICAS, MB_COUNT = 2, (5, 6, 7), 2
 
 
 class FakeNode:
-    """The part of a swarm Node that GradientSync uses; messages go through encode/decode to the peers."""
+    """One replica: the small state a GradientSync gets; messages go through encode/decode to the peers."""
 
     def __init__(self, node_id: int, swarm: dict[int, FakeNode], grad_clip: float, microbatches: int):
-        self.id, self.stage, self.epoch, self.iteration = node_id, STAGE, 3, 17
+        self.id, self.epoch = node_id, 3
         self.swarm, self.to_supervisor = swarm, []
-        self.members = {STAGE: list(REPLICAS)}
-        self.cfg = SimpleNamespace(mb_count=MB_COUNT, replicas=len(REPLICAS))
-        self.model_cfg = SimpleNamespace(grad_clip=grad_clip)
-        self.worker = SimpleNamespace(microbatches=microbatches)
         self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
         gen = torch.Generator().manual_seed(node_id)
         for p in self.module.parameters():
             p.grad = torch.randn(p.shape, generator=gen) * 0.37  # sums depend on their order in float32
-        self.sync = GradientSync(self)
-
-    def epoch_of(self, msg: Message) -> int | None:
-        return msg.meta["epoch"] if msg.meta["epoch"] == self.epoch else None
+        state = StageState(self.module, torch.optim.Adam(self.module.parameters()))
+        membership = Membership(node_id, members={STAGE: list(REPLICAS)})
+        cfg = SimpleNamespace(
+            mb_count=MB_COUNT, replicas=len(REPLICAS), model=SimpleNamespace(grad_clip=grad_clip)
+        )
+        progress = Progress(epoch=self.epoch, iteration=17)
+        self.sync = GradientSync(
+            node_id, STAGE, state, progress, membership, cfg, lambda: microbatches, self.send
+        )
 
     def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
-        meta = {"stage": self.stage, **(meta or {})}
+        meta = {"stage": STAGE, **(meta or {})}
         msg = decode(encode(Message(mtype, self.id, iteration, microbatch, meta, tensors or {}), copy=True))
         if peer == SUPERVISOR_ID:
             self.to_supervisor.append(msg)

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 from checkfree.model import build_stages
 from checkfree.recovery import make_strategy
+from checkfree.recovery.neighbours import stage0_part
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan, plan, plan_ladder
+from checkfree.swarm import weights as W
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, StageState
+from checkfree.swarm.protocol import Message, MessageType
+from checkfree.swarm.recovering import FetchContext, Recovery
 from checkfree.swarm.strategies import make_recovery
+from checkfree.swarm.worker import build_stage
 from checkfree.training_state import TrainingState, make_adam
 
 from helpers import VOCAB, tiny_config
@@ -123,8 +132,7 @@ def test_swarm_ladder_takes_a_live_replica_then_the_neighbour_rule():
     assert ladder.plan(2, set(), 4).rung == "replica"
     assert (ladder.plan(2, {2}, 4).rung, ladder.plan(2, {2}, 4).sources) == ("neighbour", (1, 3))
     assert ladder.plan(0, {0}, 4).rule == "stage0_copy"
-    with pytest.raises(RecoveryImpossible):
-        ladder.plan(2, {1, 2, 3, 4}, 4)
+    assert ladder.plan(2, {1, 2, 3, 4}, 4).rule == "random"  # no transformer stage survives: as the simulator
     assert not plan_ladder([3], 4, ("ec_snapshot", "random"), ec_fresh=False)[3].rung == "ec_snapshot"
 
 
@@ -146,3 +154,76 @@ def test_a_plan_travels_as_json_and_a_bad_one_is_refused():
     for data in bad:
         with pytest.raises(ValueError):
             RecoveryPlan.from_json(data, 4)
+
+
+SEED, ITERATION = 7, 11
+"""The run seed and the iteration of the loss event that seed a random re-initialisation."""
+
+
+def _simulator_after(lost: list[int]) -> tuple[TrainingState, dict]:
+    """The simulator's CheckFree+ state after losing ``lost`` at iteration ITERATION, and the copies it held."""
+    cfg = tiny_config(n_stages=4, dmodel=16, num_heads=2, seed=SEED)
+    stages = build_stages(cfg, VOCAB, 0)
+    state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
+    strategy = make_strategy("checkfree_plus", cfg, swaps=True, seed=SEED)
+    strategy.setup(state)
+    copies = {k: v.clone() for k, v in strategy.stage0_copy.items()}
+    state.iteration = ITERATION
+    for s in lost:
+        state.destroy(s)
+    strategy.recover(state, lost)
+    return state, copies
+
+
+def _swarm_rebuild(stage: int, lost: set[int], copies: dict) -> tuple[StageState, dict]:
+    """A swarm replacement of ``stage`` executing its setting's plan: its own fresh stage (another init), the
+    stage-0 copies answered by node 11 (stage 1) and 14 (stage S), the WELCOME's iteration (the event's + 1)."""
+    cfg = SimpleNamespace(
+        request_timeout=60.0, max_attempts=1, storage_id=99, init_seed=SEED, model=tiny_config(seed=SEED)
+    )
+    module = build_stage(tiny_config(n_stages=4, dmodel=16, num_heads=2), stage, VOCAB, 3)
+    state = StageState(module, make_adam(module, 1e-3))
+    sent: list[tuple[int, dict]] = []
+    done: list[tuple[StageState, dict]] = []
+    membership = Membership(50, peers={11: {"stage": 1}, 14: {"stage": 4}}, members={1: [11], 4: [14]})
+    ctx = FetchContext(
+        50,
+        stage,
+        cfg,
+        membership,
+        Progress(max_version=ITERATION + 1),
+        lambda p, t, *a, meta=None, **k: sent.append((p, meta)),
+        lambda m, w: None,
+    )
+    ctx.iteration = max((ITERATION + 1) - 1, 0)  # as Node.run derives it from the WELCOME
+    plan = make_recovery("ours-plus").plan(stage, lost, 4)
+    rec = Recovery(ctx, plan, state, lambda *d: done.append(d), pytest.fail)
+    rec.start()
+    for peer, meta in sent:
+        part = {k: v for k, v in copies.items() if stage0_part(k) == meta["part"]}
+        tensors = {f"w.{k}": v for k, v in part.items()}
+        reply = {"stage": 0, "part": meta["part"], "request": meta["request"], "version": ITERATION}
+        rec.on_response(
+            Message(MessageType.WEIGHTS_RESPONSE, peer, meta=reply | {"grad_norm": 1.0}, tensors=tensors)
+        )
+    ((rebuilt, record),) = done
+    return rebuilt, record
+
+
+@pytest.mark.parametrize(
+    ("lost", "stage", "rule"),
+    [([0, 4], 0, "stage0_copy"), ([0, 1], 0, "stage0_copy"), ([1, 2, 3, 4], 2, "random")],
+)
+def test_the_swarm_rebuilds_a_lost_stage_bit_identically_to_the_simulator(lost, stage, rule):
+    """A stage-0 part whose copy holder is lost too, and a stage with no transformer stage left: both get the
+    simulator's seeded random init (run seed, iteration of the event, stage), the rest the same copies."""
+    sim, copies = _simulator_after(lost)
+    rebuilt, record = _swarm_rebuild(stage, set(lost), copies)
+    assert record["rule"] == rule and "random init" in record["fallback"]
+    want = sim.stages[stage].state_dict()
+    got = rebuilt.module.state_dict()
+    assert want.keys() == got.keys()
+    for k in want:
+        assert torch.equal(want[k], got[k]), k
+    lr = tiny_config().lr * tiny_config().lr_scale
+    assert W.current_lr(rebuilt.opt) == pytest.approx(lr)  # a fresh Adam at lr × lr_scale, as the simulator's

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from checkfree.config import ConfigError
+from checkfree.swarm import weights as W
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, StageState
 from checkfree.swarm.protocol import Message, MessageType
 from checkfree.swarm.results import Results, summary_table
 from checkfree.swarm.stage0_copies import Stage0Copies
@@ -102,27 +105,23 @@ def test_settings_flags_and_impossible_recoveries() -> None:
     assert make_recovery("checkfree_plus").name == make_recovery("ours-plus").name == "checkfree_plus"
 
 
-class _FakeNode:
-    """What Stage0Copies reads of a node: its stage, setting, members, peers; sends are recorded."""
+class _Sent(list):
+    """A ``send`` callable that records (peer, meta, tensors)."""
 
-    def __init__(self, stage: int, setting: str = "ours-plus") -> None:
-        self.id, self.stage, self.strategy = 10 + stage, stage, make_recovery(setting)
-        self.cfg = SwarmConfig(model_config="tiny_config.json")  # 4 transformer stages
-        self.members, self.peers, self.sent = {0: [0], 1: [11], 4: [14]}, {0: {"stage": 0}}, []
+    def __call__(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
+        self.append((peer, meta, tensors or {}))
 
-    def plausible_version(self, version: int) -> bool:
-        return version <= 5  # the supervisor has begun iteration 4
 
-    def send(
-        self,
-        peer: int,
-        mtype: MessageType,
-        iteration: int = -1,
-        microbatch: int = -1,
-        meta=None,
-        tensors=None,
-    ) -> None:
-        self.sent.append((peer, meta, tensors or {}))
+def _copies(stage: int, setting: str = "ours-plus", node_id: int | None = None) -> Stage0Copies:
+    """A Stage0Copies of node 10 + stage, in a tiny swarm (4 transformer stages) whose supervisor has begun
+    iteration 4; its sends are recorded in ``.send``."""
+    module = torch.nn.ModuleDict({"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)})
+    state = StageState(module, W.make_optimizer(module, 1e-3))
+    membership = Membership(10 + stage, peers={0: {"stage": 0}}, members={0: [0], 1: [11], 4: [14]})
+    n_stages = SwarmConfig(model_config="tiny_config.json").n_stages
+    active = make_recovery(setting).keeps_stage0_copy
+    node = 10 + stage if node_id is None else node_id
+    return Stage0Copies(node, stage, n_stages, active, state, Progress(max_version=5), membership, _Sent())
 
 
 def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
@@ -132,7 +131,7 @@ def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
 
 
 def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() -> None:
-    holder = Stage0Copies(_FakeNode(1))
+    holder = _copies(1)
     emb = {"w.embed_tokens.weight": torch.ones(4, 2)}
     holder.on_copy(_copy("embedding", 3, emb))
     holder.on_copy(_copy("embedding", 2, {"w.embed_tokens.weight": torch.zeros(4, 2)}))  # older: ignored
@@ -156,38 +155,36 @@ def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() ->
             holder.on_copy(msg)
         assert holder.held["embedding"][0] == 3, why
     with pytest.raises(ValueError, match="expected None"):  # CheckFree (ours) keeps no copies
-        Stage0Copies(_FakeNode(1, "ours")).on_copy(_copy("embedding", 1, emb))
+        _copies(1, "ours").on_copy(_copy("embedding", 1, emb))
     # serving: the held copy, or an error when none is held
     request = Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "embedding"})
     holder.answer(request, {"request": "r"})
-    assert holder.node.sent[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.node.sent[-1][2]
-    empty = Stage0Copies(_FakeNode(4))
+    assert holder.send[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.send[-1][2]
+    empty = _copies(4)
     empty.answer(
         Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "head"}), {"request": "r"}
     )
-    assert "holds no copy of the stage-0 'head'" in empty.node.sent[-1][1]["error"]
+    assert "holds no copy of the stage-0 'head'" in empty.send[-1][1]["error"]
 
 
 def test_the_lowest_stage0_replica_pushes_each_version_once_per_holder() -> None:
-    node = _FakeNode(0)
-    node.id, node.members[0], node.serving, node.version, node.iteration = 0, [0, 5], True, 7, 6
-    node.module = torch.nn.ModuleDict(
-        {"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)}
-    )
-    copies = Stage0Copies(node)
+    copies = _copies(0, node_id=0)
+    copies.membership.members[0], copies.state.version, copies.progress.iteration = [0, 5], 7, 6
+    sent = copies.send
     copies.push()
-    assert {(peer, meta["part"], meta["version"], tuple(sorted(t))) for peer, meta, t in node.sent} == {
+    assert {(peer, meta["part"], meta["version"], tuple(sorted(t))) for peer, meta, t in sent} == {
         (11, "embedding", 7, ("w.embed_tokens.weight",)),
         (14, "head", 7, ("w.norm.bias", "w.norm.weight")),
     }
     copies.push()
-    assert len(node.sent) == 2  # this version is already there
-    node.members[1].append(12)  # a replacement joined stage 1
+    assert len(sent) == 2  # this version is already there
+    copies.membership.members[1].append(12)  # a replacement joined stage 1
     copies.push()
-    assert [peer for peer, _, _ in node.sent[2:]] == [12]
-    node.id = 5  # not the lowest-id replica of stage 0: it never pushes
-    Stage0Copies(node).push()
-    assert len(node.sent) == 3
+    assert [peer for peer, _, _ in sent[2:]] == [12]
+    other = _copies(0, node_id=5)  # not the lowest-id replica of stage 0: it never pushes
+    other.membership.members[0] = [0, 5]
+    other.push()
+    assert not other.send
 
 
 def test_results_file_and_table(tmp_path: Path) -> None:

@@ -13,15 +13,19 @@ import torch
 import zmq
 
 from checkfree.swarm import control
+from checkfree.swarm import weights as W
 from checkfree.swarm.auth import AuthError, SwarmKeys, read_key_file, read_token
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.gradient_sync import GradientSync
+from checkfree.swarm.membership import Membership
 from checkfree.swarm.node import Node
+from checkfree.swarm.node_state import Progress, StageState
 from checkfree.swarm.protocol import Message, MessageType, ProtocolError
-from checkfree.swarm.recovering import Recovery
+from checkfree.swarm.recovering import FetchContext, Recovery
 from checkfree.swarm.strategies import RecoveryPlan
 from checkfree.swarm.supervisor import Supervisor, SwarmError
+from checkfree.swarm.transport import TransportError
 
 
 def _ctl(**meta) -> Message:
@@ -63,19 +67,29 @@ def test_data_plane_schemas_and_a_senders_own_bad_command_is_a_bug() -> None:
 
 
 class _FakeNode:
-    """What Recovery and GradientSync read of a node; sends and rejections are recorded."""
+    """The small state a Recovery or a GradientSync gets (node 20 of stage 1, epoch 4, iteration 3); sends,
+    rejections and give-ups are recorded."""
 
     def __init__(self) -> None:
-        self.id, self.stage, self.storage_id, self.epoch, self.iteration = 20, 1, 9, 4, 3
-        self.cfg = SimpleNamespace(request_timeout=60.0, max_attempts=2, mb_count=4, replicas=2)
-        self.model_cfg = SimpleNamespace(grad_clip=1.0, grad_norm_mode="paper", lr=1e-3, lr_scale=1.1)
         self.module = torch.nn.Linear(2, 2)
-        self.members = {1: [3, 5]}
-        self.peers = {3: {}, 5: {}}
+        self.state = StageState(self.module, W.make_optimizer(self.module, 1e-3))
+        self.membership = Membership(20, peers={3: {"stage": 1}, 5: {"stage": 1}}, members={1: [3, 5]})
+        self.progress = Progress(epoch=4, iteration=3)
+        model = SimpleNamespace(grad_clip=1.0, grad_norm_mode="paper", lr=1e-3, lr_scale=1.1, init_std=0.02)
+        self.cfg = SimpleNamespace(
+            request_timeout=60.0,
+            max_attempts=2,
+            mb_count=4,
+            replicas=2,
+            storage_id=9,
+            init_seed=0,
+            model=model,
+        )
         self.sent: list[tuple[int, dict]] = []
         self.rejected: list[str] = []
         self.gave_up: list[str] = []
-        self.task = None
+        self.done: list[tuple[StageState, dict]] = []
+        self.fetch = FetchContext(20, 1, self.cfg, self.membership, self.progress, self.send, self.reject)
 
     def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
         self.sent.append((peer, meta))
@@ -83,14 +97,14 @@ class _FakeNode:
     def reject(self, msg: Message, why: str) -> None:
         self.rejected.append(why)
 
-    def give_up(self, reason: str) -> None:
-        self.gave_up.append(reason)
+    def recovery(self, plan: RecoveryPlan) -> Recovery:
+        return Recovery(
+            self.fetch, plan, self.state, lambda *done: self.done.append(done), self.gave_up.append
+        )
 
-    def plausible_version(self, version: int) -> bool:
-        return version <= self.iteration + 1
-
-    def epoch_of(self, msg: Message) -> int | None:
-        return msg.meta["epoch"] if msg.meta["epoch"] == self.epoch else None
+    def gradient_sync(self) -> GradientSync:
+        state, progress, members = self.state, self.progress, self.membership
+        return GradientSync(20, 1, state, progress, members, self.cfg, lambda: 4, self.send)
 
 
 def _answer(node: _FakeNode, sender: int, request: str, **change) -> Message:
@@ -106,8 +120,7 @@ def _answer(node: _FakeNode, sender: int, request: str, **change) -> Message:
 
 def test_a_rejected_answer_asks_the_next_source_at_once() -> None:
     node = _FakeNode()
-    rec = Recovery(node, RecoveryPlan("replica", [1]))
-    node.task = rec
+    rec = node.recovery(RecoveryPlan("replica", (1,)))
     rec.start()
     ((target, meta),) = node.sent
     assert target == 3 and len(meta["request"]) == 32  # secrets.token_hex(16): unguessable
@@ -130,7 +143,7 @@ def test_a_rejected_answer_asks_the_next_source_at_once() -> None:
         )
     # a source that leaves the swarm mid-fetch: the next one is asked at once, no timeout
     target, meta = node.sent[-1]
-    node.peers.pop(target)
+    node.membership.peers.pop(target)
     rec.peers_changed()
     assert node.sent[-1][0] != target and len(node.sent) == 4
     assert rec.requests[0]["response"] is None and not node.gave_up
@@ -138,8 +151,8 @@ def test_a_rejected_answer_asks_the_next_source_at_once() -> None:
 
 def test_gradients_with_nan_or_from_a_non_replica_are_rejected() -> None:
     node = _FakeNode()
-    node.members = {1: [20, 5]}
-    sync = GradientSync(node)
+    node.membership.members = {1: [20, 5]}
+    sync = node.gradient_sync()
     grads = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
     meta = {"stage": 1, "epoch": 4, "microbatches": 4}
     with pytest.raises(ProtocolError, match="NaN"):
@@ -239,3 +252,44 @@ def test_an_internal_supervisor_error_is_one_swarm_error_with_the_traceback_in_t
     assert "\n" not in str(err.value) and reaped == [True]
     log = (tmp_path / "supervisor.log").read_text()
     assert "Traceback (most recent call last)" in log and "KeyError: 'a bug'" in log
+
+
+class _Links:
+    """The part of a Transport that Membership uses: dials, hang-ups, WAN locations, the keyring."""
+
+    def __init__(self) -> None:
+        self.dialled: list[tuple[int, str]] = []
+        self.dropped: list[int] = []
+        self.netem = SimpleNamespace(set_location=lambda pid, loc: self.located.append((pid, loc)))
+        self.located: list[tuple[int, str]] = []
+        self.identity = SimpleNamespace(keyring={})
+
+    def connect(self, pid: int, address: str) -> None:
+        if address == "tcp://unreachable:1":
+            raise TransportError("no route")
+        self.dialled.append((pid, address))
+
+    def disconnect(self, pid: int) -> None:
+        self.dropped.append(pid)
+
+
+@pytest.mark.parametrize("forget", [True, False])
+def test_membership_dials_listed_peers_once_and_forgets_unlisted_ones_unless_it_keeps_them(forget) -> None:
+    """A node (forget) hangs up on peers no longer listed; the storage node keeps them (a late request of a
+    removed node is still answered). Only new or moved peers are dialled; an unreachable one is not listed."""
+    links, members = _Links(), Membership(7, forget_unlisted=forget)
+    rows = [
+        [7, 1, "A", "tcp://me:1"],
+        [-1, -1, "A", "tcp://sup:1"],
+        [3, 1, "B", "tcp://b:1"],
+        [4, 2, "C", "tcp://c:1"],
+    ]
+    members.admit({"peers": rows, "keys": {"3": "k3"}}, links)
+    assert links.dialled == [(3, "tcp://b:1"), (4, "tcp://c:1")] and links.identity.keyring == {3: "k3"}
+    assert links.located == [(3, "B"), (4, "C")] and members.stage_of(4) == 2 and members.stage_of(7) is None
+    moved = [[3, 1, "B", "tcp://b:2"], [5, 2, "C", "tcp://unreachable:1"]]
+    members.admit({"peers": moved}, links)
+    assert links.dialled[2:] == [(3, "tcp://b:2")] and 5 not in members.peers
+    assert (4 in members.peers, links.dropped) == ((False, [4]) if forget else (True, []))
+    members.set_members({"0": [1], "2": [4, 6]})
+    assert members.serving(2) == [4, 6] and members.serving(1) == []

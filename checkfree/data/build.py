@@ -25,16 +25,14 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from checkfree.data import shards, sources
 from checkfree.data import tokenizer as tok_mod
 from checkfree.data.sources import Source
-
-if TYPE_CHECKING:
-    from checkfree.data.corpus import DataSpec
+from checkfree.data.spec import DataSpec
 
 logger = logging.getLogger(__name__)
 

@@ -112,6 +112,40 @@ def recovery_seed(seed: int, iteration: int, stage: int) -> int:
     return (seed * 1_000_003 + iteration * 10_007 + stage) % (2**63)
 
 
+def random_init(
+    template: Mapping[str, torch.Tensor], seed: int, iteration: int, stage: int, std: float = 0.02
+) -> StateDict:
+    """The "random" rule: :func:`random_state` shaped like ``template``, from a generator seeded with
+    :func:`recovery_seed` (``seed``, ``iteration`` of the loss event, ``stage``), so the simulator and a swarm
+    replacement draw the same numbers for the same loss event."""
+    gen = torch.Generator().manual_seed(recovery_seed(seed, iteration, stage))
+    return random_state(template, gen, std)
+
+
+def stage0_from_copies(
+    template: Mapping[str, torch.Tensor],
+    copies: Mapping[str, torch.Tensor],
+    parts: Iterable[str],
+    seed: int,
+    iteration: int,
+    std: float = 0.02,
+) -> StateDict:
+    """Stage 0 under CheckFree+ (paper §4.2): the entries of each part in ``parts`` from ``copies`` (E held by
+    stage 1, E⁻¹ by stage S); a part whose holder is lost too gets :func:`random_init` of stage 0 (the planner's
+    fallback). ``template``: stage 0's state dict (keys, shapes, dtypes; its values are not used)."""
+    kept = set(parts)
+    new: StateDict = {}
+    fresh = None
+    for k in template:
+        if stage0_part(k) in kept:
+            new[k] = copies[k].detach().clone()
+        else:
+            if fresh is None:
+                fresh = random_init(template, seed, iteration, 0, std)
+            new[k] = fresh[k]
+    return new
+
+
 STAGE0_EMBED_PREFIXES = ("embed_tokens.", "positions.")
 """Stage-0 state-dict keys of the embedding E (token and, for GPT, position tables); every other key is E⁻¹."""
 
@@ -216,8 +250,8 @@ def _checkfree(
 
 
 def _random(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
-    gen = torch.Generator().manual_seed(recovery_seed(strategy.seed, state.iteration, stage))
-    return random_state(state.stages[stage].state_dict(), gen, strategy.cfg.init_std), None, {}
+    template = state.stages[stage].state_dict()
+    return random_init(template, strategy.seed, state.iteration, stage, strategy.cfg.init_std), None, {}
 
 
 def _stage0_copy(
@@ -227,16 +261,9 @@ def _stage0_copy(
     copies = getattr(strategy, "stage0_copy", None)
     if copies is None:
         raise ValueError(f"strategy {strategy.name!r} keeps no stage-0 copies.")
-    new = state.stages[0].state_dict()
-    fresh = None
-    for k in new:
-        if stage0_part(k) in plan.parts:
-            new[k] = copies[k].clone()
-        else:
-            if fresh is None:
-                fresh, _, _ = _random(strategy, state, 0, plan)
-            new[k] = fresh[k]
-    return new, None, {}
+    template = state.stages[0].state_dict()
+    seed, std = strategy.seed, strategy.cfg.init_std
+    return stage0_from_copies(template, copies, plan.parts, seed, state.iteration, std), None, {}
 
 
 _RULES = {

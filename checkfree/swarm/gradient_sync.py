@@ -9,24 +9,45 @@ the unclipped norm (CheckFree's ω, SPEC §2), clips to ``grad_clip`` and report
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import torch
 
 from checkfree.pipeline import clip_coefficient, grad_norm, scale_grads
 from checkfree.swarm import weights as W
+from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.control import control
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, Send, StageState
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-
-if TYPE_CHECKING:
-    from checkfree.swarm.node import Node
 
 
 class GradientSync:
-    """One node's side of the gradient exchange of the current epoch."""
+    """One node's side of the gradient exchange of the current epoch.
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    Args:
+        node_id, stage: this replica and its stage.
+        state: the stage it trains (its module's ``.grad`` are averaged in place).
+        progress: the node's epoch and iteration.
+        membership: who serves this stage (``members``).
+        cfg: the swarm config (``mb_count``, ``replicas``, ``model.grad_clip``).
+        microbatches: how many microbatches this replica ran in the current epoch.
+        send: sends GRADIENTS to the replicas and ``ready`` to the supervisor.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        stage: int,
+        state: StageState,
+        progress: Progress,
+        membership: Membership,
+        cfg: SwarmConfig,
+        microbatches: Callable[[], int],
+        send: Send,
+    ) -> None:
+        self.node_id, self.stage, self.state, self.progress = node_id, stage, state, progress
+        self.membership, self.cfg, self.microbatches, self.send = membership, cfg, microbatches, send
         self.received: dict[int, tuple[dict[str, torch.Tensor], int]] = {}
         """replica node id → (gradients by parameter name, microbatches it ran)."""
         self.epoch = -1
@@ -44,21 +65,20 @@ class GradientSync:
 
     def replicas(self) -> list[int]:
         """The other serving replicas of this node's stage."""
-        node = self.node
-        return [n for n in node.members.get(node.stage, []) if n != node.id]
+        return [n for n in self.membership.serving(self.stage) if n != self.node_id]
 
     def start(self) -> None:
         """``sync``: send this replica's gradients to the others, then reduce if they are all in."""
-        node = self.node
-        self.epoch = node.epoch
-        grads = W.grad_tensors(node.module)
+        progress = self.progress
+        self.epoch = progress.epoch
+        grads = W.grad_tensors(self.state.module)
         for peer in self.replicas():
-            node.send(
+            self.send(
                 peer,
                 MessageType.GRADIENTS,
-                node.iteration,
+                progress.iteration,
                 -1,
-                {"epoch": node.epoch, "microbatches": node.worker.microbatches},
+                {"epoch": progress.epoch, "microbatches": self.microbatches()},
                 grads,
             )
         self._try_reduce()
@@ -71,13 +91,12 @@ class GradientSync:
                 of the wrong shape or dtype, or not finite, or the microbatch count is implausible (the node
                 drops the message and counts it).
         """
-        node = self.node
-        if msg.meta["stage"] != node.stage or msg.sender not in self.replicas():
+        if msg.meta["stage"] != self.stage or msg.sender not in self.replicas():
             raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {msg.sender}, not a replica")
-        if node.epoch_of(msg) is None:
+        if self.progress.epoch_of(msg) is None:
             return
         grads = W.split(msg.tensors, "g")
-        params = dict(node.module.named_parameters())
+        params = dict(self.state.module.named_parameters())
         if grads.keys() != params.keys() or len(grads) != len(msg.tensors):
             raise ProtocolError(f"gradients name {sorted(set(grads) ^ set(params))[:3]} wrongly")
         for name, p in params.items():
@@ -86,34 +105,34 @@ class GradientSync:
                     f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}"
                 )
         W.check_finite(grads, f"node {msg.sender}")
-        if msg.meta["microbatches"] > node.cfg.mb_count * node.cfg.replicas:
+        if msg.meta["microbatches"] > self.cfg.mb_count * self.cfg.replicas:
             raise ProtocolError(f"{msg.meta['microbatches']} microbatches is implausible")
         self.received[msg.sender] = (grads, msg.meta["microbatches"])
         self._try_reduce()
 
     def _try_reduce(self) -> None:
         """Average the replicas' gradients once all arrived (node-id order), norm, clip, report ready."""
-        node = self.node
-        if self.epoch != node.epoch or not set(self.replicas()) <= set(self.received):
+        epoch, module = self.progress.epoch, self.state.module
+        if self.epoch != epoch or not set(self.replicas()) <= set(self.received):
             return
-        params = dict(node.module.named_parameters())
+        params = dict(module.named_parameters())
         own = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
-        parts = dict(self.received) | {node.id: (own, node.worker.microbatches)}
+        parts = dict(self.received) | {self.node_id: (own, self.microbatches())}
         total_mbs = sum(mbs for _, mbs in parts.values())
-        pipelines = max(total_mbs / node.cfg.mb_count, 1e-12) if total_mbs else 1.0
+        pipelines = max(total_mbs / self.cfg.mb_count, 1e-12) if total_mbs else 1.0
         with torch.no_grad():
             for name, p in params.items():
                 acc = torch.zeros_like(p)
                 for sender in sorted(parts):
                     acc += parts[sender][0][name]
                 p.grad = acc / pipelines
-        self.norm = grad_norm(node.module)
-        scale_grads(node.module, clip_coefficient(self.norm, node.model_cfg.grad_clip))
+        self.norm = grad_norm(module)
+        scale_grads(module, clip_coefficient(self.norm, self.cfg.model.grad_clip))
         self.epoch = -1
-        self.reduced = node.epoch
-        node.send(
+        self.reduced = epoch
+        self.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
-            node.iteration,
-            meta=control("ready", epoch=node.epoch, grad_norm=self.norm, pipelines=pipelines),
+            self.progress.iteration,
+            meta=control("ready", epoch=epoch, grad_norm=self.norm, pipelines=pipelines),
         )

@@ -28,38 +28,12 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from checkfree.swarm.topology import LocationTable
+from checkfree.swarm.topology import LinkSpec, LocationTable, load_locations, location_of
+
+__all__ = ["Clock", "EmulatedLink", "LinkSpec", "NetEm", "SwarmNetEm"]
 
 Clock = Callable[[], float]
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    """One direction of a network link.
-
-    Attributes:
-        latency_s: one-way propagation delay, seconds (>= 0).
-        bandwidth_bytes_per_s: transmission rate, bytes per second (> 0).
-    """
-
-    latency_s: float
-    bandwidth_bytes_per_s: float
-
-    def __post_init__(self) -> None:
-        if not math.isfinite(self.latency_s) or self.latency_s < 0:
-            raise ValueError(f"Link latency is {self.latency_s!r} s; expected a finite number >= 0.")
-        if not math.isfinite(self.bandwidth_bytes_per_s) or self.bandwidth_bytes_per_s <= 0:
-            raise ValueError(
-                f"Link bandwidth is {self.bandwidth_bytes_per_s!r} bytes/s; expected a finite number > 0."
-            )
-
-    def transfer_time(self, nbytes: int) -> float:
-        """Seconds to send ``nbytes`` over an idle link: ``latency + nbytes / bandwidth``."""
-        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
 class EmulatedLink:
@@ -124,8 +98,6 @@ class NetEm:
         time_scale: float = 1.0,
         clock: Clock = time.monotonic,
     ) -> None:
-        from checkfree.swarm.topology import load_locations
-
         if not math.isfinite(time_scale) or time_scale < 0:
             raise ValueError(f"time_scale is {time_scale!r}; expected a finite number >= 0.")
         self.table = table if table is not None else load_locations()
@@ -145,8 +117,6 @@ class NetEm:
 
     def location(self, node_id: int) -> str:
         """The node's pinned location, else ``location_of(node_id, self.locations)``."""
-        from checkfree.swarm.topology import location_of
-
         with self._lock:
             pinned = self._node_locations.get(node_id)
         return pinned if pinned is not None else location_of(node_id, self.locations)
@@ -174,3 +144,18 @@ class NetEm:
     def latency_only(self, src: int, dst: int, now: float | None = None) -> float:
         """Delivery time of a heartbeat from ``src`` to ``dst``: latency only, no queueing (seconds)."""
         return self.link(src, dst).latency_only(self.clock() if now is None else now)
+
+
+class SwarmNetEm(NetEm):
+    """NetEm for swarm links; the supervisor's control plane (negative ids) is not emulated (it is measurement
+    scaffolding, not part of the paper's protocol)."""
+
+    def reserve(self, src: int, dst: int, nbytes: int, now: float | None = None) -> float:
+        if src < 0 or dst < 0:
+            return self.clock() if now is None else now
+        return super().reserve(src, dst, nbytes, now)
+
+    def latency_only(self, src: int, dst: int, now: float | None = None) -> float:
+        if src < 0 or dst < 0:
+            return self.clock() if now is None else now
+        return super().latency_only(src, dst, now)

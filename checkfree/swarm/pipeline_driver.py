@@ -11,17 +11,16 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from checkfree.pipeline import stage_order
-from checkfree.swarm.config import route
+from checkfree.swarm.config import SwarmConfig, route
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, Send
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-from checkfree.swarm.worker import make_batches
-
-if TYPE_CHECKING:
-    from checkfree.swarm.node import Node
+from checkfree.swarm.worker import StageWorker, make_batches
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +30,45 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
 
 
-class PipelineDriver:
-    """Runs the microbatches of one pipeline per iteration with at most ``in_flight`` outstanding."""
+def stage0_batches(cfg: SwarmConfig, welcome: dict[str, Any], cache_dir: Path | None) -> Any:
+    """The batches of the pipeline the WELCOME's ``rank`` names (checkfree.swarm.worker.make_batches)."""
+    return make_batches(
+        cfg.model,
+        cfg.data,
+        int(welcome["rank"]),
+        cfg.replicas,
+        int(welcome["vocab_size"]),
+        cache_dir or default_cache_dir(),
+    )
 
-    def __init__(self, node: Node, welcome: dict[str, Any]) -> None:
-        self.node = node
-        cfg = node.cfg
-        self.rank = int(welcome["rank"])
-        self.batches = make_batches(
-            cfg.model,
-            cfg.data,
-            self.rank,
-            cfg.replicas,
-            int(welcome["vocab_size"]),
-            node.cache_dir or default_cache_dir(),
-        )
+
+class PipelineDriver:
+    """Runs the microbatches of one pipeline per iteration with at most ``in_flight`` outstanding.
+
+    Args:
+        node_id: this stage-0 node.
+        cfg: the swarm config (microbatches, in-flight limit, timeouts, model batch shape).
+        swaps: CheckFree+ stage order on odd microbatches.
+        batches: its pipeline's batches (:func:`stage0_batches`): ``batch(i)`` → (B, T+1) int64 token ids.
+        worker: embeds, runs the head and loss, and back-propagates into stage 0.
+        progress: the node's epoch and iteration.
+        membership: the serving replicas of every stage (a route takes one of each).
+        send: sends FORWARD / BACKWARD, ITERATION_END and ``stalled``.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        cfg: SwarmConfig,
+        swaps: bool,
+        batches: Any,
+        worker: StageWorker,
+        progress: Progress,
+        membership: Membership,
+        send: Send,
+    ) -> None:
+        self.node_id, self.cfg, self.swaps, self.batches, self.worker = node_id, cfg, swaps, batches, worker
+        self.progress, self.membership, self.send = progress, membership, send
         self.active = False
         self.pipeline = -1
         self._clear()
@@ -62,10 +85,10 @@ class PipelineDriver:
     def begin(self) -> None:
         """A new epoch: start the first ``in_flight`` microbatches."""
         self._clear()
-        stage0 = self.node.members.get(0, [])
-        self.active = self.node.id in stage0
+        stage0 = self.membership.serving(0)
+        self.active = self.node_id in stage0
         if self.active:
-            self.pipeline = stage0.index(self.node.id)
+            self.pipeline = stage0.index(self.node_id)
             self._pump()
 
     def abort(self) -> None:
@@ -73,25 +96,25 @@ class PipelineDriver:
         self.active = False
 
     def _pump(self) -> None:
-        node, cfg = self.node, self.node.cfg
+        cfg, iteration = self.cfg, self.progress.iteration
         while self.active and self.next_mb < cfg.mb_count and len(self.inflight) < cfg.in_flight:
             mb = self.next_mb
             self.next_mb += 1
-            order = stage_order(mb, cfg.n_stages, node.strategy.swaps)
-            path = route(self.pipeline, node.members, cfg.n_stages, order)
+            order = stage_order(mb, cfg.n_stages, self.swaps)
+            path = route(self.pipeline, self.membership.members, cfg.n_stages, order)
             if path is None:
                 self._stalled(f"no route for microbatch {mb}: a stage has no serving node")
                 return
-            batch = self.batches.batch(node.iteration * cfg.mb_count + mb)  # (B, T+1) int64
+            batch = self.batches.batch(iteration * cfg.mb_count + mb)  # (B, T+1) int64
             self.labels[mb], self.routes[mb] = batch[:, 1:], path
             self.inflight[mb] = time.monotonic()
-            h = node.worker.embed((self.pipeline, mb), batch[:, :-1])
-            node.send(
+            h = self.worker.embed((self.pipeline, mb), batch[:, :-1])
+            self.send(
                 path[1],
                 MessageType.FORWARD,
-                node.iteration,
+                iteration,
                 mb,
-                {"epoch": node.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {"epoch": self.progress.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
                 {"activations": h},
             )
 
@@ -99,44 +122,43 @@ class PipelineDriver:
         self, msg: Message, path: list[int], pos: int, key: tuple[int, int], tensor: torch.Tensor
     ) -> None:
         """A microbatch returning: final activations (head + loss) or the first stage's input gradient."""
-        node, mb = self.node, msg.microbatch
+        mb, iteration = msg.microbatch, self.progress.iteration
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
             raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
-        meta = {"epoch": node.epoch, "route": path, "pipeline": self.pipeline}
+        meta = {"epoch": self.progress.epoch, "route": path, "pipeline": self.pipeline}
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
-            loss, grad = node.worker.head_loss(tensor, self.labels[mb], node.cfg.mb_count)
+            loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
             self.losses[mb] = loss
-            node.send(
+            self.send(
                 path[-1],
                 MessageType.BACKWARD,
-                node.iteration,
+                iteration,
                 mb,
                 {**meta, "pos": len(path) - 1},
                 {"gradients": grad},
             )
         elif msg.type == MessageType.BACKWARD and pos == 0:
-            if not node.worker.embed_backward(key, tensor):
+            if not self.worker.embed_backward(key, tensor):
                 raise ProtocolError(f"no saved embedding for microbatch {mb}")
             del self.inflight[mb]
             self._pump()
-            if not self.inflight and self.next_mb >= node.cfg.mb_count:
+            if not self.inflight and self.next_mb >= self.cfg.mb_count:
                 self._finish()
         else:
             raise ProtocolError(f"{msg.type.name} at route position {pos} is not for stage 0")
 
     def _finish(self) -> None:
-        node = self.node
         losses = [self.losses[mb] for mb in sorted(self.losses)]
-        b, t = node.cfg.model.batch_size, node.cfg.model.seq_l
-        node.send(
+        b, t = self.cfg.model.batch_size, self.cfg.model.seq_l
+        self.send(
             SUPERVISOR_ID,
             MessageType.ITERATION_END,
-            node.iteration,
+            self.progress.iteration,
             -1,
             {
-                "epoch": node.epoch,
+                "epoch": self.progress.epoch,
                 "loss": sum(losses) / len(losses),
                 "tokens": len(losses) * b * t,
                 "seconds": time.monotonic() - self.t_begin,
@@ -147,12 +169,13 @@ class PipelineDriver:
     def _stalled(self, reason: str) -> None:
         if not self.stall_reported:
             self.stall_reported = True
-            log.warning("node %d: epoch %d stalled: %s", self.node.id, self.node.epoch, reason)
-            self.node.send(
+            epoch = self.progress.epoch
+            log.warning("node %d: epoch %d stalled: %s", self.node_id, epoch, reason)
+            self.send(
                 SUPERVISOR_ID,
                 MessageType.CONTROL,
-                self.node.iteration,
-                meta={"command": "stalled", "epoch": self.node.epoch, "reason": reason},
+                self.progress.iteration,
+                meta={"command": "stalled", "epoch": epoch, "reason": reason},
             )
 
     def tick(self) -> None:
@@ -160,5 +183,5 @@ class PipelineDriver:
         if not self.active or not self.inflight:
             return
         mb, sent = min(self.inflight.items(), key=lambda kv: kv[1])
-        if time.monotonic() - sent > self.node.cfg.microbatch_timeout:
-            self._stalled(f"microbatch {mb} not back after {self.node.cfg.microbatch_timeout:.0f} s")
+        if time.monotonic() - sent > self.cfg.microbatch_timeout:
+            self._stalled(f"microbatch {mb} not back after {self.cfg.microbatch_timeout:.0f} s")

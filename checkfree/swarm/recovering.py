@@ -9,10 +9,16 @@ source that leaves the peer table, moves the request to the next candidate at on
 ``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
 and starts another replacement). The answers are combined with the shared recovery math
 (checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
-with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2), and, for a lost stage 0 under
-CheckFree+, the embedding copy held by stage 1 merged with the head copy held by stage S (SPEC §3). Neighbour
-and stage-0-copy rules get a fresh Adam at lr × lr_scale; replica and storage copies load the source's Adam
-moments, step and lr.
+with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2), ``stage0_from_copies`` for a
+lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
+SPEC §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
+(no transformer stage survives): the seed, iteration and stage that the simulator uses give the same numbers.
+Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies load the
+source's Adam moments, step and lr.
+
+A task never holds the node: it gets a :class:`FetchContext` (ids, config, peer table, progress, ``send``), the
+:class:`~checkfree.swarm.node_state.StageState` to rebuild, and two callbacks. It returns what it rebuilt (a new
+``StageState`` and the recovery record) through ``on_done``; ``on_fail`` gets the reason when it gives up.
 """
 
 from __future__ import annotations
@@ -20,59 +26,121 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.neighbours import copy_state, stage0_part, weighted_average
+from checkfree.recovery.neighbours import (
+    copy_state,
+    random_init,
+    stage0_from_copies,
+    stage0_part,
+    weighted_average,
+)
 from checkfree.swarm import weights as W
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.membership import Membership
+from checkfree.swarm.node_state import Progress, Send, StageState
 from checkfree.swarm.protocol import Message, MessageType, ProtocolError
 from checkfree.swarm.strategies import RecoveryPlan
 
-if TYPE_CHECKING:
-    from checkfree.swarm.node import Node
-
 log = logging.getLogger(__name__)
+
+Done = Callable[[StageState, dict[str, Any]], None]
+"""Receives the rebuilt stage state and the recovery record."""
+
+
+@dataclass
+class FetchContext:
+    """What a fetching task needs of its node.
+
+    Attributes:
+        node_id, stage: the fetching node and its stage.
+        cfg: the swarm config (``request_timeout``, ``max_attempts``, ``storage_id``, ``init_seed``, ``model``).
+        membership: who serves each stage (candidates), and the peer table (a source that left).
+        progress: the highest plausible weights version.
+        send: sends the WEIGHTS_REQUESTs.
+        reject: counts and logs a peer message that does not fit.
+        iteration: the iteration of the loss event (seeds a random rule, as the simulator's).
+    """
+
+    node_id: int
+    stage: int
+    cfg: SwarmConfig
+    membership: Membership
+    progress: Progress
+    send: Send
+    reject: Callable[[Message, str], None]
+    iteration: int = 0
 
 
 class Recovery:
-    """Fetch and combine a stage's weights per ``plan``; calls ``node.recovered(record)`` when done."""
+    """Fetch and combine a stage's weights per ``plan``.
 
-    def __init__(self, node: Node, plan: RecoveryPlan, checkpoint_version: int = 0) -> None:
-        self.node, self.plan, self.checkpoint_version = node, plan, checkpoint_version
+    Args:
+        ctx: the node's side (:class:`FetchContext`).
+        plan: what to fetch and how to combine it (planned once by the supervisor).
+        state: the replacement's fresh stage (keys and shapes to check answers against; the rebuilt weights are
+            loaded into its module, which the node's worker computes with).
+        on_done: receives the rebuilt :class:`StageState` and the record.
+        on_fail: receives the reason when the task gives up.
+        checkpoint_version: the storage version to ask for (rule "storage").
+    """
+
+    def __init__(
+        self,
+        ctx: FetchContext,
+        plan: RecoveryPlan,
+        state: StageState,
+        on_done: Done,
+        on_fail: Callable[[str], None],
+        checkpoint_version: int = 0,
+    ) -> None:
+        self.ctx, self.plan, self.state, self.checkpoint_version = ctx, plan, state, checkpoint_version
+        self.on_done, self.on_fail = on_done, on_fail
         self.requests: list[dict[str, Any]] = []
         self.t0 = time.monotonic()
+        self.failed = False
+        """True once the task gave up (it sends nothing more)."""
+
+    def _give_up(self, reason: str) -> None:
+        self.failed = True
+        self.on_fail(reason)
 
     def start(self) -> None:
-        node = self.node
+        ctx = self.ctx
         log.info(
             "node %d: recovering stage %d by rule %s from stages %s%s",
-            node.id,
-            node.stage,
+            ctx.node_id,
+            ctx.stage,
             self.plan.rule,
             self.plan.sources,
             f" ({self.plan.fallback})" if self.plan.fallback else "",
         )
         for i, stage in enumerate(self.plan.sources):
             if self.plan.rule == "storage":
-                candidates = [node.storage_id]
+                candidates = [ctx.cfg.storage_id]
             else:
-                candidates = list(node.members.get(stage, []))
+                candidates = list(ctx.membership.serving(stage))
             if not candidates:
-                node.give_up(f"no serving node of stage {stage} to recover from")
+                self._give_up(f"no serving node of stage {stage} to recover from")
                 return
             part = self.plan.parts[i] if self.plan.parts else None
             self.requests.append(
                 {"stage": stage, "part": part, "candidates": candidates, "tries": 0, "response": None}
             )
             self._send(i)
-        if not self.requests:  # nothing to fetch (every stage-0 copy holder is lost too): fresh init
+        if (
+            not self.requests
+        ):  # nothing to fetch ("random", or every stage-0 copy holder is lost): seeded init
             self._finish()
 
     def _send(self, i: int) -> None:
-        req, node = self.requests[i], self.node
+        req = self.requests[i]
         req["target"] = req["candidates"][req["tries"] % len(req["candidates"])]
         req["id"] = secrets.token_hex(16)  # unguessable: only the asked node can answer it
-        req["deadline"] = time.monotonic() + node.cfg.request_timeout
+        req["deadline"] = time.monotonic() + self.ctx.cfg.request_timeout
         req["tries"] += 1
         meta = {
             "stage": req["stage"],
@@ -82,19 +150,22 @@ class Recovery:
         }
         if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
             meta.update(stage=0, part=req["part"])
-        node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
+        self.ctx.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
 
     def _retry(self, i: int, why: str) -> None:
         """Ask the next candidate now (a rejected, failed or lost answer); give up after ``max_attempts``
         rounds over the candidates."""
         req = self.requests[i]
-        if req["tries"] >= self.node.cfg.max_attempts * len(req["candidates"]):
-            self.node.give_up(
+        if req["tries"] >= self.ctx.cfg.max_attempts * len(req["candidates"]):
+            self._give_up(
                 f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}"
             )
             return
         log.warning(
-            "node %d: request to %d failed (%s); asking the next candidate", self.node.id, req["target"], why
+            "node %d: request to %d failed (%s); asking the next candidate",
+            self.ctx.node_id,
+            req["target"],
+            why,
         )
         self._send(i)
 
@@ -102,16 +173,16 @@ class Recovery:
         now = time.monotonic()
         for i, req in enumerate(self.requests):
             if req["response"] is None and now > req["deadline"]:
-                self._retry(i, f"no answer within {self.node.cfg.request_timeout:.0f} s")
-                if self.node.task is not self:
+                self._retry(i, f"no answer within {self.ctx.cfg.request_timeout:.0f} s")
+                if self.failed:
                     return
 
     def peers_changed(self) -> None:
         """A source that left the swarm will not answer: ask the next candidate at once."""
         for i, req in enumerate(self.requests):
-            if req["response"] is None and req["target"] not in self.node.peers:
+            if req["response"] is None and req["target"] not in self.ctx.membership.peers:
                 self._retry(i, f"node {req['target']} left the swarm")
-                if self.node.task is not self:
+                if self.failed:
                     return
 
     def on_response(self, msg: Message) -> None:
@@ -132,7 +203,7 @@ class Recovery:
                 try:
                     self._check_answer(req, msg)
                 except ProtocolError as exc:
-                    self.node.reject(msg, str(exc))
+                    self.ctx.reject(msg, str(exc))
                     self._retry(i, f"answer rejected: {exc}")
                     return
                 req["response"] = msg
@@ -148,19 +219,19 @@ class Recovery:
         Raises:
             ProtocolError: naming what does not fit.
         """
-        node, meta, source = self.node, msg.meta, f"node {msg.sender}"
+        meta, source, module = msg.meta, f"node {msg.sender}", self.state.module
         want_stage = 0 if req["part"] is not None else req["stage"]
         if meta["stage"] != want_stage or meta.get("part") != req["part"]:
             raise ProtocolError(
                 f"{source} answered for stage {meta['stage']} part {meta.get('part')}; asked for stage "
                 f"{want_stage} part {req['part']}"
             )
-        if "version" not in meta or not node.plausible_version(meta["version"]):
+        if "version" not in meta or not self.ctx.progress.plausible_version(meta["version"]):
             raise ProtocolError(f"{source} claims version {meta.get('version')}, ahead of the swarm")
         if self.plan.rule == "storage" and meta["version"] != self.checkpoint_version:
             raise ProtocolError(f"checkpoint version {meta['version']}; asked for {self.checkpoint_version}")
         state = W.split(msg.tensors, "w")
-        own = node.module.state_dict()
+        own = module.state_dict()
         if req["part"] is not None:
             own = {k: v for k, v in own.items() if stage0_part(k) == req["part"]}
             if set(state) != set(own):
@@ -172,13 +243,13 @@ class Recovery:
                     )
             W.check_finite(state, source)
         else:
-            W.check_state(node.module, state, source)
+            W.check_state(module, state, source)
         if self.plan.rule == "checkfree" and "grad_norm" not in meta:
             raise ProtocolError(f"{source} sent no grad_norm, which the CheckFree rule needs")
         if self.plan.with_optimizer:
             if not {"step", "lr", "grad_norm"} <= set(meta):
                 raise ProtocolError(f"{source} sent no Adam step, lr or grad_norm")
-            params = dict(node.module.named_parameters())
+            params = dict(module.named_parameters())
             for prefix in ("m", "v"):
                 moments = W.split(msg.tensors, prefix)
                 for name, t in moments.items():
@@ -187,14 +258,19 @@ class Recovery:
                         raise ProtocolError(f"Adam moment {prefix}.{name} from {source} does not fit")
                 W.check_finite(moments, source)
 
-    def _load(self) -> dict[str, Any]:
-        """Apply the plan to the answers; returns the recovery record."""
-        node, plan, cfg = self.node, self.plan, self.node.model_cfg
+    def _load(self) -> tuple[StageState, dict[str, Any]]:
+        """Apply the plan to the answers; returns the rebuilt stage state and the recovery record."""
+        plan, cfg, ctx = self.plan, self.ctx.cfg.model, self.ctx
+        module = self.state.module
         answers = [r["response"] for r in self.requests]
         states = [W.split(m.tensors, "w") for m in answers]
         omegas = None
+        seed, std = ctx.cfg.init_seed, cfg.init_std  # with ctx.iteration: the simulator's random-rule seed
         if plan.rule == "stage0_copy":
-            new = self._merge_stage0_parts(answers, states)
+            copies = {k: v for state in states for k, v in state.items()}
+            new = stage0_from_copies(module.state_dict(), copies, plan.parts, seed, ctx.iteration, std)
+        elif plan.rule == "random":
+            new = random_init(module.state_dict(), seed, ctx.iteration, ctx.stage, std)
         elif plan.rule == "checkfree":
             omegas = [
                 checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
@@ -203,16 +279,17 @@ class Recovery:
             new = weighted_average(states[0], states[1], omegas[0], omegas[1])
         else:
             new = copy_state(states[0])
-        node.module.load_state_dict(new)
+        module.load_state_dict(new)
         if plan.with_optimizer:
             src = answers[0]
-            W.load_optimizer(node.module, node.opt, src.tensors, int(src.meta["step"]), float(src.meta["lr"]))
-            node.grad_norm = float(src.meta["grad_norm"])
+            opt = self.state.opt
+            W.load_optimizer(module, opt, src.tensors, int(src.meta["step"]), float(src.meta["lr"]))
+            grad_norm = float(src.meta["grad_norm"])
         else:
-            node.opt = W.make_optimizer(node.module, cfg.lr * cfg.lr_scale)
-            node.grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
-        node.version = max((int(m.meta["version"]) for m in answers), default=node.version)
-        return {
+            opt = W.make_optimizer(module, cfg.lr * cfg.lr_scale)
+            grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
+        version = max((int(m.meta["version"]) for m in answers), default=self.state.version)
+        record = {
             "rule": plan.rule,
             "sources": [m.sender for m in answers],
             "source_stages": list(plan.sources),
@@ -221,34 +298,33 @@ class Recovery:
             "omegas": omegas,
             "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
             "fallback": plan.fallback,
-            "lr": W.current_lr(node.opt),
-            "version": node.version,
+            "lr": W.current_lr(opt),
+            "version": version,
             "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
             "fetch_s": time.monotonic() - self.t0,
         }
-
-    def _merge_stage0_parts(self, answers: list[Message], states: list[dict[str, Any]]) -> dict[str, Any]:
-        """Stage 0 from its copies (each answer was checked to hold exactly its part's entries on arrival);
-        a part with no holder left keeps this node's fresh initialisation (the plan's fallback)."""
-        new = dict(self.node.module.state_dict())  # load_state_dict copies the values in
-        for state in states:
-            new.update(state)
-        return new
+        return StageState(module, opt, version, grad_norm), record
 
     def _finish(self) -> None:
-        record = self._load()
-        log.info("node %d: recovered stage %d: %s", self.node.id, self.node.stage, record)
-        self.node.recovered(record)
+        rebuilt, record = self._load()
+        log.info("node %d: recovered stage %d: %s", self.ctx.node_id, self.ctx.stage, record)
+        self.on_done(rebuilt, record)
 
 
 class Rollback(Recovery):
     """Checkpoint baseline: reload this stage's weights and Adam state of ``version`` from storage."""
 
-    def __init__(self, node: Node, version: int) -> None:
-        super().__init__(
-            node, RecoveryPlan("storage", (node.stage,), with_optimizer=True, fresh_lr_scale=False), version
-        )
+    def __init__(
+        self,
+        ctx: FetchContext,
+        version: int,
+        state: StageState,
+        on_done: Done,
+        on_fail: Callable[[str], None],
+    ) -> None:
+        plan = RecoveryPlan("storage", (ctx.stage,), with_optimizer=True, fresh_lr_scale=False)
+        super().__init__(ctx, plan, state, on_done, on_fail, version)
 
     def _finish(self) -> None:
-        record = self._load()
-        self.node.restored(record)
+        rebuilt, record = self._load()
+        self.on_done(rebuilt, record)

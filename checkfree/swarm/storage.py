@@ -23,8 +23,11 @@ import torch
 from checkfree.swarm import control
 from checkfree.swarm import weights as W
 from checkfree.swarm.auth import Identity
+from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.membership import Membership, PeerSender, advertised, configure_links, join
+from checkfree.swarm.netem import SwarmNetEm
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-from checkfree.swarm.transport import Transport, TransportError
+from checkfree.swarm.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +46,17 @@ class StorageNode:
         advertise_host: str | None = None,
         identity: Identity | None = None,
     ) -> None:
-        from checkfree.swarm.node import SwarmNetEm
-
         self.id, self.location, self.bootstrap = node_id, location, bootstrap
         self.netem = SwarmNetEm(time_scale=0.0)
         self.transport = Transport(
             node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
         )
-        self.address = self.transport.address
-        if advertise_host:
-            self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
+        self.address = advertised(self.transport, advertise_host)
+        self.send = PeerSender(self.transport, node_id, -1)
         self.snapshots: dict[int, dict[int, Message]] = {}
-        self.known: dict[int, str] = {}
-        self.stages: dict[int, int] = {}
-        """peer id → the stage the supervisor lists it for."""
+        self.membership = Membership(node_id, forget_unlisted=False)
+        """Every peer the supervisor has listed, and the stage it lists it for (kept when unlisted: a request
+        of a node removed meanwhile is still answered)."""
         self.max_version = 0
         self.bad_messages = 0
         self.done = False
@@ -73,42 +73,22 @@ class StorageNode:
         """Supervisor commands the storage node acts on; the others (sync, commit, ...) are not for it."""
 
     def run(self) -> int:
-        from checkfree.swarm.config import swarm_config_from_dict
-        from checkfree.swarm.node import JOIN_TIMEOUT_S, SwarmNetEm
-
         try:
             t = self.transport
-            t.connect(SUPERVISOR_ID, self.bootstrap)
-            self._send(
-                SUPERVISOR_ID,
-                Message(
-                    MessageType.JOIN,
-                    self.id,
-                    meta={"stage": -1, "location": self.location, "address": self.address},
-                ),
-            )
-            deadline, welcome = time.monotonic() + JOIN_TIMEOUT_S, None
-            while welcome is None and time.monotonic() < deadline:
-                msg = t.recv(0.1)
-                if msg is not None and msg.sender == SUPERVISOR_ID and msg.meta.get("command") == "welcome":
-                    welcome = msg
+            meta = {"stage": -1, "location": self.location, "address": self.address}
+            welcome = join(t, self.bootstrap, self.id, meta)
             if welcome is None:
-                log.error("storage %d: no WELCOME within %.0f s; exiting", self.id, JOIN_TIMEOUT_S)
+                log.error("storage %d: no WELCOME from %s; exiting", self.id, self.bootstrap)
                 return 3
             cfg = swarm_config_from_dict(welcome.meta["config"], "WELCOME config")
-            t.heartbeat_interval, t.peer_timeout = cfg.heartbeat_interval, cfg.peer_timeout
-            self.netem = SwarmNetEm(cfg.location_table(), cfg.geo(), time_scale=cfg.time_scale)
-            t.netem = self.netem
+            self.netem = configure_links(t, cfg)
             self.max_version = welcome.meta["iteration"]
             self._peers(welcome.meta)
             record = {"rule": "storage"}
-            self._send(
+            self.send(
                 SUPERVISOR_ID,
-                Message(
-                    MessageType.CONTROL,
-                    self.id,
-                    meta=control.control("serving", stage=-1, version=0, record=record),
-                ),
+                MessageType.CONTROL,
+                meta=control.control("serving", stage=-1, version=0, record=record),
             )
             while not self.done and SUPERVISOR_ID not in t.dead_peers():
                 msg = t.recv(0.1)
@@ -150,41 +130,22 @@ class StorageNode:
             bad_messages=self.bad_messages,
             stored_versions=self._versions(),
         )
-        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=final))
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=final)
         time.sleep(0.3)
         self.done = True
 
     def _begin(self, meta: dict[str, Any]) -> None:
         self.max_version = max(self.max_version, meta["iteration"])
 
-    def _send(self, peer: int, msg: Message) -> None:
-        try:
-            self.transport.send(peer, msg)
-        except TransportError as exc:
-            log.warning("storage %d: could not send %s to %d: %s", self.id, msg.type.name, peer, exc)
-
     def _peers(self, meta: dict[str, Any]) -> None:
-        if "keys" in meta and self.transport.identity is not None:
-            self.transport.identity.keyring.update({int(k): v for k, v in meta["keys"].items()})
-        for pid, stage, location, address in meta["peers"]:
-            if pid == self.id or pid < 0:
-                continue
-            if self.known.get(pid) != address:
-                try:
-                    self.transport.connect(pid, address)
-                except TransportError as exc:
-                    log.warning("storage %d: cannot dial peer %d: %s", self.id, pid, exc)
-                    continue
-                self.netem.set_location(pid, location)
-                self.known[pid] = address
-            self.stages[pid] = stage
+        self.membership.admit(meta, self.transport)
 
     def _versions(self) -> dict[str, list[int]]:
         return {str(s): sorted(v) for s, v in self.snapshots.items()}
 
     def _store(self, msg: Message) -> None:
         stage, version = msg.meta["stage"], msg.meta["version"]
-        if self.stages.get(msg.sender) != stage:
+        if self.membership.stage_of(msg.sender) != stage:
             raise ProtocolError(f"a stage-{stage} checkpoint from node {msg.sender}, which does not hold it")
         if version > self.max_version + 1:
             raise ProtocolError(f"checkpoint version {version} is ahead of iteration {self.max_version}")
@@ -207,10 +168,10 @@ class StorageNode:
         meta = control.control(
             "stored", stage=stage, version=version, bytes=nbytes, bad_messages=self.bad_messages
         )
-        self._send(SUPERVISOR_ID, Message(MessageType.CONTROL, self.id, meta=meta))
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
 
     def _serve(self, msg: Message) -> None:
-        if msg.sender not in self.known and msg.sender != SUPERVISOR_ID:
+        if msg.sender not in self.membership.peers and msg.sender != SUPERVISOR_ID:
             raise ProtocolError(
                 f"a weights request from node {msg.sender}, which the supervisor has not listed"
             )
@@ -219,10 +180,10 @@ class StorageNode:
         reply: dict[str, Any] = {"stage": stage, "request": msg.meta["request"]}
         if snap is None:
             reply["error"] = f"no checkpoint of stage {stage} at version {version}"
-            self._send(msg.sender, Message(MessageType.WEIGHTS_RESPONSE, self.id, meta=reply))
+            self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=reply)
             return
         meta = dict(snap.meta) | reply
         tensors: dict[str, torch.Tensor] = snap.tensors
         if not msg.meta.get("optimizer"):
             tensors = {k: v for k, v in tensors.items() if k.startswith("w.")}
-        self._send(msg.sender, Message(MessageType.WEIGHTS_RESPONSE, self.id, meta=meta, tensors=tensors))
+        self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=meta, tensors=tensors)

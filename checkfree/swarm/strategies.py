@@ -15,9 +15,10 @@ the math is ``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_stat
 Copying a live replica brings its Adam moments and learning rate along, so the replicas stay bit-identical
 (a partial failure is lossless, SPEC §1). Under ``ours-plus`` one stage-0 node pushes E to every stage-1 node
 and E⁻¹ to every stage-S node after each optimizer step (STAGE0_COPY, O(|E|) traffic, SPEC §3), so a lost
-stage 0 comes back exactly as of the last committed iteration; a part whose holder stage is lost too keeps the
-replacement's fresh initialisation (recorded as the plan's fallback), as in the simulator. ``ours`` cannot
-recover stage 0, and the run stops with that reason.
+stage 0 comes back exactly as of the last committed iteration; a part whose holder stage is lost too gets the
+simulator's seeded random init (``random_init``: run seed, iteration of the loss event, stage 0; recorded as the
+plan's fallback). A stage with no live transformer stage left gets the planner's "random" rule, seeded the same
+way. ``ours`` cannot recover stage 0, and the run stops with that reason.
 """
 
 from __future__ import annotations
@@ -72,21 +73,6 @@ class Checkpoint(SwarmRecovery):
         return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
-def executable(plan: RecoveryPlan, stage: int) -> RecoveryPlan:
-    """``plan`` when the swarm can execute it.
-
-    Raises:
-        RecoveryImpossible: a "random" plan (no transformer stage survives): the swarm has no re-initialisation
-            rule yet, unlike the simulator.
-    """
-    if plan.rule == "random":
-        raise RecoveryImpossible(
-            f"stage {stage} lost every transformer neighbour; the swarm has no random re-initialisation "
-            "rule, so there is nothing to recover from."
-        )
-    return plan
-
-
 class CheckFree(SwarmRecovery):
     """CheckFree (SPEC §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
@@ -94,7 +80,7 @@ class CheckFree(SwarmRecovery):
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        return executable(planner.plan([stage], n_stages, self.name, live=live)[stage], stage)
+        return planner.plan([stage], n_stages, self.name, live=live)[stage]
 
 
 class CheckFreePlus(CheckFree):
@@ -115,7 +101,7 @@ class Ladder(CheckFreePlus):
 
     def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        return executable(planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage], stage)
+        return planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage]
 
 
 STRATEGIES: dict[str, type[SwarmRecovery]] = {

@@ -17,10 +17,33 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from checkfree.swarm.netem import LinkSpec
-
 GIB = 1024**3
 """Bytes in one GiB: the table's bandwidths are GiB/s."""
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One direction of a network link.
+
+    Attributes:
+        latency_s: one-way propagation delay, seconds (>= 0).
+        bandwidth_bytes_per_s: transmission rate, bytes per second (> 0).
+    """
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.latency_s) or self.latency_s < 0:
+            raise ValueError(f"Link latency is {self.latency_s!r} s; expected a finite number >= 0.")
+        if not math.isfinite(self.bandwidth_bytes_per_s) or self.bandwidth_bytes_per_s <= 0:
+            raise ValueError(
+                f"Link bandwidth is {self.bandwidth_bytes_per_s!r} bytes/s; expected a finite number > 0."
+            )
+
+    def transfer_time(self, nbytes: int) -> float:
+        """Seconds to send ``nbytes`` over an idle link: ``latency + nbytes / bandwidth``."""
+        return self.latency_s + nbytes / self.bandwidth_bytes_per_s
 
 
 class TopologyError(ValueError):

@@ -1,0 +1,47 @@
+"""What to train on and how to tokenize it: the :class:`DataSpec` every data module takes (SPEC §6 "Data")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What to train on and how to tokenize it (SPEC §6 "Data")."""
+
+    dataset: str
+    """"Shakespeare" (bundled, offline default), "TinyStories", "OpenWebText", "RedPajama" (hub streaming),
+    or a path / directory / glob of local .txt/.jsonl/.json/.parquet files."""
+    tokenizer: str = "bpe"
+    """"bpe" (byte-level BPE trained on the corpus, cached), "llama2" / "gpt2" (hub), or a tokenizer path."""
+    vocab_size: int = 4096
+    """Vocabulary of the "bpe" tokenizer (ignored otherwise)."""
+    seq_len: int = 128
+    """Tokens per training sequence (a window holds seq_len + 1 tokens: inputs and shifted labels)."""
+    validation_sequences: int = 64
+    """Held-out sequences of seq_len + 1 tokens, from documents never used for training."""
+    max_train_tokens: int | None = None
+    """Training tokens the run needs: the cache tokenizes documents until it holds this many (and the corpus view
+    stops there); None = the whole local corpus (hub datasets: 100 M). A later, larger budget extends the cache."""
+    seed: int = 42
+    """Seed of the validation hold-out and of the hub stream shuffle (paper: 42)."""
+    cache_dir: Path = Path(".cache/checkfree")
+    """Where caches go (pass an absolute path); nothing is written elsewhere."""
+    num_proc: int | None = None
+    """Tokenizer worker processes (``datasets`` ``map(num_proc=…)``); None = the CPU count (at most 8)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
+        for name in ("vocab_size", "seq_len", "validation_sequences"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"DataSpec.{name} is {value!r}; expected a positive integer.")
+        if self.num_proc is not None and (not isinstance(self.num_proc, int) or self.num_proc < 1):
+            raise ValueError(f"DataSpec.num_proc is {self.num_proc!r}; expected None or >= 1.")
+        if self.max_train_tokens is not None and (
+            not isinstance(self.max_train_tokens, int) or self.max_train_tokens < 1
+        ):
+            raise ValueError(
+                f"DataSpec.max_train_tokens is {self.max_train_tokens!r}; expected None or >= 1."
+            )

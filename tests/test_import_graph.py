@@ -1,0 +1,125 @@
+"""No import cycles in the ``checkfree`` package (developers' guide: "no import cycles").
+
+Every module is parsed (ast, never imported) and every import of a ``checkfree.*`` module counts: at module
+level, under ``if TYPE_CHECKING:``, and inside functions (a deferred import hides a cycle, it does not remove
+it). ``from checkfree.x import y`` counts as an edge to ``checkfree.x.y`` when that is a module, else to
+``checkfree.x``.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import checkfree
+
+PACKAGE_ROOT = Path(checkfree.__file__).resolve().parent
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted module name → file, for every ``.py`` under ``root`` (a package named ``root.name``)."""
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The longest prefix of ``name`` that is a known module."""
+    parts = name.split(".")
+    while parts:
+        candidate = ".".join(parts)
+        if candidate in known:
+            return candidate
+        parts.pop()
+    return None
+
+
+def imports_of(module: str, path: Path, known: dict[str, Path], top: str) -> set[str]:
+    """The known modules that ``module`` imports anywhere in its file (relative imports resolved)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets: set[str] = set()
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        for name in names:
+            if name == top or name.startswith(top + "."):
+                target = _resolve(name, known)
+                if target is not None and target != module:
+                    targets.add(target)
+    return targets
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    known = modules(root)
+    return {m: imports_of(m, p, known, root.name) for m, p in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as ``[a, b, …, a]``, or None when the graph is acyclic (iterative DFS)."""
+    colour = dict.fromkeys(graph, 0)  # 0 new, 1 on the stack, 2 done
+    for start in sorted(graph):
+        if colour[start]:
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        colour[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+                path.pop()
+            elif colour.get(child, 2) == 1:
+                return path[path.index(child) :] + [child]
+            elif colour.get(child, 2) == 0:
+                colour[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph[child]))))
+    return None
+
+
+def test_the_checkfree_package_has_no_import_cycle() -> None:
+    graph = import_graph(PACKAGE_ROOT)
+    assert "checkfree.swarm.node" in graph and len(graph) > 50
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_a_planted_cycle_is_found_whatever_form_its_imports_take(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub.c import C\n"
+    )
+    (pkg / "sub" / "c.py").write_text("def f():\n    from .. import a\n    return a\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.c"] == {"pkg.a"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
+    (pkg / "sub" / "c.py").write_text("import os\n")
+    assert find_cycle(import_graph(pkg)) is None
+
+
+@pytest.mark.parametrize("edge", [("checkfree.swarm.netem", "checkfree.swarm.topology")])
+def test_the_real_graph_would_fail_with_a_planted_edge(edge: tuple[str, str]) -> None:
+    graph = import_graph(PACKAGE_ROOT)
+    src, dst = edge
+    assert find_cycle({**graph, dst: graph[dst] | {src}}) is not None
