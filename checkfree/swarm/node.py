@@ -51,6 +51,7 @@ from checkfree.swarm import control
 from checkfree.swarm import weights as W
 from checkfree.swarm.auth import Identity, read_key_file
 from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.devices import prepare_device
 from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.gradient_sync import GradientSync
 from checkfree.swarm.netem import NetEm
@@ -58,6 +59,7 @@ from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery, Rollback
 from checkfree.swarm.stage0_copies import Stage0Copies
+from checkfree.swarm.staging import HostStaging
 from checkfree.swarm.strategies import RecoveryPlan, make_recovery
 from checkfree.swarm.transport import Transport, TransportError
 from checkfree.swarm.worker import StageWorker, build_stage
@@ -102,7 +104,10 @@ class Node:
         replacement: bool = False,
         cache_dir: Path | None = None,
         identity: Identity | None = None,
+        device: str = "cpu",
     ):
+        self.device = prepare_device(device)  # cpu, or cuda:N (checkfree.swarm.devices)
+        self.staging = HostStaging(self.device)  # device tensors <-> host bytes (checkfree.swarm.staging)
         self.id, self.stage, self.location = node_id, stage, location
         self.bootstrap, self.replacement = bootstrap, replacement
         self.cache_dir = cache_dir
@@ -232,7 +237,9 @@ class Node:
         self._on_peers(meta)
         self.members = {int(s): ids for s, ids in meta["members"].items()}
         self.vocab_size = meta["vocab_size"]
-        self.module = build_stage(self.model_cfg, self.stage, self.vocab_size, self.cfg.init_seed)
+        self.module = build_stage(
+            self.model_cfg, self.stage, self.vocab_size, self.cfg.init_seed, self.device
+        )
         self.opt = W.make_optimizer(self.module, self.model_cfg.lr)
         self.worker = StageWorker(self.module, self.stage)
         self.driver = PipelineDriver(self, meta) if self.stage == 0 else None
@@ -290,7 +297,8 @@ class Node:
         if mtype != MessageType.CONTROL:
             meta.setdefault("stage", self.stage)
         try:
-            self.transport.send(peer, Message(mtype, self.id, iteration, microbatch, meta, tensors or {}))
+            tensors = self.staging.to_host(tensors or {})  # host bytes; valid until the next send
+            self.transport.send(peer, Message(mtype, self.id, iteration, microbatch, meta, tensors))
         except TransportError as exc:  # a peer gone meanwhile: the timeouts recover
             log.warning("node %d: could not send %s to %d: %s", self.id, mtype.name, peer, exc)
 
@@ -340,6 +348,7 @@ class Node:
         if handler is None:
             self.reject(msg, f"a node takes no {msg.type.name}")
             return
+        msg.tensors = self.staging.to_device(msg.tensors)  # compute (and recovery math) where the stage lives
         try:
             handler(msg)
         except ProtocolError as exc:
@@ -589,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--insecure", action="store_true", help="plain TCP, no authentication (single-machine debugging)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N (checkfree.swarm.devices)")
     args = parser.parse_args(argv)
     if (args.key_file is None) == (not args.insecure):
         parser.error("give exactly one of --key-file FILE and --insecure")
@@ -616,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         args.replacement,
         args.cache_dir,
         identity,
+        args.device,
     )
     return node.run()
 
