@@ -257,3 +257,32 @@ def test_throughput_json_records_each_nodes_device(tmp_path) -> None:
         "10": "cuda:1",
     }
     assert saved["node_devices"]["10"] == "cuda:1"
+
+
+def test_under_bf16_autocast_a_stage_sends_fp32_and_keeps_fp32_master_weights() -> None:
+    """The CUDA path's autocast logic, run on the CPU (bf16 matmuls are slow here: micro sizes): what leaves
+    the stage is fp32 (the wire's dtype), the backward accepts the fp32 gradient, parameters and their
+    gradients stay fp32, and the numbers are those of the fp32 stage within bf16 precision."""
+    cfg = load_config("tiny_config.json", {"dmodel": 32, "num_heads": 2, "seq_l": 8, "batch_size": 2})
+    for stage in (1, 0):
+        module = build_stage(cfg, stage, 64, seed=2)
+        ref = StageWorker(copy.deepcopy(module), stage)
+        worker = StageWorker(module, stage)
+        worker.autocast = torch.autocast("cpu", dtype=torch.bfloat16)  # what autocast_for gives on CUDA
+        g = torch.randn(2, 8, 32) * 0.1
+        if stage == 1:
+            x = torch.randn(2, 8, 32)
+            outs = [w.forward((0, 0), x.clone()) for w in (worker, ref)]
+            grads = [w.backward((0, 0), g) for w in (worker, ref)]
+        else:
+            ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
+            outs = [w.embed((0, 0), ids) for w in (worker, ref)]
+            heads = [w.head_loss(outs[0].clone(), labels, 2) for w in (worker, ref)]
+            assert abs(heads[0][0] - heads[1][0]) < 0.05
+            grads = [h[1] for h in heads]
+            assert all(w.embed_backward((0, 0), grad) for w, grad in zip((worker, ref), grads, strict=True))
+        for a, b in (outs, grads):
+            assert a.dtype == torch.float32 and torch.isfinite(a).all()
+            assert torch.allclose(a, b, atol=0.05, rtol=0.05)
+        for p in module.parameters():
+            assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32

@@ -29,8 +29,12 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
 
 def cuda_device_count() -> int:
-    """Devices torch sees (0 without CUDA). The one probe of this module; tests monkeypatch it."""
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    """Devices torch sees (0 without CUDA). The one probe of this module; tests monkeypatch it.
+
+    ``torch.cuda.device_count`` asks NVML, which does not initialise CUDA in the calling process (the
+    supervisor or launcher), so the node processes it starts can still initialise it themselves.
+    """
+    return torch.cuda.device_count()
 
 
 def parse_gpus(text: str) -> tuple[int, ...]:

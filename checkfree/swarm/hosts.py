@@ -160,6 +160,9 @@ class LocalHost:
         cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
+            if device is not None and device.startswith("cuda"):
+                # a CUDA availability check at import in the forkserver must not poison its children
+                os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
             child = _forkserver().Process(
                 target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=f"node{node}"
             )
