@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
-from checkfree.swarm.devices import resolve_devices
 
 log = logging.getLogger("checkfree.swarm")
 
@@ -231,6 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import zmq
 
     from checkfree.swarm.config import load_swarm_config
+    from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.results import summary_table
     from checkfree.swarm.strategies import make_recovery
