@@ -12,8 +12,9 @@ One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr), and, in a
 file per node, ``<run_dir>/keys/node<id>.json`` (mode 0600: the node's own CURVE secret key and the
 supervisor's public key, checkfree.swarm.auth), written just before the node starts. Nothing is written to the working
 directory. With a device map (``swarm run --device/--gpus``, checkfree.swarm.devices) each stage node gets
-``--device cpu|cuda:N`` and the run log says which (``node_devices`` keeps it for throughput.json). Only processes this object started are ever signalled, by their pid (never by name). An
-``atexit`` hook kills whatever is still running if the supervisor itself dies of an exception.
+``--device cpu|cuda:N`` and the run log says which (``node_devices`` keeps it for throughput.json). Only
+processes this object started are ever signalled, by their pid (never by name). An ``atexit`` hook kills
+whatever is still running if the supervisor itself dies of an exception.
 """
 
 from __future__ import annotations
