@@ -220,6 +220,10 @@ def recovery_section(args: argparse.Namespace) -> bool:
     return ok
 
 
+def _num(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
 def swarm_section(args: argparse.Namespace) -> bool:
     """``swarm run`` of swarm_tiny on the device, both replicas of stage 2 killed at the middle iteration."""
     iterations = 4 if args.smoke else 20
@@ -227,34 +231,32 @@ def swarm_section(args: argparse.Namespace) -> bool:
     schedule = args.root / "swarm_schedule.json"
     schedule.write_text(json.dumps({"4": [crash, iterations + 1], "5": [crash, iterations + 1]}))
     run_dir = args.root / "runs" / "swarm"
-    cmd = [
-        sys.executable,
-        "-m",
-        "checkfree",
-        "swarm",
-        "run",
-        "--setting",
-        "ours",
+    cmd = [sys.executable, "-m", "checkfree", "swarm", "run", "--setting", "ours"]
+    cmd += [
         "--config",
         "swarm_tiny.json",
+        "--device",
+        args.device,
+        "--schedule",
+        str(schedule),
+        "--iterations",
+        str(iterations),
     ]
-    cmd += ["--device", args.device, "--schedule", str(schedule), "--iterations", str(iterations)]
     cmd += ["--time-scale", "0", "--run-dir", str(run_dir)]
     if args.cache_dir is not None:
         cmd += ["--cache-dir", str(args.cache_dir)]
     if args.smoke:  # the micro model on synthetic batches: the same code path in seconds
-        cmd += [
-            "--data",
-            "synthetic",
-            "--set",
-            f"model_config={json.dumps(str(args.root / 'micro_config.json'))}",
-        ]
+        micro = json.dumps(str(args.root / "micro_config.json"))
+        cmd += ["--data", "synthetic", "--set", f"model_config={micro}"]
     root = Path(__file__).resolve().parents[1]
-    with open(args.root / "swarm.log", "w") as log:
-        done = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=900)
     title = f"swarm {'micro' if args.smoke else 'tiny'}: ours, stage 2 lost at it. {crash}"
-    if done.returncode != 0:
-        row(title, "swarm run", f"FAILED (exit {done.returncode}; {args.root / 'swarm.log'})")
+    with open(args.root / "swarm.log", "w") as log:
+        try:
+            code = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout after 900 s"
+    if code != 0:
+        row(title, "swarm run", f"FAILED (exit {code}; {args.root / 'swarm.log'})")
         return False
     r = json.loads((run_dir / "throughput.json").read_text())
     devices = sorted(set(r["node_devices"].values()))
@@ -262,10 +264,9 @@ def swarm_section(args: argparse.Namespace) -> bool:
     row(
         title,
         "mean iteration s (w/o crash)",
-        f"{r['mean_iteration_s']:.3f} ({r['mean_iteration_s_without_crashes']:.3f})",
+        f"{_num(r['mean_iteration_s'])} ({_num(r['mean_iteration_s_without_crashes'])})",
     )
-    latency = r["mean_crash_to_serving_s"]
-    row(title, "crash → serving s", "—" if latency is None else f"{latency:.2f}")
+    row(title, "crash → serving s", _num(r["mean_crash_to_serving_s"], 2))
     losses = [loss for _, loss in r["loss_curve"]]
     ok = (
         r["iterations_completed"] == iterations
