@@ -99,7 +99,7 @@ def resolve_devices(device: str, gpus: str | None, start: int = 0) -> DeviceMap:
     if device == "cuda" and count == 0:
         raise ValueError(
             "--device cuda was given, but torch sees no CUDA device on this machine "
-            "(torch.cuda.is_available() is False); expected --device cpu or --device auto."
+            "(torch.cuda.device_count() is 0); expected --device cpu or --device auto."
         )
     if gpus is not None and device == "cpu":
         raise ValueError(
