@@ -10,7 +10,10 @@ Sections:
   2. the same with --compile (torch.compile of each stage; the plain model compiled too).
   3. tiny and small configs, 200 iterations, failures at 16 %/h under checkfree_plus: finish, loss finite and falls.
   4. CheckFree / CheckFree+ recovery on CUDA tensors vs the same on CPU: same plans, max |diff| of the weights.
-  5. swarm on CUDA: a placeholder for issue 11.
+  5. the swarm (configs/swarm_tiny.json, setting ours, --time-scale 0: compute, real transfers and recovery, no
+     emulated WAN) on --device DEVICE with one whole-stage crash (both replicas of stage 2, mid-run): mean
+     iteration time with and without the crash, crash → serving seconds, every crash recovered, every node on
+     the device (throughput.json's node_devices). SMOKE: synthetic batches, 4 iterations.
 Nothing is written to the repository: runs go to a temporary directory (kept, its path is printed).
 """
 
@@ -21,6 +24,8 @@ import copy
 import json
 import math
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -216,6 +221,69 @@ def recovery_section(args: argparse.Namespace) -> bool:
     return ok
 
 
+def _num(x: float | None, digits: int = 3) -> str:
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def swarm_section(args: argparse.Namespace) -> bool:
+    """``swarm run`` of swarm_tiny on the device, both replicas of stage 2 killed at the middle iteration."""
+    iterations = 4 if args.smoke else 20
+    crash = iterations // 2
+    schedule = args.root / "swarm_schedule.json"
+    schedule.write_text(json.dumps({"4": [crash, iterations + 1], "5": [crash, iterations + 1]}))
+    run_dir = args.root / "runs" / "swarm"
+    cmd = [sys.executable, "-m", "checkfree", "swarm", "run", "--setting", "ours"]
+    cmd += [
+        "--config",
+        "swarm_tiny.json",
+        "--device",
+        args.device,
+        "--schedule",
+        str(schedule),
+        "--iterations",
+        str(iterations),
+    ]
+    cmd += ["--time-scale", "0", "--run-dir", str(run_dir)]
+    if args.cache_dir is not None:
+        cmd += ["--cache-dir", str(args.cache_dir)]
+    if args.smoke:  # the micro model on synthetic batches: the same code path in seconds
+        micro = json.dumps(str(args.root / "micro_config.json"))
+        cmd += ["--data", "synthetic", "--set", f"model_config={micro}"]
+    root = Path(__file__).resolve().parents[1]
+    title = f"swarm {'micro' if args.smoke else 'tiny'}: ours, stage 2 lost at it. {crash}"
+    with open(args.root / "swarm.log", "w") as log:
+        try:
+            code = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout after 900 s"
+    if code != 0:
+        row(title, "swarm run", f"FAILED (exit {code}; {args.root / 'swarm.log'})")
+        return False
+    r = json.loads((run_dir / "throughput.json").read_text())
+    devices = sorted(set(r["node_devices"].values()))
+    row(title, "node devices", ", ".join(devices) + f" ({len(r['node_devices'])} nodes)")
+    row(
+        title,
+        "mean iteration s (w/o crash)",
+        f"{_num(r['mean_iteration_s'])} ({_num(r['mean_iteration_s_without_crashes'])})",
+    )
+    row(title, "crash → serving s", _num(r["mean_crash_to_serving_s"], 2))
+    losses = [loss for _, loss in r["loss_curve"]]
+    ok = (
+        r["iterations_completed"] == iterations
+        and r["crashes_count"] == 2
+        and r["recovered_count"] == 2
+        and all(d.split(":")[0] == args.device for d in devices)
+        and all(math.isfinite(x) for x in losses)
+    )
+    row(
+        title,
+        "crashes recovered, loss finite",
+        f"{r['recovered_count']}/{r['crashes_count']}, " + ("yes" if ok else "NO"),
+    )
+    return ok
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -249,11 +317,8 @@ def main() -> int:
         ok &= convergence_section(args, name, config, iterations, **kw)
     print("4. recovery on the device vs CPU", flush=True)
     ok &= recovery_section(args)
-    print("5. swarm", flush=True)
-    # --- swarm on CUDA (issue 11 adds this section) -------------------------------------------------------------
-    row("swarm on CUDA", "-", "not yet implemented (issue 11)")
-    print("swarm on CUDA: not yet implemented (issue 11)")
-    # ---------------------------------------------------------------------------------------------------------------
+    print("5. swarm on the device", flush=True)
+    ok &= swarm_section(args)
     width = max(len(r[0]) for r in ROWS)
     print(f"\n{'section':<{width}} | {'metric':<30} | value")
     print(f"{'-' * width}-|-{'-' * 30}-|-{'-' * 20}")

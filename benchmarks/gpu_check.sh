@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The simulator on CUDA (issue 12): throughput and MFU of the 124M config, with and without --compile, the tiny
-# and small configs under failures, and a recovery on CUDA vs CPU; one table at the end (benchmarks/gpu_check.py).
+# and small configs under failures, a recovery on CUDA vs CPU, and the swarm on CUDA with a whole-stage crash
+# (issue 11); one table at the end (benchmarks/gpu_check.py).
 # usage: benchmarks/gpu_check.sh                      on a CUDA machine ("no CUDA device: skipped" elsewhere)
 #        SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh   every section's logic on the CPU, micro sizes
 set -euo pipefail

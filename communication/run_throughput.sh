@@ -6,13 +6,14 @@
 #        communication/run_throughput.sh 0 10 checkpoint 16 --config configs/swarm_tiny.json \
 #            --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
 #        DRY_RUN=1 communication/run_throughput.sh 0 21 ours 16                    # print the node commands, start nothing
+#   GPUs: --device auto|cpu|cuda --gpus 0,1 (this machine's k-th node on GPU gpus[k mod 2]; DRY_RUN prints the map)
 #   multi-machine: machine A runs START=0 with --bind-host 0.0.0.0 --advertise-host A --port 5555 (the bootstrap);
 #   machine B runs its range with --join-token FILE (A writes RUN_DIR/join_token.json) --bind-host 0.0.0.0 --advertise-host B.
 #   options: python -m checkfree swarm run --help
 # The python supervisor starts its node processes itself and kills only those, by pid; this script kills nothing.
 set -euo pipefail
 if [ $# -lt 4 ]; then
-  sed -n '3,12p' "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n '3,13p' "$0" | sed 's/^# \{0,1\}//' >&2
   exit 2
 fi
 start=$1 end=$2 setting=$3 rate=$4; shift 4

@@ -130,11 +130,16 @@ SWARM_RUN = {
     "schedule not JSON": (["--schedule", "@broken.json"], "is not valid JSON"),
     "paper schedule on the tiny swarm": (["--rate", "16"], "names nodes 10..20"),
     "unknown setting": (["--setting", "magic"], "argument --setting"),
+    "cuda without CUDA": (["--device", "cuda"], "--device cuda was given, but torch sees no CUDA device"),
+    "gpus with the cpu": (["--device", "cpu", "--gpus", "0"], "--gpus 0 was given with --device cpu"),
+    "gpus without CUDA": (["--gpus", "1"], "--gpus 1 was given, but torch sees no CUDA device"),
+    "unknown device": (["--device", "tpu"], "argument --device"),
 }
 
 
 @pytest.mark.parametrize("case", SWARM_RUN)
-def test_swarm_run_bad_inputs(case, files, capsys):
+def test_swarm_run_bad_inputs(case, files, capsys, monkeypatch):
+    monkeypatch.setattr("checkfree.swarm.devices.cuda_device_count", lambda: 0)  # the same on a GPU machine
     extra, fragment = SWARM_RUN[case]
     argv = ["swarm", "run", "--setting", "ours", "--config", "swarm_tiny.json", "--run-dir", files["new"]]
     if not any(a in extra for a in ("--schedule", "--rate")):

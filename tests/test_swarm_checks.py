@@ -23,6 +23,7 @@ from checkfree.swarm.node import Node
 from checkfree.swarm.node_state import Progress, StageState
 from checkfree.swarm.protocol import Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import FetchContext, Recovery
+from checkfree.swarm.staging import HostStaging
 from checkfree.swarm.strategies import RecoveryPlan
 from checkfree.swarm.supervisor import Supervisor, SwarmError
 from checkfree.swarm.transport import TransportError
@@ -189,6 +190,7 @@ def test_the_early_message_buffer_is_bounded_in_count_and_bytes() -> None:
 def test_a_bug_in_a_handler_is_a_crash_not_a_bad_message() -> None:
     node = Node.__new__(Node)
     node.id, node.bad_messages = 1, 0
+    node.staging = HostStaging(torch.device("cpu"))
     node.handlers = {MessageType.LEAVE: lambda m: (_ for _ in ()).throw(ProtocolError("nonsense"))}
     node.dispatch(Message(MessageType.LEAVE, 2))
     assert node.bad_messages == 1

@@ -4,6 +4,7 @@
     python -m checkfree swarm run --setting checkpoint --rate 16 --config configs/swarm_tiny.json \\
         --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
     python -m checkfree swarm table runs/sw-*          # the summary table of several runs
+    python -m checkfree swarm run --setting ours --config configs/swarm_tiny.json --device cuda --gpus 0,1
 
 communication/run_throughput.sh START END SETTING RATE [options] is a thin launcher over ``swarm run``.
 """
@@ -116,7 +117,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="override any swarm config key, e.g. --set in_flight=3 (JSON value)",
     )
     r.add_argument(
-        "--dry-run", action="store_true", help="print the topology and the node commands; start nothing"
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="where this machine's nodes compute: auto = CUDA when torch sees a device, else the CPU; on CUDA "
+        "bf16 autocast with fp32 master weights and Adam state",
+    )
+    r.add_argument(
+        "--gpus",
+        help="comma-separated CUDA indices; this machine's k-th node uses GPU gpus[k mod len] "
+        "(default: every visible GPU)",
+    )
+    r.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the topology, the node -> device map and the node commands; start nothing",
     )
     r.set_defaults(func=cmd_run)
     t = cmds.add_parser("table", help="print the summary table of finished runs")
@@ -215,6 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import zmq
 
     from checkfree.swarm.config import load_swarm_config
+    from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.results import summary_table
     from checkfree.swarm.strategies import make_recovery
@@ -228,6 +244,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     schedule, schedule_path = _schedule(args)
     end = _check_run(args, cfg, schedule, schedule_path)
+    devices = resolve_devices(args.device, args.gpus, args.start)  # before anything is written or started
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
     if args.dry_run:
@@ -235,15 +252,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
         host = LocalHost(
-            run_dir, "tcp://BOOTSTRAP:PORT", args.bind_host, args.advertise_host, args.cache_dir, keys=keys
+            run_dir,
+            "tcp://BOOTSTRAP:PORT",
+            args.bind_host,
+            args.advertise_host,
+            args.cache_dir,
+            keys=keys,
+            devices=devices,
         )
         print(
             f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
             f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
             f"setting {args.setting}, schedule {schedule_path}, run dir {run_dir}"
         )
+        rule = " (replacements: the GPU with the fewest live nodes)" if devices.kind == "cuda" else ""
+        print(f"devices: {devices.describe()}{rule}")
         for n in range(args.start, end):
-            print(" ".join(host.command(n, cfg.stage_of(n), cfg.location_of(n), False)))
+            print(f"node {n} (stage {cfg.stage_of(n)}) -> {host.device_for(n, cfg.stage_of(n), False)}")
+        for n in range(args.start, end):
+            stage = cfg.stage_of(n)
+            print(
+                " ".join(host.command(n, stage, cfg.location_of(n), False, host.device_for(n, stage, False)))
+            )
         return 0
     if args.bootstrap and args.join_token is None and not args.insecure:
         raise ValueError(
@@ -266,6 +296,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.advertise_host,
             args.cache_dir,
             token=args.join_token,
+            devices=devices,
         )
     vocab_size = _vocab_size(cfg, args.cache_dir)
     try:  # binds the bootstrap socket; nothing is written yet
@@ -289,12 +320,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"the supervisor cannot listen on --bind-host {args.bind_host} --port {args.port} ({exc}); "
             "expected a local interface and a free port (0 = any free port)."
         ) from None
+    sup.host.devices = devices  # this machine's nodes: --device per node (checkfree.swarm.devices)
+    sup.results.node_devices = sup.host.node_devices  # filled as nodes start; written to throughput.json
     apply_run_dir(plan)
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger("checkfree").addHandler(handler)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    log.info("supervisor: nodes %d..%d compute on %s", args.start, end - 1, devices.describe())
     if not args.insecure:
         log.info("supervisor: join token for other machines: %s", sup.token_path)
     sup.write_config()

@@ -11,8 +11,10 @@ Two ways to start a node, both a separate OS process running ``checkfree.swarm.n
 One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr), and, in an authenticated swarm, one key
 file per node, ``<run_dir>/keys/node<id>.json`` (mode 0600: the node's own CURVE secret key and the
 supervisor's public key, checkfree.swarm.auth), written just before the node starts. Nothing is written to the working
-directory. Only processes this object started are ever signalled, by their pid (never by name). An
-``atexit`` hook kills whatever is still running if the supervisor itself dies of an exception.
+directory. With a device map (``swarm run --device/--gpus``, checkfree.swarm.devices) each stage node gets
+``--device cpu|cuda:N`` and the run log says which (``node_devices`` keeps it for throughput.json). Only
+processes this object started are ever signalled, by their pid (never by name). An ``atexit`` hook kills
+whatever is still running if the supervisor itself dies of an exception.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import time
 from pathlib import Path
 
 from checkfree.swarm.auth import SwarmKeys
+from checkfree.swarm.devices import DeviceMap
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ class LocalHost:
         run_dir: where node logs go. bootstrap: the supervisor's address. bind_host/advertise_host: passed
         to nodes. cache_dir: data cache for stage-0 nodes. python: interpreter (default: this one).
         keys: the swarm's keys (key files are written from them); None: nodes run ``--insecure``.
+        devices: this machine's node → device rule; None: no ``--device`` (the node's default, the CPU).
     """
 
     def __init__(
@@ -93,18 +97,32 @@ class LocalHost:
         python: str = sys.executable,
         mode: str = "fork",
         keys: SwarmKeys | None = None,
+        devices: DeviceMap | None = None,
     ) -> None:
         if mode not in ("fork", "exec"):
             raise ValueError(f"process start mode is {mode!r}; expected 'fork' or 'exec'.")
         self.run_dir, self.bootstrap, self.bind_host = Path(run_dir), bootstrap, bind_host
         self.advertise_host, self.cache_dir, self.python, self.mode = advertise_host, cache_dir, python, mode
-        self.keys = keys
+        self.keys, self.devices = keys, devices
+        self.node_devices: dict[int, str] = {}
+        """node id → the device it was started on (stage nodes of a run with a device map)."""
         self.procs: dict[int, subprocess.Popen | _Forked] = {}
         self._logs: dict[int, object] = {}
         atexit.register(self.reap_all)
 
-    def command(self, node: int, stage: int, location: str, replacement: bool) -> list[str]:
-        """The command line that starts node ``node``."""
+    def device_for(self, node: int, stage: int, replacement: bool) -> str | None:
+        """The device node ``node`` gets (None: no map, or the storage node, which holds no model)."""
+        if self.devices is None or stage < 0:
+            return None
+        if not replacement:
+            return self.devices.initial(node)
+        live = [d for n, d in self.node_devices.items() if self.procs[n].poll() is None]
+        return self.devices.replacement(live)
+
+    def command(
+        self, node: int, stage: int, location: str, replacement: bool, device: str | None = None
+    ) -> list[str]:
+        """The command line that starts node ``node`` (on ``device`` when given)."""
         cmd = [
             self.python,
             "-m",
@@ -126,6 +144,8 @@ class LocalHost:
             cmd += ["--cache-dir", str(self.cache_dir)]
         if replacement:
             cmd.append("--replacement")
+        if device is not None:
+            cmd += ["--device", device]
         cmd += ["--key-file", str(self.key_file(node))] if self.keys is not None else ["--insecure"]
         return cmd
 
@@ -137,9 +157,13 @@ class LocalHost:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.keys is not None:
             self.keys.write_key_file(self.key_file(node), node, admit_upto)
-        cmd = self.command(node, stage, location, replacement)
+        device = self.device_for(node, stage, replacement)
+        cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
+            if device is not None and device.startswith("cuda"):
+                # a CUDA availability check at import in the forkserver must not poison its children
+                os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
             child = _forkserver().Process(
                 target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=f"node{node}"
             )
@@ -160,13 +184,16 @@ class LocalHost:
             )
             self._logs[node] = logf
         self.procs[node] = proc
+        if device is not None:
+            self.node_devices[node] = device
         log.info(
-            "host: started node %d (stage %d, %s%s), pid %d",
+            "host: started node %d (stage %d, %s%s), pid %d%s",
             node,
             stage,
             location,
             ", replacement" if replacement else "",
             proc.pid,
+            f", device {device}" if device is not None else "",
         )
         return proc.pid
 

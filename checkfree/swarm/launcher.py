@@ -21,6 +21,7 @@ from pathlib import Path
 
 from checkfree.swarm import control
 from checkfree.swarm.auth import read_token
+from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.transport import Transport, TransportError
@@ -43,12 +44,14 @@ def run_launcher(
     cache_dir: Path | None = None,
     join_timeout: float = 120.0,
     token: Path | None = None,
+    devices: DeviceMap | None = None,
 ) -> int:
     """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code.
 
     ``token``: the join token the supervisor wrote (checkfree.swarm.auth); its bootstrap address is used
     unless ``bootstrap`` is given. Without a token the launcher and its nodes run unauthenticated
-    (``--insecure`` on the supervisor's side too).
+    (``--insecure`` on the supervisor's side too). ``devices``: where this machine's nodes compute
+    (checkfree.swarm.devices; resolved on this machine, k = node id − START); None: the nodes' default, the CPU.
 
     Raises:
         AuthError: the token cannot be read.
@@ -66,7 +69,11 @@ def run_launcher(
     address = transport.address
     if advertise_host:
         address = f"tcp://{advertise_host}:{address.rsplit(':', 1)[1]}"
-    host = LocalHost(Path(run_dir), bootstrap, bind_host, advertise_host, cache_dir, keys=keys)
+    host = LocalHost(
+        Path(run_dir), bootstrap, bind_host, advertise_host, cache_dir, keys=keys, devices=devices
+    )
+    if devices is not None:
+        log.info("launcher %d: nodes %d..%d compute on %s", me, start, end - 1, devices.describe())
     reported: set[int] = set()
     state = {"heard": False, "done": False}
 

@@ -28,6 +28,7 @@ import torch
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.netem import SwarmNetEm
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType
+from checkfree.swarm.staging import HostStaging
 from checkfree.swarm.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,13 @@ def advertised(transport: Transport, advertise_host: str | None) -> str:
 class PeerSender:
     """The ``send`` callable of a process (checkfree.swarm.node_state.Send): a message to a connected peer; a
     peer that is gone is logged (the supervisor handles the death). ``meta`` gets the sender's ``stage`` unless
-    it is a CONTROL message or names one."""
+    it is a CONTROL message or names one. With ``staging`` (a node on a GPU) the tensors leave as host bytes
+    through its pinned buffer (checkfree.swarm.staging), valid until the next send."""
 
-    def __init__(self, transport: Transport, node_id: int, stage: int) -> None:
-        self.transport, self.node_id, self.stage = transport, node_id, stage
+    def __init__(
+        self, transport: Transport, node_id: int, stage: int, staging: HostStaging | None = None
+    ) -> None:
+        self.transport, self.node_id, self.stage, self.staging = transport, node_id, stage, staging
 
     def __call__(
         self,
@@ -63,7 +67,10 @@ class PeerSender:
         meta = meta if meta is not None else {}
         if mtype != MessageType.CONTROL:
             meta.setdefault("stage", self.stage)
-        msg = Message(mtype, self.node_id, iteration, microbatch, meta, tensors or {})
+        tensors = tensors or {}
+        if self.staging is not None:
+            tensors = self.staging.to_host(tensors)
+        msg = Message(mtype, self.node_id, iteration, microbatch, meta, tensors)
         try:
             self.transport.send(peer, msg)
         except TransportError as exc:  # a peer gone meanwhile: the timeouts recover

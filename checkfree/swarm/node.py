@@ -48,6 +48,7 @@ import torch
 from checkfree.swarm import control
 from checkfree.swarm.auth import Identity, read_key_file
 from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.devices import prepare_device
 from checkfree.swarm.early import FutureBuffer
 from checkfree.swarm.iteration import IterationCommands
 from checkfree.swarm.membership import Membership, PeerSender, advertised, configure_links, join
@@ -58,6 +59,7 @@ from checkfree.swarm.pipeline_driver import PipelineDriver
 from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.recovering import Recovery, Rollback
 from checkfree.swarm.relay import check_pipeline_message
+from checkfree.swarm.staging import HostStaging
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.strategies import RecoveryPlan, make_recovery
 from checkfree.swarm.transport import Transport
@@ -83,7 +85,10 @@ class Node:
         replacement: bool = False,
         cache_dir: Path | None = None,
         identity: Identity | None = None,
+        device: str = "cpu",
     ):
+        self.device = prepare_device(device)  # cpu, or cuda:N (checkfree.swarm.devices)
+        self.staging = HostStaging(self.device)  # device tensors <-> host bytes (checkfree.swarm.staging)
         self.id, self.stage, self.location = node_id, stage, location
         self.bootstrap, self.replacement = bootstrap, replacement
         self.cache_dir = cache_dir
@@ -92,7 +97,7 @@ class Node:
             node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
         )
         self.address = advertised(self.transport, advertise_host)
-        self.send = PeerSender(self.transport, node_id, stage)
+        self.send = PeerSender(self.transport, node_id, stage, self.staging)
         self.membership = Membership(node_id)
         self.progress = Progress()
         self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
@@ -184,7 +189,7 @@ class Node:
         self.membership.set_members(meta["members"])
         shared = (self.progress, self.membership, self.send)
         parts = build_parts(
-            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, *shared, self.reject
+            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, *shared, self.reject, self.device
         )
         self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
         hooks = (self.dispatch, lambda: self.serving, self.send_checkpoint, self.report)
@@ -234,6 +239,7 @@ class Node:
         if handler is None:
             self.reject(msg, f"a node takes no {msg.type.name}")
             return
+        msg.tensors = self.staging.to_device(msg.tensors)  # compute (and recovery math) where the stage lives
         try:
             handler(msg)
         except ProtocolError as exc:
@@ -347,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--insecure", action="store_true", help="plain TCP, no authentication (single-machine debugging)"
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N (checkfree.swarm.devices)")
     args = parser.parse_args(argv)
     if (args.key_file is None) == (not args.insecure):
         parser.error("give exactly one of --key-file FILE and --insecure")
@@ -370,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         args.replacement,
         args.cache_dir,
         identity,
+        args.device,
     )
     return node.run()
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from checkfree.swarm import weights as W
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.gradient_sync import GradientSync
@@ -61,11 +63,12 @@ def build_parts(
     membership: Membership,
     send: Send,
     reject: Callable[[Message, str], None],
+    device: torch.device | None = None,
 ) -> NodeParts:
-    """The parts of node ``node_id`` holding ``stage``, from the WELCOME's ``vocab_size`` (and ``rank``, the
-    pipeline a stage-0 node drives)."""
+    """The parts of node ``node_id`` holding ``stage`` on ``device`` (None: the CPU), from the WELCOME's
+    ``vocab_size`` (and ``rank``, the pipeline a stage-0 node drives)."""
     vocab_size = int(welcome["vocab_size"])
-    module = build_stage(cfg.model, stage, vocab_size, cfg.init_seed)
+    module = build_stage(cfg.model, stage, vocab_size, cfg.init_seed, device)
     state = StageState(module, W.make_optimizer(module, cfg.model.lr))
     worker = StageWorker(module, stage)
     keeps = strategy.keeps_stage0_copy

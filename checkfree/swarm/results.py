@@ -10,6 +10,7 @@
   ω (CheckFree weights), bytes fetched, crash → join and crash → serving latency (seconds).
 * ``bytes_sent_by_type``: summed over every node (crashed nodes count up to their last commit).
 * ``loss_curve``: [iteration, loss] in execution order; ``rollbacks``; ``skipped_crashes`` (no_failure).
+* ``node_devices``: node id → ``cpu`` / ``cuda:N`` of every node this machine started (replacements too).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Results:
         self.rollback_bytes = 0
         self.current_iteration = -1
         self.vocab_size: int | None = None
+        self.node_devices: dict[int, str] = {}
+        """node id → device of the nodes this machine started (``swarm run --device``)."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -149,6 +152,7 @@ class Results:
             "node_compute": self.compute(),
             "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
             "vocab_size": self.vocab_size,
+            "node_devices": {str(n): d for n, d in self.node_devices.items()},
             "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)

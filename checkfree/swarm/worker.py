@@ -25,20 +25,26 @@ from torch import nn
 
 from checkfree.config import Config
 from checkfree.model import build_hf_model, split_model
+from checkfree.swarm.devices import autocast_for
 from checkfree.swarm.protocol import ProtocolError
 
 log = logging.getLogger(__name__)
 
 
-def build_stage(cfg: Config, stage: int, vocab_size: int, seed: int) -> nn.Module:
+def build_stage(
+    cfg: Config, stage: int, vocab_size: int, seed: int, device: torch.device | None = None
+) -> nn.Module:
     """Stage ``stage`` (0 = embedding + head, 1..S transformer) with seeded, replica-identical init.
 
     Each node builds only a one-stage model (seed ``seed·1000 + stage``) and keeps the part it needs, so
-    nodes never hold the whole model; replicas of a stage get identical weights.
+    nodes never hold the whole model; replicas of a stage get identical weights. The init runs where torch's
+    default device is (the CPU), so a replica on a GPU starts from the same bits; ``device`` then holds the
+    fp32 parameters (the master weights: autocast computes in bf16, Adam updates fp32).
     """
     one = dataclasses.replace(cfg, n_stages=1)
     stages = split_model(build_hf_model(one, vocab_size, seed * 1000 + stage), one)
-    return stages[0] if stage == 0 else stages[1]
+    module = stages[0] if stage == 0 else stages[1]
+    return module if device is None else module.to(device)
 
 
 class SyntheticBatches:
@@ -82,12 +88,18 @@ class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 
     ``compute`` accumulates wall and CPU seconds (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
-    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py).
+    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
+    CUDA the kernels run asynchronously: these are host seconds to queue them (the wait lands in the send).
+
+    The device is the module's: inputs (ids, labels) move there; on CUDA the forward passes run under bf16
+    autocast (checkfree.swarm.devices.autocast_for) and what leaves the stage is fp32, as on the wire.
     """
 
     def __init__(self, module: nn.Module, stage: int) -> None:
         self.module = module
         self.stage = stage
+        self.device = next(module.parameters()).device
+        self.autocast = autocast_for(self.device)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
@@ -112,7 +124,9 @@ class StageWorker:
         t0 = self._start()
         x = x.requires_grad_()
         with torch.enable_grad():
-            y = self.module(x)
+            with self.autocast:
+                y = self.module(x)
+            y = y.float()  # fp32 on the wire (a no-op without autocast); the cast is part of the graph
         self.saved[key] = (x, y)
         self._count("forward", t0)
         return y.detach()
@@ -154,8 +168,11 @@ class StageWorker:
     def embed(self, key: tuple[int, int], ids: torch.Tensor) -> torch.Tensor:
         """Stage 0: input ids (B, T) → hidden (B, T, d); keeps the graph."""
         t0 = self._start()
+        ids = ids.to(self.device, non_blocking=True)
         with torch.enable_grad():
-            h = self.module.embed(ids)
+            with self.autocast:
+                h = self.module.embed(ids)
+            h = h.float()
         self.saved[key] = (ids, h)
         self._count("forward", t0)
         return h.detach()
@@ -168,8 +185,10 @@ class StageWorker:
             )
         t0 = self._start()
         h = h.requires_grad_()
+        labels = labels.to(self.device, non_blocking=True)
         with torch.enable_grad():
-            logits = self.module.head(h)  # (B, T, V)
+            with self.autocast:
+                logits = self.module.head(h)  # (B, T, V)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
             (loss / mb_count).backward()
         self._count("backward", t0)
