@@ -67,6 +67,7 @@ from checkfree.swarm.protocol import (
     encode,
     nbytes,
 )
+from checkfree.swarm.snapshots import SnapshotPool
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class Transport:
         self.send_hwm = send_hwm
         self.send_timeout = send_timeout
         self._clock = time.monotonic
+        self._snapshots = SnapshotPool()
         self.identity = identity
         self.validate = validate
         self._ctx = zmq.Context(io_threads=1)
@@ -275,8 +277,9 @@ class Transport:
     def send(self, peer_id: int, msg: Message) -> int:
         """Queue ``msg`` for ``peer_id``; returns its size in bytes. Never blocks on the network.
 
-        The tensors are copied now, so the caller may modify them right away. The message is handed to the
-        socket at its emulated delivery time (netem, FIFO per link).
+        The tensors are copied now (into reused buffers: checkfree.swarm.snapshots), so the caller may
+        modify them right away. The message is handed to the socket at its emulated delivery time (netem,
+        FIFO per link); one due at once with nothing queued before it goes from the calling thread.
 
         Raises:
             ProtocolError: if ``msg`` is not a valid message or is larger than ``max_message_bytes``.
@@ -285,7 +288,7 @@ class Transport:
         """
         if msg.sender != self.node_id:
             raise TransportError(f"Message sender is {msg.sender}; expected this node's id {self.node_id}.")
-        frames = encode(msg, self.max_message_bytes, copy=True)
+        frames = encode(msg, self.max_message_bytes, copy=True, snapshot=self._snapshots.snapshot)
         size = nbytes(frames)
         with self._cond:
             self._check_open()
@@ -565,7 +568,7 @@ class Transport:
         """Decode and check one received message; the message for the application, or None (dropped,
         or a heartbeat)."""
         try:
-            msg = decode(frames, self.max_message_bytes)
+            msg = decode(frames, self.max_message_bytes, zero_copy=True)
         except ProtocolError as exc:
             with self._stats_lock:
                 self._stats["dropped_malformed"] += 1
