@@ -23,7 +23,7 @@ def _released(pool: SnapshotPool, n: int, timeout: float = 5.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         gc.collect()
-        if all(t is None or t.done for _, t in pool._buffers.get(n, [])):
+        if all(t.done for _, t in pool._buffers.get(n, [])):
             return True
         time.sleep(0.01)
     return False
@@ -122,3 +122,13 @@ def test_large_tensors_changed_right_after_send_arrive_as_sent(monkeypatch: pyte
         got[0].tensors["activations"] += 100  # received tensors are independent of each other
         assert got[1].tensors["activations"][0].item() == 1
         assert zero_copy and all(zero_copy)  # the receiver leaves large tensors in their frames
+
+
+def test_buffers_idle_longer_than_idle_s_are_forgotten() -> None:
+    pool = SnapshotPool(idle_s=0.0)
+    frame = pool.snapshot(np.ones(2 * MIN_POOLED_BYTES, dtype=np.uint8))
+    del frame
+    assert _released(pool, 2 * MIN_POOLED_BYTES)
+    time.sleep(0.01)
+    kept = pool.snapshot(np.ones(MIN_POOLED_BYTES, dtype=np.uint8))
+    assert isinstance(kept, zmq.Frame) and pool.held_bytes == MIN_POOLED_BYTES
