@@ -10,7 +10,7 @@ import pytest
 import torch
 import zmq
 
-from checkfree.swarm import transport as transport_module
+from checkfree.swarm import transport_receiver
 from checkfree.swarm.protocol import ZERO_COPY_MIN_BYTES, Message, MessageType, decode, encode
 from checkfree.swarm.snapshots import MIN_POOLED_BYTES, SnapshotPool
 from checkfree.swarm.transport import Transport
@@ -102,7 +102,7 @@ def test_large_tensors_changed_right_after_send_arrive_as_sent(monkeypatch: pyte
         zero_copy.append(kw.get("zero_copy", zero_copy_))
         return decode(frames, limit, zero_copy=zero_copy[-1])
 
-    monkeypatch.setattr(transport_module, "decode", spy)
+    monkeypatch.setattr(transport_receiver, "decode", spy)
     with Transport(0) as a, Transport(1) as b:
         a.connect(1, b.address)
         t = torch.zeros(BIG)
