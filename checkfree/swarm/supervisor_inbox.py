@@ -24,7 +24,7 @@ from checkfree.swarm.results import Results
 from checkfree.swarm.transport import Transport, TransportError
 
 if TYPE_CHECKING:
-    from checkfree.swarm.supervisor import Slot
+    from checkfree.swarm.supervisor_roster import Slot
 
 log = logging.getLogger("checkfree.swarm.supervisor")
 
