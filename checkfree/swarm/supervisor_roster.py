@@ -118,9 +118,9 @@ class Link:
         except TransportError as exc:
             log.warning("supervisor: could not send %s to %d: %s", mtype.name, node, exc)
 
-    def command(self, node: int, command: str, **meta: Any) -> None:
-        """Send CONTROL ``command`` (schema-checked) to ``node``."""
-        self.send(node, MessageType.CONTROL, control(command, **meta))
+    def command(self, to: int, command: str, **meta: Any) -> None:
+        """Send CONTROL ``command`` (schema-checked) to node or launcher ``to``."""
+        self.send(to, MessageType.CONTROL, control(command, **meta))
 
     def broadcast(self, command: str, **meta: Any) -> None:
         """Send CONTROL ``command`` to every live occupant that joined."""
