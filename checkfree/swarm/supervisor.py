@@ -27,7 +27,7 @@ that every stage stored, and the iterations since are redone.
 **Parts.** The slots and messages to nodes (checkfree.swarm.supervisor_roster: ``Roster``, ``Link``), the
 node processes and their deaths (supervisor_processes: ``Processes``), the checkpoints and rollback
 (supervisor_checkpoints: ``Checkpoints``), the attempt loop (supervisor_iteration: ``Iterations``) and the
-handlers of peer messages (supervisor_inbox) are small objects wired here; this module plans each loss
+handlers of peer messages (supervisor_inbox: ``PeerMessages``) are small objects wired here; this module plans each loss
 event and runs the whole: start, iterate, recover, shut down.
 
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
@@ -70,7 +70,7 @@ log = logging.getLogger(__name__)
 SHUTDOWN_TIMEOUT_S = 15.0
 
 
-class Supervisor(PeerMessages):
+class Supervisor:
     """Runs a swarm to ``iterations`` committed iterations; :meth:`run` returns the throughput results.
 
     Args:
@@ -136,12 +136,9 @@ class Supervisor(PeerMessages):
         self.host = LocalHost(
             self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=self.keys
         )
-        self.bad_messages = 0
-        """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
         self.results = Results(cfg, setting, iterations)
         self.results.vocab_size = vocab_size
         self.link = Link(self.transport, self.roster)
-        self.link.handle = self._handle
         self.checkpoints = Checkpoints(cfg, self.roster, self.link)
         self.processes = Processes(
             cfg, self.roster, self.link, self.host, self.results, self.checkpoints, self.keys, self.address
@@ -149,24 +146,26 @@ class Supervisor(PeerMessages):
         self.attempts = Iterations(
             cfg, self.strategy, schedule, self.roster, self.link, self.processes, self.results
         )
-        self.node_handlers: dict[MessageType, Callable[[Slot, Message], None]] = {
-            MessageType.ITERATION_END: self._on_iteration_end,
-            MessageType.CONTROL: self._on_node_control,
-        }
-        """Message type (from a slot's occupant) → handler; JOIN and launchers are routed before."""
-        self.node_commands: dict[str, Callable[[Slot, dict[str, Any]], None]] = {
-            "serving": self._on_serving,
-            "stored": self._on_stored,
-            "committed": self._on_report,
-            "final": self._on_report,
-            "restored": self._on_restored,
-            "ready": self._to_inbox,
-            "stalled": self._to_inbox,
-            "recovery_failed": self._to_inbox,
-        }
-        """CONTROL command from a node → handler."""
+        self.peer_messages = PeerMessages(
+            cfg,
+            setting,
+            vocab_size,
+            self.keys,
+            self.roster,
+            self.link,
+            self.checkpoints,
+            self.processes,
+            self.results,
+            epoch=lambda: self.attempts.epoch,
+        )
+        self.link.handle = self.peer_messages.handle
 
     # ------------------------------------------------------------------ state of the parts, by name
+
+    @property
+    def bad_messages(self) -> int:
+        """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
+        return self.peer_messages.bad_messages
 
     @property
     def slots(self) -> list[Slot]:
@@ -262,7 +261,7 @@ class Supervisor(PeerMessages):
         """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
         the CheckFree+ copy of stage 0's "embedding" or "head" it holds; for tests."""
         rid = secrets.token_hex(16)
-        self._send(
+        self.link.send(
             node,
             MessageType.WEIGHTS_REQUEST,
             {"stage": stage, "request": rid} | ({"part": part} if part else {}),
@@ -274,7 +273,7 @@ class Supervisor(PeerMessages):
                 continue
             if msg.type == MessageType.WEIGHTS_RESPONSE and msg.meta.get("request") == rid:
                 return msg
-            self._handle(msg)
+            self.peer_messages.handle(msg)
         raise SwarmError(f"node {node} did not answer a weights request within {timeout:.0f} s.")
 
     def node_address(self, node: int) -> str | None:
@@ -284,7 +283,7 @@ class Supervisor(PeerMessages):
     def write_config(self) -> None:
         (self.run_dir / "swarm_config.json").write_text(json.dumps(self.cfg.to_json(), indent=1))
 
-    # ------------------------------------------------------------------ the parts, as the handlers call them
+    # ------------------------------------------------------------------ the parts, as tests drive them
 
     def _all_slots(self) -> list[Slot]:
         return self.roster.all()
@@ -292,23 +291,8 @@ class Supervisor(PeerMessages):
     def _members(self) -> dict[int, list[int]]:
         return self.roster.members()
 
-    def _peer_rows(self) -> list[list[Any]]:
-        return self.roster.peer_rows()
-
-    def _send(self, node: int, mtype: MessageType, meta: dict[str, Any]) -> None:
-        self.link.send(node, mtype, meta)
-
-    def _broadcast(self, command: str, **meta: Any) -> None:
-        self.link.broadcast(command, **meta)
-
-    def _spawn(self, slot: Slot, replacement: bool) -> None:
-        self.processes.spawn(slot, replacement)
-
     def _mark_dead(self, slot: Slot, why: str) -> None:
         self.processes.mark_dead(slot, why)
-
-    def _complete_checkpoint(self) -> int:
-        return self.checkpoints.newest_complete()
 
     # ------------------------------------------------------------------ loss events
 
@@ -363,8 +347,8 @@ class Supervisor(PeerMessages):
 
     def _shutdown(self) -> None:
         self.inbox.clear()
-        self._broadcast("shutdown")
-        expected = {s.occupant for s in self._all_slots() if not s.dead}
+        self.link.broadcast("shutdown")
+        expected = {s.occupant for s in self.roster.all() if not s.dead}
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
         while not expected <= set(self.inbox.get("final", {})) and time.monotonic() < deadline:
             self.link.poll(0.02)
