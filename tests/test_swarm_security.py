@@ -322,5 +322,5 @@ def test_a_storage_restart_is_forgotten_and_refilled(swarm: Supervisor) -> None:
     swarm.host.kill(storage)
     _wait(lambda: swarm.storage_lost_at is not None, swarm)
     # the respawned storage node is empty; the supervisor asks every stage for a fresh checkpoint
-    _wait(lambda: swarm._has_complete_checkpoint() and swarm.storage.serving, swarm, timeout=120)
+    _wait(lambda: swarm.checkpoints.has_complete() and swarm.storage.serving, swarm, timeout=120)
     _after_commits(swarm)

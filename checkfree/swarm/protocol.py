@@ -11,12 +11,12 @@ A message is a list of ZeroMQ frames::
       data    the raw little-endian bytes of the contiguous tensor (``nbytes`` bytes)
 
 ``decode`` rejects anything that does not match this layout exactly with a ``ProtocolError`` whose message
-is one sentence naming the field, the value seen and what was expected. Received tensors are copied once
-into fresh writable memory (never aliasing a network buffer). NaN/inf values are allowed by the wire format
-(a diverging run must still be able to report its activations); the handlers of weights, gradients, stage-0
-copies and checkpoints reject them (checkfree.swarm.weights.check_finite). The meta of each message type and
-of each CONTROL command has a schema (checkfree.swarm.control) that the transport checks right after
-``decode``.
+is one sentence naming the field, the value seen and what was expected. Received tensors are writable and
+alias nothing another message uses (large ones the transport received are views of their own frame, the rest
+are copied). NaN/inf values are allowed by the wire format (a diverging run must still be able to report its
+activations); the handlers of weights, gradients, stage-0 copies and checkpoints reject them
+(checkfree.swarm.weights.check_finite). The meta of each message type and of each CONTROL command has a schema
+(checkfree.swarm.control) that the transport checks right after ``decode``.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ import json
 import math
 import re
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
 import torch
+import zmq
 
 MAGIC = b"CKFR"
 VERSION = 1
@@ -41,6 +42,8 @@ MAX_META_BYTES = 64 * 1024
 """Largest meta frame, bytes."""
 DEFAULT_MAX_MESSAGE_BYTES = 2 * 1024**3
 """Largest message (all frames together), bytes."""
+ZERO_COPY_MIN_BYTES = 64 * 1024
+"""Smallest tensor (bytes) that ``decode(zero_copy=True)`` leaves in its frame; smaller ones are copied."""
 MAX_TENSORS = 4096
 MAX_NDIM = 8
 MAX_DIM = 2**40
@@ -51,7 +54,7 @@ SUPERVISOR_ID = -1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*\Z")
 
-Frame = bytes | bytearray | memoryview
+Frame = bytes | bytearray | memoryview | zmq.Frame
 
 
 class ProtocolError(ValueError):
@@ -110,14 +113,8 @@ REQUIRED_TENSORS: dict[MessageType, frozenset[str]] = {
 }
 """Tensor names a message of this type must carry."""
 NO_TENSORS = frozenset(
-    {
-        MessageType.ITERATION_END,
-        MessageType.WEIGHTS_REQUEST,
-        MessageType.JOIN,
-        MessageType.HEARTBEAT,
-        MessageType.LEAVE,
-        MessageType.CONTROL,
-    }
+    MessageType[name]
+    for name in ("ITERATION_END", "WEIGHTS_REQUEST", "JOIN", "HEARTBEAT", "LEAVE", "CONTROL")
 )
 """Types that carry meta only."""
 
@@ -210,13 +207,17 @@ def _check_tensor_names(mtype: MessageType, names: Sequence[str]) -> None:
 
 
 def encode(
-    msg: Message, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, copy: bool = False
+    msg: Message,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    copy: bool = False,
+    snapshot: Callable[[np.ndarray], object] | None = None,
 ) -> list[Frame]:
     """Serialize ``msg`` into ZeroMQ frames.
 
     With ``copy=False`` tensor data frames are zero-copy memoryviews of the tensors: do not modify the
     tensors until the frames are sent. ``copy=True`` snapshots them (one memcpy), which an asynchronous
-    sender needs because the caller may update weights or zero gradients in place right after ``send``.
+    sender needs because the caller may update weights or zero gradients in place right after ``send``;
+    ``snapshot(uint8 array)`` takes that copy if given (the transport's reused buffers: swarm.snapshots).
 
     Raises:
         ProtocolError: if the message would not pass ``decode`` (bad field, dtype, name, meta or size).
@@ -251,15 +252,17 @@ def encode(
             raise ProtocolError(f"Tensor {name!r} has {tensor.dim()} dims; expected at most {MAX_NDIM}.")
         flat = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         # a memoryview keeps ``flat`` alive for as long as zmq holds the frame
-        data = memoryview(flat.numpy().tobytes() if copy else flat.numpy())
+        raw = flat.numpy()
+        data: Any = raw if not copy else snapshot(raw) if snapshot is not None else raw.tobytes()
+        data = data if isinstance(data, zmq.Frame) else memoryview(data)
         header = (
             TENSOR_HEADER.pack(DTYPE_CODES[tensor.dtype], tensor.dim(), len(name))
             + name.encode("ascii")
             + struct.pack(f"<{tensor.dim()}q", *tensor.shape)
-            + struct.pack("<Q", data.nbytes)
+            + struct.pack("<Q", raw.nbytes)
         )
         frames += [header, data]
-        total += len(header) + data.nbytes
+        total += len(header) + raw.nbytes
     if total > max_message_bytes:
         raise ProtocolError(f"Message is {total} bytes; expected at most {max_message_bytes} bytes.")
     return frames
@@ -281,8 +284,14 @@ def nbytes(frames: Sequence[object]) -> int:
     return sum(_buffer(f, i).nbytes for i, f in enumerate(frames))
 
 
-def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> Message:
-    """Parse and validate ZeroMQ frames into a ``Message`` (tensors copied into fresh memory).
+def decode(
+    frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, zero_copy: bool = False
+) -> Message:
+    """Parse and validate ZeroMQ frames into a ``Message``.
+
+    Tensors are copied into fresh memory, except with ``zero_copy``: a tensor of ``ZERO_COPY_MIN_BYTES`` or
+    more whose data frame is a writable, dtype-aligned ``zmq.Frame`` is then a view of it (``torch.frombuffer``
+    keeps the frame alive); libzmq receives each large frame into memory of its own, so nothing else aliases it.
 
     Raises:
         ProtocolError: on any deviation from the wire format (see the module docstring).
@@ -329,7 +338,8 @@ def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAG
     _check_meta(mtype, meta)
     tensors: dict[str, torch.Tensor] = {}
     for i in range(count):
-        name, tensor = _decode_tensor(views[2 + 2 * i], views[3 + 2 * i], i)
+        alias = zero_copy and isinstance(frames[3 + 2 * i], zmq.Frame)
+        name, tensor = _decode_tensor(views[2 + 2 * i], views[3 + 2 * i], i, alias)
         if name in tensors:
             raise ProtocolError(f"Tensor name {name!r} appears twice; expected unique names.")
         tensors[name] = tensor
@@ -337,7 +347,7 @@ def decode(frames: Sequence[object], max_message_bytes: int = DEFAULT_MAX_MESSAG
     return Message(mtype, sender, iteration, microbatch, meta, tensors)
 
 
-def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[str, torch.Tensor]:
+def _decode_tensor(header: memoryview, data: memoryview, index: int, alias: bool) -> tuple[str, torch.Tensor]:
     where = f"tensor {index}"
     if header.nbytes < TENSOR_HEADER.size:
         raise ProtocolError(
@@ -378,6 +388,10 @@ def _decode_tensor(header: memoryview, data: memoryview, index: int) -> tuple[st
         )
     if data.nbytes != size:
         raise ProtocolError(f"Data frame of tensor {name!r} is {data.nbytes} bytes; expected {size}.")
+    if alias and size >= ZERO_COPY_MIN_BYTES and not data.readonly:
+        out = torch.frombuffer(data, dtype=torch.uint8)
+        if out.data_ptr() % itemsize == 0:
+            return name, out.view(dtype).reshape(shape)
     out = torch.empty(size, dtype=torch.uint8)
     if size:
         out.numpy()[:] = np.frombuffer(data, dtype=np.uint8)
