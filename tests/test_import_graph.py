@@ -123,3 +123,26 @@ def test_the_real_graph_would_fail_with_a_planted_edge(edge: tuple[str, str]) ->
     graph = import_graph(PACKAGE_ROOT)
     src, dst = edge
     assert find_cycle({**graph, dst: graph[dst] | {src}}) is not None
+
+
+MAX_MODULE_LINES = 400
+
+
+def long_modules(root: Path, limit: int = MAX_MODULE_LINES) -> dict[str, int]:
+    """Module name → line count, for every module of ``root`` longer than ``limit`` lines."""
+    counts = {name: len(path.read_text().splitlines()) for name, path in modules(root).items()}
+    return {name: n for name, n in counts.items() if n > limit}
+
+
+def test_no_module_is_over_400_lines() -> None:
+    """Developers' guide: modules of 100–400 lines (a longer one is split by responsibility)."""
+    assert long_modules(PACKAGE_ROOT) == {}
+
+
+def test_a_long_module_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "short.py").write_text("x = 1\n" * 400)
+    (pkg / "long.py").write_text("x = 1\n" * 401)
+    assert long_modules(pkg) == {"pkg.long": 401}
