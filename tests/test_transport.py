@@ -226,6 +226,25 @@ def test_receiver_sees_emulated_delay_with_fifo_queueing() -> None:
 
 
 @pytest.mark.timeout(20)
+def test_a_netem_set_after_construction_delays_every_send() -> None:
+    # A node learns its WAN locations from the WELCOME, after its transport exists (membership.configure_links):
+    # the emulation set then must apply to the next send, not only one given to the constructor.
+    a, b = Transport(0), Transport(1)
+    try:
+        a.connect(1, b.address)
+        a.netem = NetEm(_table(300, 100 * MB), locations=["A", "B"])
+        a.heartbeat_interval = 0.05
+        assert a.netem is not None and a.heartbeat_interval == 0.05
+        t0 = time.monotonic()
+        a.send(1, _fwd(0))
+        _recv_type(b, MessageType.FORWARD)
+        assert time.monotonic() - t0 >= 0.29  # never earlier than the emulated 300 ms latency
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.timeout(20)
 def test_dead_peer_detected_then_rejoin_under_new_identity_same_port(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -105,12 +105,9 @@ class Transport:
             if not math.isfinite(value) or value <= 0:
                 raise TransportError(f"{name} is {value!r} s; expected a finite number of seconds > 0.")
         self.node_id = node_id
-        self.netem = netem
-        self.heartbeat_interval = heartbeat_interval
         self.peer_timeout = peer_timeout
         self.max_message_bytes = max_message_bytes
         self.send_hwm = send_hwm
-        self.send_timeout = send_timeout
         self._clock = time.monotonic
         self._snapshots = SnapshotPool()
         self.identity = identity
@@ -143,6 +140,35 @@ class Transport:
         )
         self._sender.thread.start()
         self._receiver.thread.start()
+
+    # ---------------------------------------------------------------- settings the sender thread reads
+
+    @property
+    def netem(self) -> NetEm | None:
+        """The WAN emulation every send goes through; settable (a node applies its WELCOME's locations)."""
+        return self._sender.netem
+
+    @netem.setter
+    def netem(self, value: NetEm | None) -> None:
+        self._sender.netem = value
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between the HEARTBEATs queued for every connected peer; settable."""
+        return self._sender.heartbeat_interval
+
+    @heartbeat_interval.setter
+    def heartbeat_interval(self, value: float) -> None:
+        self._sender.heartbeat_interval = value
+
+    @property
+    def send_timeout(self) -> float:
+        """Seconds after its delivery time within which a message must be accepted, else it is dropped."""
+        return self._sender.send_timeout
+
+    @send_timeout.setter
+    def send_timeout(self, value: float) -> None:
+        self._sender.send_timeout = value
 
     # ---------------------------------------------------------------- public API
 
