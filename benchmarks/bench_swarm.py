@@ -13,7 +13,7 @@ a shared 2-core machine). Iterations 0-1 (warm-up) are left out of the measured 
 bound with each op's wall time as it ran (CPU contention included), which isolates the protocol overhead.
 
 The swarm runs with CURVE authentication and encryption (its default) unless ``--insecure`` is given; run
-both to see what encryption costs. The ratio line says "met" or "missed".
+both to see what encryption costs. The ratio line says "met" or "missed" (also below 0.9: the bound is a floor).
 
     .venv/bin/python benchmarks/bench_swarm.py [--config configs/swarm_tiny.json] [--iterations 20] [--insecure]
 """
@@ -173,7 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"measured no-failure iteration time (mean of {len(walls)}): {measured:.3f} s")
     ratio = measured / bound["bound_s"] if bound["bound_s"] > 0 else math.inf
-    print(f"iteration time / bound = {ratio:.2f} (target <= 1.2: {'met' if ratio <= 1.2 else 'missed'})")
+    # The bound is a floor (critical-path compute + emulated transfers): a ratio well below 1 means the run
+    # skipped work the bound counts (e.g. the emulated links were not applied), so it is not a pass.
+    verdict = "met" if 0.9 <= ratio <= 1.2 else "missed"
+    if ratio < 0.9:
+        verdict += ": below its floor, so the run skipped work the bound counts (emulated links not applied?)"
+    print(f"iteration time / bound = {ratio:.2f} (target <= 1.2: {verdict})")
     print(
         f"  same bound with each op's wall time as it ran here (CPU shared with the other nodes and jobs): "
         f"{wall_bound['bound_s']:.3f} s -> ratio {measured / wall_bound['bound_s']:.2f}"
