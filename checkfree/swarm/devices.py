@@ -8,7 +8,7 @@ fewest of this machine's live nodes (ties: the earliest in ``--gpus``), which is
 node is replaced at a time. The storage node (``checkpoint``) holds bytes, not a model: it stays on the CPU.
 
 On CUDA a node computes its stage's forward and backward under bf16 autocast (as the simulator,
-checkfree.simulate.autocast_context) with fp32 master weights and fp32 Adam state; tensors reach the wire as
+checkfree.devices.autocast_context) with fp32 master weights and fp32 Adam state; tensors reach the wire as
 host bytes (checkfree.swarm.staging). On the CPU nothing changes: no autocast, no pinned memory.
 """
 
@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from checkfree.devices import autocast_context
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,4 @@ def autocast_for(device: torch.device) -> contextlib.AbstractContextManager:
     context, so a CPU node computes exactly as before."""
     if device.type != "cuda":
         return contextlib.nullcontext()
-    from checkfree.simulate import autocast_context
-
     return autocast_context(device, "auto")
