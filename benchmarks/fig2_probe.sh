@@ -12,11 +12,12 @@
 #
 # Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
 #   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] OUT [runs/fig2_probe/<config stem>]
-# The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain).
+# The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain), and the probe
+# resumes from the cells it finished (OUT/probe/cells.jsonl), so a killed benchmark loses at most one cell.
 #
-# Runtime (2 idle cores, estimated from 0.4 s per tiny iteration and 1.85 s per small iteration): tiny defaults ≈
-# 10 min of base training + 2 stages × 6 rules × 5 seeds + 5 references = 65 cells × 100 steps ≈ 50 min; small
-# (1,000 iterations, 3 seeds, K = 50) ≈ 31 min + 39 cells × 50 steps ≈ 1 h. On shared cores, OMP_NUM_THREADS=1.
+# Runtime (measured on this project's 2-core machine, OMP_NUM_THREADS=1, the other core busy): tiny defaults 2 h
+# 23 min (65 cells × 100 steps); small config (1,000 base iterations at ≈ 5 s each, then 39 cells × 50 steps)
+# ≈ 4–5 h. On shared cores, OMP_NUM_THREADS=1.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -56,7 +57,19 @@ if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
 fi
 t0=$SECONDS
 if [ ! -f "$OUT/base/summary.json" ]; then
-  echo "[fig2_probe] base: $CONFIG, $ITERATIONS iterations without failures → $OUT/base"
+  # A base killed part-way resumes from its newest run checkpoint (every 500 iterations: --checkpoint-interval).
+  start=0
+  if [ -d "$OUT/base/checkpoints" ]; then
+    start=$("$py" -c 'import sys; from checkfree.checkpointing import list_checkpoints, read_checkpoint
+found = list_checkpoints(sys.argv[1]); print(read_checkpoint(found[-1]).meta["iteration"] if found else 0)' \
+      "$OUT/base/checkpoints")
+  fi
+  if [ "$start" = 0 ] && [ -d "$OUT/base" ] && [ -n "$(ls -A "$OUT/base")" ]; then
+    echo "$OUT/base holds an unfinished base run with no checkpoint to resume from; delete it to retrain." >&2
+    exit 2
+  fi
+  echo "[fig2_probe] base: $CONFIG, $ITERATIONS iterations without failures → $OUT/base (from iteration $start)"
+  base_cmd[5]=$start
   "${base_cmd[@]}"
 fi
 echo "[fig2_probe] base ready after $((SECONDS - t0)) s; probing stages $stages with $STRATEGIES, $SEEDS seeds, K = $STEPS"

@@ -7,7 +7,9 @@ the failure (``data_seed + seed``) and the strategy's own seed (random init). Ea
 nothing lost: the ``no_failure`` reference every cell is paired with.
 
 Outputs in ``--out``: ``probe.json`` (every cell), ``probe.md`` (mean ± 95 % Student-t interval per (stage,
-strategy), see :mod:`checkfree.report.stats`) and ``probe.png``.
+strategy), see :mod:`checkfree.report.stats`) and ``probe.png``. Each finished cell is also appended to
+``cells.jsonl`` at once, so a probe that is killed (a preempted machine, a closed session) loses at most the cell
+it was in: the same command again reuses every finished cell of the same checkpoint and step counts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +40,9 @@ log = logging.getLogger(__name__)
 FIG2_RULES = ("random", "copy", "zero", "average", "checkfree", "checkfree_plus")
 """The neighbour rules of the paper's Fig. 2 (and its ablations): the default ``--strategies``."""
 MARKER = "checkfree_probe.json"
-"""Marks a directory as a probe's output, which a later probe may replace (checkfree.rundir)."""
+"""Marks a directory as a probe's output, which a later probe may resume or replace (checkfree.rundir)."""
+CELLS = "cells.jsonl"
+"""One JSON line per finished cell, written as it finishes: what a rerun resumes from."""
 
 
 @dataclass
@@ -191,10 +196,64 @@ class _Records:
         pass
 
 
+def _cell_from_json(line: str) -> Cell | None:
+    """A cell from one line of cells.jsonl; None for a line cut short by a kill or not a cell."""
+    try:
+        d = json.loads(line)
+        cell = Cell(
+            d["stage"],
+            d["strategy"],
+            int(d["seed"]),
+            {int(k): float(v) for k, v in d["losses"].items()},
+            d.get("rule", ""),
+            d.get("weight_rel_l2"),
+            d.get("weight_cosine"),
+        )
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if cell.stage is not None and not isinstance(cell.stage, int):
+        return None
+    return cell
+
+
+def finished_cells(out: Path, identity: dict[str, Any]) -> dict[tuple[int | None, str, int], Cell]:
+    """The cells an earlier probe into ``out`` finished for the same ``identity`` (checkpoint and step counts).
+
+    An earlier probe of another checkpoint or other step counts is not resumed: its cells.jsonl is replaced.
+    """
+    marker, cells_file = out / MARKER, out / CELLS
+    if not cells_file.is_file():
+        return {}
+    try:
+        earlier = json.loads(marker.read_text()).get("identity")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        earlier = None
+    if earlier != identity:
+        return {}
+    found: dict[tuple[int | None, str, int], Cell] = {}
+    for line in cells_file.read_text().splitlines():
+        cell = _cell_from_json(line)
+        if cell is not None:
+            found[(cell.stage, cell.strategy, cell.seed)] = cell
+    return found
+
+
+def _append_cell(out: Path, cell: Cell) -> None:
+    with open(out / CELLS, "a") as f:
+        f.write(json.dumps(_cell_json(cell)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _cell_json(cell: Cell) -> dict[str, Any]:
+    return cell.__dict__ | {"losses": {str(k): v for k, v in cell.losses.items()}}
+
+
 def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, Any]:
     """Run every cell; write probe.json, probe.md and probe.png into ``opts.out``; return probe.json's content.
 
-    ``data`` defaults to the run's corpus (:func:`corpus_data`).
+    ``data`` defaults to the run's corpus (:func:`corpus_data`). Cells an interrupted probe into the same ``out``
+    finished for the same checkpoint and step counts are reused, not recomputed (:func:`finished_cells`).
 
     Raises:
         FileNotFoundError / CheckpointError: the checkpoint is missing or corrupt.
@@ -207,9 +266,17 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
     cfg = config_from_dict(meta["config"], f"checkpoint {path}")
     stages = validate(opts, cfg)
     check_output_dir(opts.out, MARKER, "probe output")
-    claim_output_dir(opts.out, MARKER, {"checkpoint": str(path), "command": "python -m checkfree probe"})
-    probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
     steps = checkpoints_of_steps(opts.steps)
+    identity = {
+        "checkpoint": str(path.resolve()),
+        "effective_iteration": meta["effective_iteration"],
+        "steps": steps,
+    }
+    done = finished_cells(opts.out, identity)
+    claim_output_dir(opts.out, MARKER, {"identity": identity, "command": "python -m checkfree probe"})
+    if not done:
+        (opts.out / CELLS).write_text("")
+    probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
     cells: list[Cell] = []
     t0 = time.perf_counter()
     jobs = [(None, "no_failure", s) for s in range(opts.seeds)]
@@ -218,7 +285,20 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
         if stage == 0 and not REGISTRY[name].recovers_stage0:
             log.info("skip stage 0 under %s: it cannot recover stage 0", name)
             continue
+        if (stage, name, seed) in done:
+            cells.append(done[(stage, name, seed)])
+            log.info(
+                "[%d/%d] stage %s, %s, seed %d: finished earlier (%s)",
+                i + 1,
+                len(jobs),
+                "—" if stage is None else stage,
+                name,
+                seed,
+                CELLS,
+            )
+            continue
         cells.append(probe.cell(stage, name, seed, steps))
+        _append_cell(opts.out, cells[-1])
         log.info(
             "[%d/%d] stage %s, %s, seed %d: val loss %s (%.0f s)",
             i + 1,
@@ -237,7 +317,8 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
         "steps": steps,
         "seeds": opts.seeds,
         "seconds": round(time.perf_counter() - t0, 1),
-        "cells": [c.__dict__ | {"losses": {str(k): v for k, v in c.losses.items()}} for c in cells],
+        "resumed_cells": sum(1 for c in cells if (c.stage, c.strategy, c.seed) in done),
+        "cells": [_cell_json(c) for c in cells],
     }
     (opts.out / "probe.json").write_text(json.dumps(result, indent=1))
     probe_report.write(result, opts.out)

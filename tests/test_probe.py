@@ -111,3 +111,42 @@ def test_weight_distance_by_hand_and_bad_input_through_the_cli(tmp_path, capsys)
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "nowhere" in err[0]
+
+
+class Killed(Exception):
+    pass
+
+
+def test_a_killed_probe_resumes_from_its_finished_cells(checkpoint, tmp_path, monkeypatch):
+    """A probe stopped after 3 cells (a preempted machine) recomputes only the rest when run again, and ends with
+    exactly the cells of an uninterrupted probe; other step counts start over."""
+    from checkfree import probe as probe_mod
+
+    run, data = checkpoint
+    opts = ProbeOptions(run, tmp_path / "out", ["random", "copy"], stages=[2], seeds=2, steps=1)
+    whole = run_probe(ProbeOptions(run, tmp_path / "whole", opts.strategies, [2], 2, 1), data)
+    real_cell, calls, killed = probe_mod._Probe.cell, [], []
+
+    def counted(self, *args):
+        if len(calls) == 3 and not killed:
+            killed.append(True)
+            raise Killed  # the kill, in the middle of the fourth cell
+        calls.append(args[:3])
+        return real_cell(self, *args)
+
+    monkeypatch.setattr(probe_mod._Probe, "cell", counted)
+    with pytest.raises(Killed):
+        run_probe(opts, data)
+    with open(tmp_path / "out" / "cells.jsonl", "a") as f:
+        f.write('{"stage": 2, "strategy": "co')  # a line cut short by the kill is ignored
+    first = list(calls)
+    resumed = run_probe(opts, data)
+    assert len(first) == 3 and len(calls) == 6  # 2 references + 2 × 2 cells = 6, each computed once
+    assert (
+        set(calls) == {(c["stage"], c["strategy"], c["seed"]) for c in whole["cells"]}
+        and len(set(calls)) == 6
+    )
+    assert resumed["cells"] == whole["cells"] and resumed["resumed_cells"] == 3
+    calls.clear()
+    run_probe(ProbeOptions(run, tmp_path / "out", ["random"], stages=[2], seeds=1, steps=2), data)
+    assert len(calls) == 2  # other step counts: nothing reused
