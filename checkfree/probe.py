@@ -4,7 +4,10 @@ For every (stage, strategy, seed) it loads a trained state, loses the stage, reb
 measures the validation loss (mean cross-entropy, nats) after 0, 1, 10 and K steps of continued training, plus
 how far the rebuilt weights are from the lost ones (:func:`weight_distance`). The seed sets the data order after
 the failure (``data_seed + seed``) and the strategy's own seed (random init). Each seed also trains K steps with
-nothing lost: the ``no_failure`` reference every cell is paired with.
+nothing lost: the ``no_failure`` reference every cell is paired with. When a strategy runs with CheckFree+ swaps
+(``checkfree_plus``, ``ladder``), each seed also trains a ``no_failure`` reference with swaps, and those cells are
+paired with it, so their paired damage is the recovery's alone, not the cost of the swapped stage order (paper
+Fig. 4c) on a base trained without swaps.
 
 Outputs in ``--out``: ``probe.json`` (every cell), ``probe.md`` (mean ± 95 % Student-t interval per (stage,
 strategy), see :mod:`checkfree.report.stats`) and ``probe.png``. Each finished cell is also appended to
@@ -70,6 +73,12 @@ class Cell:
     rule: str = ""
     weight_rel_l2: float | None = None
     weight_cosine: float | None = None
+    swaps: bool = False
+    """Trained with CheckFree+ swaps after the failure (a swap strategy, or the swapped no_failure reference)."""
+
+    @property
+    def key(self) -> tuple[int | None, str, int, bool]:
+        return (self.stage, self.strategy, self.seed, self.swaps)
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -147,10 +156,9 @@ class _Probe:
             cfg, save_mode="memory"
         )  # the checkpoint baselines keep RAM copies only
 
-    def trainer(self, strategy: str, seed: int) -> Trainer:
+    def trainer(self, strategy: str, seed: int, swaps: bool) -> Trainer:
         cfg, data = self.cfg, self.data
         stages = split_model(build_hf_model(cfg, data.vocab_size, cfg.seed, data.eos_id), cfg)
-        swaps = REGISTRY[strategy].requires_swaps
         strat = make_strategy(strategy, cfg, swaps, seed=seed)
         ctx = RunContext(sink=_Records())
         t = Trainer(cfg, stages, data.batches(seed), data.val, strat, _NoFailures(), ctx, swaps)
@@ -158,9 +166,9 @@ class _Probe:
         strat.setup(t.state)
         return t
 
-    def cell(self, stage: int | None, strategy: str, seed: int, steps: list[int]) -> Cell:
-        t = self.trainer(strategy, seed)
-        out = Cell(stage, strategy, seed, {})
+    def cell(self, stage: int | None, strategy: str, seed: int, swaps: bool, steps: list[int]) -> Cell:
+        t = self.trainer(strategy, seed, swaps)
+        out = Cell(stage, strategy, seed, {}, swaps=swaps)
         if stage is not None:
             lost = t.state.stage_state(stage)
             t.strategy.begin_iteration(t.state, [stage])
@@ -208,6 +216,7 @@ def _cell_from_json(line: str) -> Cell | None:
             d.get("rule", ""),
             d.get("weight_rel_l2"),
             d.get("weight_cosine"),
+            bool(d.get("swaps", False)),
         )
     except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -216,7 +225,7 @@ def _cell_from_json(line: str) -> Cell | None:
     return cell
 
 
-def finished_cells(out: Path, identity: dict[str, Any]) -> dict[tuple[int | None, str, int], Cell]:
+def finished_cells(out: Path, identity: dict[str, Any]) -> dict[tuple[int | None, str, int, bool], Cell]:
     """The cells an earlier probe into ``out`` finished for the same ``identity`` (checkpoint and step counts).
 
     An earlier probe of another checkpoint or other step counts is not resumed: its cells.jsonl is replaced.
@@ -230,11 +239,11 @@ def finished_cells(out: Path, identity: dict[str, Any]) -> dict[tuple[int | None
         earlier = None
     if earlier != identity:
         return {}
-    found: dict[tuple[int | None, str, int], Cell] = {}
+    found: dict[tuple[int | None, str, int, bool], Cell] = {}
     for line in cells_file.read_text().splitlines():
         cell = _cell_from_json(line)
         if cell is not None:
-            found[(cell.stage, cell.strategy, cell.seed)] = cell
+            found[cell.key] = cell
     return found
 
 
@@ -247,6 +256,21 @@ def _append_cell(out: Path, cell: Cell) -> None:
 
 def _cell_json(cell: Cell) -> dict[str, Any]:
     return cell.__dict__ | {"losses": {str(k): v for k, v in cell.losses.items()}}
+
+
+def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[tuple[int | None, str, int, bool]]:
+    """Every (stage, strategy, seed, swaps) to measure: the no-failure references first (stage None), with swaps
+    too when a strategy needs them; stage 0 only under strategies that can rebuild it."""
+    swapped = [REGISTRY[n].requires_swaps for n in opts.strategies]
+    seeds = range(opts.seeds)
+    jobs = [(None, "no_failure", s, swaps) for swaps in sorted(set([False] + swapped)) for s in seeds]
+    for st in stages:
+        for name, swaps in zip(opts.strategies, swapped, strict=True):
+            if st == 0 and not REGISTRY[name].recovers_stage0:
+                log.info("skip stage 0 under %s: it cannot recover stage 0", name)
+                continue
+            jobs += [(st, name, s, swaps) for s in seeds]
+    return jobs
 
 
 def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, Any]:
@@ -279,36 +303,18 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
     probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
     cells: list[Cell] = []
     t0 = time.perf_counter()
-    jobs = [(None, "no_failure", s) for s in range(opts.seeds)]
-    jobs += [(st, name, s) for st in stages for name in opts.strategies for s in range(opts.seeds)]
-    for i, (stage, name, seed) in enumerate(jobs):
-        if stage == 0 and not REGISTRY[name].recovers_stage0:
-            log.info("skip stage 0 under %s: it cannot recover stage 0", name)
+    jobs = probe_jobs(opts, stages)
+    for i, (stage, name, seed, swaps) in enumerate(jobs):
+        label = name + (" +swaps" if swaps and stage is None else "")
+        where = f"[{i + 1}/{len(jobs)}] stage {'—' if stage is None else stage}, {label}, seed {seed}"
+        if (stage, name, seed, swaps) in done:
+            cells.append(done[(stage, name, seed, swaps)])
+            log.info("%s: finished earlier (%s)", where, CELLS)
             continue
-        if (stage, name, seed) in done:
-            cells.append(done[(stage, name, seed)])
-            log.info(
-                "[%d/%d] stage %s, %s, seed %d: finished earlier (%s)",
-                i + 1,
-                len(jobs),
-                "—" if stage is None else stage,
-                name,
-                seed,
-                CELLS,
-            )
-            continue
-        cells.append(probe.cell(stage, name, seed, steps))
+        cells.append(probe.cell(stage, name, seed, swaps, steps))
         _append_cell(opts.out, cells[-1])
-        log.info(
-            "[%d/%d] stage %s, %s, seed %d: val loss %s (%.0f s)",
-            i + 1,
-            len(jobs),
-            "—" if stage is None else stage,
-            name,
-            seed,
-            ", ".join(f"{k}: {v:.4f}" for k, v in cells[-1].losses.items()),
-            time.perf_counter() - t0,
-        )
+        losses = ", ".join(f"{k}: {v:.4f}" for k, v in cells[-1].losses.items())
+        log.info("%s: val loss %s (%.0f s)", where, losses, time.perf_counter() - t0)
     result = {
         "format": "checkfree-probe-v1",
         "checkpoint": str(path),
@@ -317,7 +323,7 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
         "steps": steps,
         "seeds": opts.seeds,
         "seconds": round(time.perf_counter() - t0, 1),
-        "resumed_cells": sum(1 for c in cells if (c.stage, c.strategy, c.seed) in done),
+        "resumed_cells": sum(1 for c in cells if c.key in done),
         "cells": [_cell_json(c) for c in cells],
     }
     (opts.out / "probe.json").write_text(json.dumps(result, indent=1))

@@ -1,7 +1,8 @@
 """The stage-loss probe's table and plot: mean ± 95 % interval per (stage, strategy), from probe.json's cells.
 
-Each cell's loss after K steps is also paired with the ``no_failure`` reference of the same seed (same data order),
-so the "− no_failure" column is the damage the failure left after K steps. The Fig. 2 line says, per stage, which
+Each cell's loss after K steps is also paired with the ``no_failure`` reference of the same seed (same data order)
+and the same stage order (with swaps for a swap strategy), so the "− no_failure" column is the damage the failure
+left after K steps. The swapped reference against the plain one (paired) is the cost of the swaps themselves. The Fig. 2 line says, per stage, which
 adjacent pairs of the paper's order random ≫ copy > average > CheckFree are separated by non-overlapping 95 %
 intervals of the validation loss after K steps.
 """
@@ -17,25 +18,54 @@ from checkfree.report.stats import Interval, mean_ci
 FIG2_ORDER = ("random", "copy", "average", "checkfree")
 
 
+SWAPPED_REFERENCE = "no_failure +swaps"
+
+
+def _label(cell: dict[str, Any]) -> str:
+    """A cell's row name: its strategy, or ``no_failure +swaps`` for the swapped reference."""
+    return SWAPPED_REFERENCE if cell["stage"] is None and cell.get("swaps") else cell["strategy"]
+
+
 def _groups(result: dict[str, Any]) -> dict[tuple[Any, str], list[dict[str, Any]]]:
     out: dict[tuple[Any, str], list[dict[str, Any]]] = {}
     for c in result["cells"]:
-        out.setdefault((c["stage"], c["strategy"]), []).append(c)
+        out.setdefault((c["stage"], _label(c)), []).append(c)
     return out
+
+
+def _references(result: dict[str, Any], k: str) -> dict[tuple[int, bool], float]:
+    """(seed, swaps) → the no-failure reference's loss after K steps."""
+    return {
+        (c["seed"], bool(c.get("swaps"))): c["losses"][k]
+        for c in result["cells"]
+        if c["strategy"] == "no_failure"
+    }
+
+
+def swap_cost(result: dict[str, Any]) -> Interval | None:
+    """The swapped no-failure reference minus the plain one after K steps, paired by seed (paper Fig. 4c)."""
+    ref = _references(result, str(result["steps"][-1]))
+    diffs = [v - ref[(seed, False)] for (seed, swaps), v in ref.items() if swaps and (seed, False) in ref]
+    return _ci(diffs)
 
 
 def intervals(result: dict[str, Any]) -> dict[tuple[Any, str], dict[str, Interval | None]]:
     """Per (stage, strategy): an interval of the loss at each step count ("0", "1", …), of the paired difference
-    to no_failure after K steps ("minus_no_failure"), and of the weight distances ("rel_l2", "cosine")."""
+    to the no_failure reference of the same seed and swaps after K steps ("minus_no_failure"; None for the references
+    themselves), and of the weight distances ("rel_l2", "cosine")."""
     k = str(result["steps"][-1])
-    ref = {c["seed"]: c["losses"][k] for c in result["cells"] if c["strategy"] == "no_failure"}
+    ref = _references(result, k)
     out: dict[tuple[Any, str], dict[str, Interval | None]] = {}
     for key, cells in _groups(result).items():
         row: dict[str, Interval | None] = {
             s: _ci([c["losses"][s] for c in cells]) for s in map(str, result["steps"])
         }
-        paired = [c["losses"][k] - ref[c["seed"]] for c in cells if c["seed"] in ref]
-        row["minus_no_failure"] = _ci(paired) if key[1] != "no_failure" else None
+        paired = [
+            c["losses"][k] - ref[(c["seed"], bool(c.get("swaps")))]
+            for c in cells
+            if (c["seed"], bool(c.get("swaps"))) in ref
+        ]
+        row["minus_no_failure"] = _ci(paired) if key[0] is not None else None
         row["rel_l2"] = _ci([c["weight_rel_l2"] for c in cells if c["weight_rel_l2"] is not None])
         row["cosine"] = _ci([c["weight_cosine"] for c in cells if c["weight_cosine"] is not None])
         out[key] = row
@@ -104,6 +134,14 @@ def render(result: dict[str, Any]) -> str:
         "|" + "---|" * len(header),
     ]
     lines += ["| " + " | ".join(r) + " |" for r in body]
+    cost = swap_cost(result)
+    if cost is not None:
+        lines += [
+            "",
+            f"Swaps without a failure ({SWAPPED_REFERENCE} − no_failure after {k} steps, paired by seed): "
+            f"{cost.format('+.4f')} nats. Swap strategies are paired with the swapped reference, so their "
+            "− no_failure column is the recovery's damage alone.",
+        ]
     sep = fig2_separation(result, table)
     if sep:
         lines += [

@@ -11,7 +11,7 @@ import torch
 
 from checkfree.cli import main
 from checkfree.probe import ProbeData, ProbeOptions, run_probe, weight_distance
-from checkfree.probe_report import fig2_separation, intervals
+from checkfree.probe_report import fig2_separation, intervals, swap_cost
 from checkfree.report.stats import mean_ci
 
 from helpers import VOCAB, RandomBatches, make_trainer, tiny_config
@@ -131,7 +131,7 @@ def test_a_killed_probe_resumes_from_its_finished_cells(checkpoint, tmp_path, mo
         if len(calls) == 3 and not killed:
             killed.append(True)
             raise Killed  # the kill, in the middle of the fourth cell
-        calls.append(args[:3])
+        calls.append(args[:4])
         return real_cell(self, *args)
 
     monkeypatch.setattr(probe_mod._Probe, "cell", counted)
@@ -142,11 +142,40 @@ def test_a_killed_probe_resumes_from_its_finished_cells(checkpoint, tmp_path, mo
     first = list(calls)
     resumed = run_probe(opts, data)
     assert len(first) == 3 and len(calls) == 6  # 2 references + 2 × 2 cells = 6, each computed once
-    assert (
-        set(calls) == {(c["stage"], c["strategy"], c["seed"]) for c in whole["cells"]}
-        and len(set(calls)) == 6
-    )
+    assert set(calls) == {(c["stage"], c["strategy"], c["seed"], c["swaps"]) for c in whole["cells"]}
+    assert len(set(calls)) == 6
     assert resumed["cells"] == whole["cells"] and resumed["resumed_cells"] == 3
     calls.clear()
     run_probe(ProbeOptions(run, tmp_path / "out", ["random"], stages=[2], seeds=1, steps=2), data)
     assert len(calls) == 2  # other step counts: nothing reused
+
+
+def test_swap_strategies_are_paired_with_a_swapped_reference(checkpoint, tmp_path):
+    """checkfree_plus trains with swaps after the failure; its damage is measured against no_failure with swaps of
+    the same seed, and the swaps' own cost is the swapped reference minus the plain one."""
+    run, data = checkpoint
+    opts = ProbeOptions(run, tmp_path / "out", ["checkfree", "checkfree_plus"], stages=[2], seeds=2, steps=1)
+    result = run_probe(opts, data)
+    cells = {(c["stage"], c["strategy"], c["seed"], c["swaps"]): c["losses"]["1"] for c in result["cells"]}
+    assert set(cells) == {
+        (st, name, s, sw)
+        for s in (0, 1)
+        for st, name, sw in [
+            (None, "no_failure", False),
+            (None, "no_failure", True),
+            (2, "checkfree", False),
+            (2, "checkfree_plus", True),
+        ]
+    }
+    assert (
+        cells[(None, "no_failure", 0, True)] != cells[(None, "no_failure", 0, False)]
+    )  # swaps change training
+    table = intervals(result)
+    plus = [cells[(2, "checkfree_plus", s, True)] - cells[(None, "no_failure", s, True)] for s in (0, 1)]
+    plain = [cells[(2, "checkfree", s, False)] - cells[(None, "no_failure", s, False)] for s in (0, 1)]
+    assert table[(2, "checkfree_plus")]["minus_no_failure"] == mean_ci(plus)
+    assert table[(2, "checkfree")]["minus_no_failure"] == mean_ci(plain)
+    cost = [cells[(None, "no_failure", s, True)] - cells[(None, "no_failure", s, False)] for s in (0, 1)]
+    assert swap_cost(result) == mean_ci(cost)
+    md = (tmp_path / "out" / "probe.md").read_text()
+    assert "| — | no_failure +swaps | 2 |" in md and "Swaps without a failure" in md
