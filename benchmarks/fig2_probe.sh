@@ -7,11 +7,14 @@
 #
 # usage: benchmarks/fig2_probe.sh                                        # tiny config, 1,500 base iterations
 #        CONFIG=small_config.json ITERATIONS=1000 SEEDS=3 STEPS=50 benchmarks/fig2_probe.sh   # deeper stages
+#        SWAPS=1 benchmarks/fig2_probe.sh                                # base and probe with CheckFree+ swaps
 #        SMOKE=1 benchmarks/fig2_probe.sh                                # a minute: 20 base iterations, K = 2
 #        DRY_RUN=1 benchmarks/fig2_probe.sh                              # print the two commands; run nothing
 #
 # Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
-#   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] OUT [runs/fig2_probe/<config stem>]
+#   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] SWAPS [0] OUT [runs/fig2_probe/<config stem>,
+#   with -swaps appended when SWAPS=1]. SWAPS=1 trains the base with swaps (run.sh) and every probe cell with swaps
+#   (`probe --swaps`): CheckFree+ in its own regime, every rule on the same footing.
 # The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain), and the probe
 # resumes from the cells it finished (OUT/probe/cells.jsonl), so a killed benchmark loses at most one cell.
 #
@@ -33,8 +36,11 @@ ITERATIONS=${ITERATIONS:-1500}
 SEEDS=${SEEDS:-5}
 STEPS=${STEPS:-100}
 STRATEGIES=${STRATEGIES:-random,copy,zero,average,checkfree,checkfree_plus}
+SWAPS=${SWAPS:-0}
 stem=$(basename "$CONFIG" .json)
-OUT=${OUT:-runs/fig2_probe/$stem}
+case "$SWAPS" in 0) launcher=run_2.sh; swap_flag=(); suffix="" ;; 1) launcher=run.sh; swap_flag=(--swaps); suffix=-swaps ;;
+  *) echo "SWAPS is '$SWAPS'; expected 0 or 1." >&2; exit 2 ;; esac
+OUT=${OUT:-runs/fig2_probe/$stem$suffix}
 
 for v in ITERATIONS SEEDS STEPS; do
   case "${!v}" in ''|*[!0-9]*|0) echo "$v is '${!v}'; expected a positive integer." >&2; exit 2;; esac
@@ -46,10 +52,10 @@ n_stages=$("$py" -c 'import json, sys; print(int(json.load(open(sys.argv[1]))["n
 [ "$n_stages" -ge 3 ] || { echo "CONFIG has $n_stages stages; the probe needs a middle stage (S ≥ 3)." >&2; exit 2; }
 stages=$(seq -s, 2 $((n_stages - 1)))
 
-base_cmd=("$root/simulate_training/run_2.sh" no_failure 1 16 "$CONFIG" 0 --max-iterations "$ITERATIONS"
+base_cmd=("$root/simulate_training/$launcher" no_failure 1 16 "$CONFIG" 0 --max-iterations "$ITERATIONS"
   --eval-interval "$ITERATIONS" --no-progress --run-dir "$OUT/base")
 probe_cmd=("$py" -m checkfree probe "$OUT/base" --stages "$stages" --strategies "$STRATEGIES" --seeds "$SEEDS"
-  --steps "$STEPS" --out "$OUT/probe")
+  --steps "$STEPS" --out "$OUT/probe" "${swap_flag[@]}")
 if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
   echo "${base_cmd[*]}"
   echo "${probe_cmd[*]}"

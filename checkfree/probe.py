@@ -7,7 +7,8 @@ the failure (``data_seed + seed``) and the strategy's own seed (random init). Ea
 nothing lost: the ``no_failure`` reference every cell is paired with. When a strategy runs with CheckFree+ swaps
 (``checkfree_plus``, ``ladder``), each seed also trains a ``no_failure`` reference with swaps, and those cells are
 paired with it, so their paired damage is the recovery's alone, not the cost of the swapped stage order (paper
-Fig. 4c) on a base trained without swaps.
+Fig. 4c) on a base trained without swaps. ``--swaps`` trains every cell and the reference with swaps: the regime
+of a base trained with swaps (``run.sh``), where CheckFree+ is measured on its own terms.
 
 Outputs in ``--out``: ``probe.json`` (every cell), ``probe.md`` (mean ± 95 % Student-t interval per (stage,
 strategy), see :mod:`checkfree.report.stats`) and ``probe.png``. Each finished cell is also appended to
@@ -33,6 +34,7 @@ import torch
 from checkfree import checkpointing
 from checkfree.config import Config, config_from_dict
 from checkfree.model import build_hf_model, split_model
+from checkfree.pipeline import MIN_STAGES_FOR_SWAPS
 from checkfree.recovery import REGISTRY, make_strategy
 from checkfree.recovery_accounting import weight_distance
 from checkfree.rundir import check_output_dir, claim_output_dir
@@ -60,6 +62,8 @@ class ProbeOptions:
     seeds: int = 3
     steps: int = 100
     cache_dir: Path | None = None
+    swaps: bool = False
+    """Every cell (and the reference) trains with CheckFree+ swaps; else only the strategies that need them."""
 
 
 @dataclass
@@ -109,6 +113,14 @@ def validate(opts: ProbeOptions, cfg: Config) -> list[int]:
             raise ValueError(f"--stages names {s}; the checkpoint's stages are 0..{cfg.n_stages}.")
     if opts.seeds < 1 or opts.steps < 1:
         raise ValueError(f"--seeds {opts.seeds} and --steps {opts.steps} must both be ≥ 1.")
+    swapped = [n for n in opts.strategies if REGISTRY[n].requires_swaps] or (
+        ["--swaps"] if opts.swaps else []
+    )
+    if swapped and cfg.n_stages < MIN_STAGES_FOR_SWAPS:
+        raise ValueError(
+            f"{swapped[0]} trains with CheckFree+ swaps, which need n_stages ≥ {MIN_STAGES_FOR_SWAPS}; "
+            f"the checkpoint has {cfg.n_stages}."
+        )
     return stages
 
 
@@ -261,9 +273,10 @@ def _cell_json(cell: Cell) -> dict[str, Any]:
 def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[tuple[int | None, str, int, bool]]:
     """Every (stage, strategy, seed, swaps) to measure: the no-failure references first (stage None), with swaps
     too when a strategy needs them; stage 0 only under strategies that can rebuild it."""
-    swapped = [REGISTRY[n].requires_swaps for n in opts.strategies]
+    swapped = [opts.swaps or REGISTRY[n].requires_swaps for n in opts.strategies]
     seeds = range(opts.seeds)
-    jobs = [(None, "no_failure", s, swaps) for swaps in sorted(set([False] + swapped)) for s in seeds]
+    references = [True] if opts.swaps else sorted({False, *swapped})
+    jobs = [(None, "no_failure", s, swaps) for swaps in references for s in seeds]
     for st in stages:
         for name, swaps in zip(opts.strategies, swapped, strict=True):
             if st == 0 and not REGISTRY[name].recovers_stage0:
@@ -352,13 +365,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--out", type=Path, required=True, help="output directory (probe.json, probe.md, probe.png)"
     )
     p.add_argument("--cache-dir", type=Path, help="token/tokenizer cache of the run (default as simulate)")
+    p.add_argument(
+        "--swaps",
+        action="store_true",
+        help="every cell trains with CheckFree+ swaps (for a base trained with swaps, run.sh)",
+    )
     p.set_defaults(func=_cmd)
 
 
 def _cmd(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     opts = ProbeOptions(
-        args.checkpoint, args.out, strategies, args.stages, args.seeds, args.steps, args.cache_dir
+        args.checkpoint, args.out, strategies, args.stages, args.seeds, args.steps, args.cache_dir, args.swaps
     )
     result = run_probe(opts)
     print(f"probe: {len(result['cells'])} cells in {result['seconds']:.0f} s → {args.out / 'probe.md'}")

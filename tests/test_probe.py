@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from checkfree.cli import main
-from checkfree.probe import ProbeData, ProbeOptions, run_probe, weight_distance
+from checkfree.probe import ProbeData, ProbeOptions, run_probe, validate, weight_distance
 from checkfree.probe_report import fig2_separation, intervals, swap_cost
 from checkfree.report.stats import mean_ci
 
@@ -179,3 +179,21 @@ def test_swap_strategies_are_paired_with_a_swapped_reference(checkpoint, tmp_pat
     assert swap_cost(result) == mean_ci(cost)
     md = (tmp_path / "out" / "probe.md").read_text()
     assert "| — | no_failure +swaps | 2 |" in md and "Swaps without a failure" in md
+
+
+def test_swaps_for_a_base_trained_with_swaps(checkpoint, tmp_path):
+    """--swaps: every cell and the one reference train with swaps, so a no-swap rule trains differently; a
+    checkpoint with fewer than 4 stages is refused before anything is written."""
+    run, data = checkpoint
+    plain = run_probe(ProbeOptions(run, tmp_path / "plain", ["random"], [2], 1, 1), data)
+    swapped = run_probe(ProbeOptions(run, tmp_path / "swapped", ["random"], [2], 1, 1, swaps=True), data)
+    keys = {(c["stage"], c["strategy"], c["swaps"]) for c in swapped["cells"]}
+    assert keys == {(None, "no_failure", True), (2, "random", True)}
+    loss = {c["stage"]: c["losses"]["1"] for c in swapped["cells"]}
+    assert loss[2] != next(c["losses"]["1"] for c in plain["cells"] if c["stage"] == 2)
+    assert intervals(swapped)[(2, "random")]["minus_no_failure"].mean == pytest.approx(loss[2] - loss[None])
+    three = tiny_config(n_stages=3)
+    with pytest.raises(ValueError, match="n_stages ≥ 4"):
+        validate(ProbeOptions(run, tmp_path / "x", ["random"], swaps=True), three)
+    validate(ProbeOptions(run, tmp_path / "x", ["random"]), three)  # without swaps 3 stages are fine
+    assert not (tmp_path / "x").exists()
