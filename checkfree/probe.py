@@ -113,12 +113,11 @@ def validate(opts: ProbeOptions, cfg: Config) -> list[int]:
             raise ValueError(f"--stages names {s}; the checkpoint's stages are 0..{cfg.n_stages}.")
     if opts.seeds < 1 or opts.steps < 1:
         raise ValueError(f"--seeds {opts.seeds} and --steps {opts.steps} must both be ≥ 1.")
-    swapped = [n for n in opts.strategies if REGISTRY[n].requires_swaps] or (
-        ["--swaps"] if opts.swaps else []
-    )
-    if swapped and cfg.n_stages < MIN_STAGES_FOR_SWAPS:
+    if (opts.swaps or any(REGISTRY[n].requires_swaps for n in opts.strategies)) and (
+        cfg.n_stages < MIN_STAGES_FOR_SWAPS
+    ):
         raise ValueError(
-            f"{swapped[0]} trains with CheckFree+ swaps, which need n_stages ≥ {MIN_STAGES_FOR_SWAPS}; "
+            f"--swaps or --strategies asks for CheckFree+ swaps, which need n_stages ≥ {MIN_STAGES_FOR_SWAPS}; "
             f"the checkpoint has {cfg.n_stages}."
         )
     return stages
@@ -317,14 +316,15 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
     cells: list[Cell] = []
     t0 = time.perf_counter()
     jobs = probe_jobs(opts, stages)
-    for i, (stage, name, seed, swaps) in enumerate(jobs):
+    for i, job in enumerate(jobs):
+        stage, name, seed, swaps = job
         label = name + (" +swaps" if swaps and stage is None else "")
         where = f"[{i + 1}/{len(jobs)}] stage {'—' if stage is None else stage}, {label}, seed {seed}"
-        if (stage, name, seed, swaps) in done:
-            cells.append(done[(stage, name, seed, swaps)])
+        if job in done:
+            cells.append(done[job])
             log.info("%s: finished earlier (%s)", where, CELLS)
             continue
-        cells.append(probe.cell(stage, name, seed, swaps, steps))
+        cells.append(probe.cell(*job, steps))
         _append_cell(opts.out, cells[-1])
         losses = ", ".join(f"{k}: {v:.4f}" for k, v in cells[-1].losses.items())
         log.info("%s: val loss %s (%.0f s)", where, losses, time.perf_counter() - t0)

@@ -33,13 +33,14 @@ def _groups(result: dict[str, Any]) -> dict[tuple[Any, str], list[dict[str, Any]
     return out
 
 
+def _pair(cell: dict[str, Any]) -> tuple[int, bool]:
+    """(seed, swaps): which no-failure reference a cell is paired with (cells written before swaps existed: none)."""
+    return cell["seed"], bool(cell.get("swaps"))
+
+
 def _references(result: dict[str, Any], k: str) -> dict[tuple[int, bool], float]:
     """(seed, swaps) → the no-failure reference's loss after K steps."""
-    return {
-        (c["seed"], bool(c.get("swaps"))): c["losses"][k]
-        for c in result["cells"]
-        if c["strategy"] == "no_failure"
-    }
+    return {_pair(c): c["losses"][k] for c in result["cells"] if c["strategy"] == "no_failure"}
 
 
 def swap_cost(result: dict[str, Any]) -> Interval | None:
@@ -60,11 +61,7 @@ def intervals(result: dict[str, Any]) -> dict[tuple[Any, str], dict[str, Interva
         row: dict[str, Interval | None] = {
             s: _ci([c["losses"][s] for c in cells]) for s in map(str, result["steps"])
         }
-        paired = [
-            c["losses"][k] - ref[(c["seed"], bool(c.get("swaps")))]
-            for c in cells
-            if (c["seed"], bool(c.get("swaps"))) in ref
-        ]
+        paired = [c["losses"][k] - ref[_pair(c)] for c in cells if _pair(c) in ref]
         row["minus_no_failure"] = _ci(paired) if key[0] is not None else None
         row["rel_l2"] = _ci([c["weight_rel_l2"] for c in cells if c["weight_rel_l2"] is not None])
         row["cosine"] = _ci([c["weight_cosine"] for c in cells if c["weight_cosine"] is not None])
