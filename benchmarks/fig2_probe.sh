@@ -13,7 +13,9 @@
 #
 # Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
 #   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] SWAPS [0] OUT [runs/fig2_probe/<config stem>,
-#   with -swaps appended when SWAPS=1]. SWAPS=1 trains the base with swaps (run.sh) and every probe cell with swaps
+#   with -swaps appended when SWAPS=1] JOBS [1]. JOBS=N runs the probe as N processes sharing its cells (`probe
+#   --shard K/N`; N cores, OMP_NUM_THREADS=1 each), so it finishes about N times sooner; their logs are
+#   OUT/probe-shard<K>.log. SWAPS=1 trains the base with swaps (run.sh) and every probe cell with swaps
 #   (`probe --swaps`): CheckFree+ in its own regime, every rule on the same footing.
 # The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain), and the probe
 # resumes from the cells it finished (OUT/probe/cells.jsonl), so a killed benchmark loses at most one cell.
@@ -37,12 +39,13 @@ SEEDS=${SEEDS:-5}
 STEPS=${STEPS:-100}
 STRATEGIES=${STRATEGIES:-random,copy,zero,average,checkfree,checkfree_plus}
 SWAPS=${SWAPS:-0}
+JOBS=${JOBS:-1}
 stem=$(basename "$CONFIG" .json)
 case "$SWAPS" in 0) launcher=run_2.sh; swap_flag=(); suffix="" ;; 1) launcher=run.sh; swap_flag=(--swaps); suffix=-swaps ;;
   *) echo "SWAPS is '$SWAPS'; expected 0 or 1." >&2; exit 2 ;; esac
 OUT=${OUT:-runs/fig2_probe/$stem$suffix}
 
-for v in ITERATIONS SEEDS STEPS; do
+for v in ITERATIONS SEEDS STEPS JOBS; do
   case "${!v}" in ''|*[!0-9]*|0) echo "$v is '${!v}'; expected a positive integer." >&2; exit 2;; esac
 done
 config_path=$CONFIG
@@ -58,7 +61,9 @@ probe_cmd=("$py" -m checkfree probe "$OUT/base" --stages "$stages" --strategies 
   --steps "$STEPS" --out "$OUT/probe" "${swap_flag[@]}")
 if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then
   echo "${base_cmd[*]}"
-  echo "${probe_cmd[*]}"
+  if [ "$JOBS" = 1 ]; then echo "${probe_cmd[*]}"; else
+    for k in $(seq 1 "$JOBS"); do echo "${probe_cmd[*]} --shard $k/$JOBS &"; done
+  fi
   exit 0
 fi
 t0=$SECONDS
@@ -79,5 +84,23 @@ found = list_checkpoints(sys.argv[1]); print(read_checkpoint(found[-1]).meta["it
   "${base_cmd[@]}"
 fi
 echo "[fig2_probe] base ready after $((SECONDS - t0)) s; probing stages $stages with $STRATEGIES, $SEEDS seeds, K = $STEPS"
-"${probe_cmd[@]}"
+if [ "$JOBS" = 1 ]; then
+  "${probe_cmd[@]}"
+else
+  # JOBS shards into one OUT/probe (`probe --shard K/N`); the last to finish writes the report. On an interrupt
+  # only the shards started here are stopped, by process id.
+  pids=()
+  trap 'kill "${pids[@]}" 2>/dev/null; exit 130' INT TERM
+  for k in $(seq 1 "$JOBS"); do
+    "${probe_cmd[@]}" --shard "$k/$JOBS" > "$OUT/probe-shard$k.log" 2>&1 &
+    pids+=($!)
+  done
+  failed=0
+  for k in "${!pids[@]}"; do
+    wait "${pids[$k]}" || { failed=1; echo "[fig2_probe] shard $((k + 1))/$JOBS failed: see its log" >&2; }
+  done
+  trap - INT TERM
+  tail -n 1 "$OUT"/probe-shard*.log
+  [ "$failed" = 0 ] || exit 1
+fi
 echo "[fig2_probe] done in $((SECONDS - t0)) s: $OUT/probe/probe.md"

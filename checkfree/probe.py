@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,6 +34,17 @@ from checkfree import checkpointing
 from checkfree.config import Config, config_from_dict
 from checkfree.model import build_hf_model, split_model
 from checkfree.pipeline import MIN_STAGES_FOR_SWAPS
+from checkfree.probe_cells import (
+    CELLS,
+    MARKER,
+    Cell,
+    CellKey,
+    append_cell,
+    cell_json,
+    finished_cells,
+    locked,
+    same_identity,
+)
 from checkfree.recovery import REGISTRY, make_strategy
 from checkfree.recovery_accounting import weight_distance
 from checkfree.rundir import check_output_dir, claim_output_dir
@@ -44,10 +54,6 @@ log = logging.getLogger(__name__)
 
 FIG2_RULES = ("random", "copy", "zero", "average", "checkfree", "checkfree_plus")
 """The neighbour rules of the paper's Fig. 2 (and its ablations): the default ``--strategies``."""
-MARKER = "checkfree_probe.json"
-"""Marks a directory as a probe's output, which a later probe may resume or replace (checkfree.rundir)."""
-CELLS = "cells.jsonl"
-"""One JSON line per finished cell, written as it finishes: what a rerun resumes from."""
 
 
 @dataclass
@@ -64,25 +70,8 @@ class ProbeOptions:
     cache_dir: Path | None = None
     swaps: bool = False
     """Every cell (and the reference) trains with CheckFree+ swaps; else only the strategies that need them."""
-
-
-@dataclass
-class Cell:
-    """One (stage, strategy, seed): validation loss after each step count, and the weight distances."""
-
-    stage: int | None
-    strategy: str
-    seed: int
-    losses: dict[int, float]
-    rule: str = ""
-    weight_rel_l2: float | None = None
-    weight_cosine: float | None = None
-    swaps: bool = False
-    """Trained with CheckFree+ swaps after the failure (a swap strategy, or the swapped no_failure reference)."""
-
-    @property
-    def key(self) -> tuple[int | None, str, int, bool]:
-        return (self.stage, self.strategy, self.seed, self.swaps)
+    shard: tuple[int, int] | None = None
+    """(K, N): compute only every N-th cell, starting with the K-th (1-based), so N processes share the probe."""
 
 
 def resolve_checkpoint(path: Path) -> Path:
@@ -113,6 +102,8 @@ def validate(opts: ProbeOptions, cfg: Config) -> list[int]:
             raise ValueError(f"--stages names {s}; the checkpoint's stages are 0..{cfg.n_stages}.")
     if opts.seeds < 1 or opts.steps < 1:
         raise ValueError(f"--seeds {opts.seeds} and --steps {opts.steps} must both be ≥ 1.")
+    if opts.shard is not None and not 1 <= opts.shard[0] <= opts.shard[1]:
+        raise ValueError(f"--shard {opts.shard[0]}/{opts.shard[1]}; expected K/N with 1 ≤ K ≤ N.")
     if (opts.swaps or any(REGISTRY[n].requires_swaps for n in opts.strategies)) and (
         cfg.n_stages < MIN_STAGES_FOR_SWAPS
     ):
@@ -215,61 +206,7 @@ class _Records:
         pass
 
 
-def _cell_from_json(line: str) -> Cell | None:
-    """A cell from one line of cells.jsonl; None for a line cut short by a kill or not a cell."""
-    try:
-        d = json.loads(line)
-        cell = Cell(
-            d["stage"],
-            d["strategy"],
-            int(d["seed"]),
-            {int(k): float(v) for k, v in d["losses"].items()},
-            d.get("rule", ""),
-            d.get("weight_rel_l2"),
-            d.get("weight_cosine"),
-            bool(d.get("swaps", False)),
-        )
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if cell.stage is not None and not isinstance(cell.stage, int):
-        return None
-    return cell
-
-
-def finished_cells(out: Path, identity: dict[str, Any]) -> dict[tuple[int | None, str, int, bool], Cell]:
-    """The cells an earlier probe into ``out`` finished for the same ``identity`` (checkpoint and step counts).
-
-    An earlier probe of another checkpoint or other step counts is not resumed: its cells.jsonl is replaced.
-    """
-    marker, cells_file = out / MARKER, out / CELLS
-    if not cells_file.is_file():
-        return {}
-    try:
-        earlier = json.loads(marker.read_text()).get("identity")
-    except (OSError, json.JSONDecodeError, AttributeError):
-        earlier = None
-    if earlier != identity:
-        return {}
-    found: dict[tuple[int | None, str, int, bool], Cell] = {}
-    for line in cells_file.read_text().splitlines():
-        cell = _cell_from_json(line)
-        if cell is not None:
-            found[cell.key] = cell
-    return found
-
-
-def _append_cell(out: Path, cell: Cell) -> None:
-    with open(out / CELLS, "a") as f:
-        f.write(json.dumps(_cell_json(cell)) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _cell_json(cell: Cell) -> dict[str, Any]:
-    return cell.__dict__ | {"losses": {str(k): v for k, v in cell.losses.items()}}
-
-
-def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[tuple[int | None, str, int, bool]]:
+def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[CellKey]:
     """Every (stage, strategy, seed, swaps) to measure: the no-failure references first (stage None), with swaps
     too when a strategy needs them; stage 0 only under strategies that can rebuild it."""
     swapped = [opts.swaps or REGISTRY[n].requires_swaps for n in opts.strategies]
@@ -286,10 +223,13 @@ def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[tuple[int | None, 
 
 
 def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, Any]:
-    """Run every cell; write probe.json, probe.md and probe.png into ``opts.out``; return probe.json's content.
+    """Run every cell (or this shard's); write probe.json, probe.md and probe.png into ``opts.out``; return
+    probe.json's content, or, for a shard that finished before another, ``{"complete": False, ...}``.
 
     ``data`` defaults to the run's corpus (:func:`corpus_data`). Cells an interrupted probe into the same ``out``
-    finished for the same checkpoint and step counts are reused, not recomputed (:func:`finished_cells`).
+    finished for the same checkpoint and step counts are reused, not recomputed (:func:`finished_cells`). With
+    ``opts.shard = (K, N)`` this process computes cells K, K+N, K+2N, … of the plan (1-based); N processes with
+    K = 1..N share one ``out``, and whichever finishes last writes the report from everyone's cells.
 
     Raises:
         FileNotFoundError / CheckpointError: the checkpoint is missing or corrupt.
@@ -308,39 +248,61 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
         "effective_iteration": meta["effective_iteration"],
         "steps": steps,
     }
-    done = finished_cells(opts.out, identity)
-    claim_output_dir(opts.out, MARKER, {"identity": identity, "command": "python -m checkfree probe"})
-    if not done:
-        (opts.out / CELLS).write_text("")
+    opts.out.mkdir(parents=True, exist_ok=True)
+    with locked(opts.out):  # the first of several shards claims the directory; the others join it
+        if not same_identity(opts.out, identity):
+            claim_output_dir(opts.out, MARKER, {"identity": identity, "command": "python -m checkfree probe"})
+            (opts.out / CELLS).write_text("")
+        done = finished_cells(opts.out, identity)
     probe = _Probe(path, cfg, data or corpus_data(cfg, opts.cache_dir))
-    cells: list[Cell] = []
     t0 = time.perf_counter()
     jobs = probe_jobs(opts, stages)
-    for i, job in enumerate(jobs):
-        stage, name, seed, swaps = job
+    k, n = opts.shard or (1, 1)
+    computed = 0
+    for i in range(k - 1, len(jobs), n):
+        stage, name, seed, swaps = job = jobs[i]
         label = name + (" +swaps" if swaps and stage is None else "")
         where = f"[{i + 1}/{len(jobs)}] stage {'—' if stage is None else stage}, {label}, seed {seed}"
         if job in done:
-            cells.append(done[job])
             log.info("%s: finished earlier (%s)", where, CELLS)
             continue
-        cells.append(probe.cell(*job, steps))
-        _append_cell(opts.out, cells[-1])
-        losses = ", ".join(f"{k}: {v:.4f}" for k, v in cells[-1].losses.items())
+        cell = probe.cell(*job, steps)
+        append_cell(opts.out, cell)
+        computed += 1
+        losses = ", ".join(f"{s}: {v:.4f}" for s, v in cell.losses.items())
         log.info("%s: val loss %s (%.0f s)", where, losses, time.perf_counter() - t0)
-    result = {
-        "format": "checkfree-probe-v1",
-        "checkpoint": str(path),
-        "effective_iteration": meta["effective_iteration"],
-        "config": cfg.to_json(),
-        "steps": steps,
-        "seeds": opts.seeds,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "resumed_cells": sum(1 for c in cells if c.key in done),
-        "cells": [_cell_json(c) for c in cells],
-    }
-    (opts.out / "probe.json").write_text(json.dumps(result, indent=1))
-    probe_report.write(result, opts.out)
+    seconds = round(time.perf_counter() - t0, 1)
+    with locked(opts.out):
+        finished = finished_cells(opts.out, identity)
+        if any(job not in finished for job in jobs):
+            count = sum(job in finished for job in jobs)
+            log.info(
+                "shard %d/%d done: %d of %d cells finished; the last shard writes the report",
+                k,
+                n,
+                count,
+                len(jobs),
+            )
+            return {
+                "complete": False,
+                "finished": count,
+                "total": len(jobs),
+                "computed": computed,
+                "seconds": seconds,
+            }
+        result = {
+            "format": "checkfree-probe-v1",
+            "checkpoint": str(path),
+            "effective_iteration": meta["effective_iteration"],
+            "config": cfg.to_json(),
+            "steps": steps,
+            "seeds": opts.seeds,
+            "seconds": seconds,
+            "resumed_cells": len(jobs) - computed,
+            "cells": [cell_json(finished[job]) for job in jobs],
+        }
+        (opts.out / "probe.json").write_text(json.dumps(result, indent=1))
+        probe_report.write(result, opts.out)
     return result
 
 
@@ -370,14 +332,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="every cell trains with CheckFree+ swaps (for a base trained with swaps, run.sh)",
     )
+    p.add_argument(
+        "--shard",
+        type=_shard,
+        metavar="K/N",
+        help="compute every N-th cell from the K-th; run K = 1..N at once into one --out to use N cores",
+    )
     p.set_defaults(func=_cmd)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    k, sep, n = text.partition("/")
+    if not (sep and k.isdigit() and n.isdigit()):
+        raise argparse.ArgumentTypeError(f"{text!r} is not K/N (two positive integers, e.g. 1/2)")
+    return int(k), int(n)
 
 
 def _cmd(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     opts = ProbeOptions(
-        args.checkpoint, args.out, strategies, args.stages, args.seeds, args.steps, args.cache_dir, args.swaps
+        args.checkpoint,
+        args.out,
+        strategies,
+        args.stages,
+        args.seeds,
+        args.steps,
+        args.cache_dir,
+        args.swaps,
+        args.shard,
     )
     result = run_probe(opts)
-    print(f"probe: {len(result['cells'])} cells in {result['seconds']:.0f} s → {args.out / 'probe.md'}")
+    if result.get("complete") is False:
+        print(
+            f"probe --shard {args.shard[0]}/{args.shard[1]}: {result['computed']} cells in {result['seconds']:.0f} s;"
+            f" {result['finished']} of {result['total']} cells finished, the last shard to finish writes probe.md"
+        )
+    else:
+        print(f"probe: {len(result['cells'])} cells in {result['seconds']:.0f} s → {args.out / 'probe.md'}")
     return 0

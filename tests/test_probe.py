@@ -197,3 +197,42 @@ def test_swaps_for_a_base_trained_with_swaps(checkpoint, tmp_path):
         validate(ProbeOptions(run, tmp_path / "x", ["random"], swaps=True), three)
     validate(ProbeOptions(run, tmp_path / "x", ["random"]), three)  # without swaps 3 stages are fine
     assert not (tmp_path / "x").exists()
+
+
+def test_shards_share_one_probe_and_the_last_writes_the_report(checkpoint, tmp_path, monkeypatch):
+    """--shard K/N: two processes into one --out each compute their half of the cells, once; the first to finish
+    writes no report, the second writes the report of an unsharded probe; a bad K/N is refused."""
+    from checkfree import probe as probe_mod
+
+    run, data = checkpoint
+    whole = run_probe(ProbeOptions(run, tmp_path / "whole", ["random", "copy"], [2], 2, 1), data)
+    real_cell, calls = probe_mod._Probe.cell, []
+
+    def counted(self, *args):
+        calls.append(args[:4])
+        return real_cell(self, *args)
+
+    monkeypatch.setattr(probe_mod._Probe, "cell", counted)
+    shard = [ProbeOptions(run, tmp_path / "out", ["random", "copy"], [2], 2, 1, shard=(k, 2)) for k in (1, 2)]
+    first = run_probe(shard[0], data)
+    assert first["complete"] is False and (first["computed"], first["finished"], first["total"]) == (3, 3, 6)
+    assert not (tmp_path / "out" / "probe.json").exists()
+    last = run_probe(shard[1], data)
+    assert len(calls) == 6 and len(set(calls)) == 6  # every cell once, split between the shards
+    assert last["cells"] == whole["cells"] and last["resumed_cells"] == 3
+    assert json.loads((tmp_path / "out" / "probe.json").read_text())["cells"] == whole["cells"]
+    with pytest.raises(ValueError, match="--shard 3/2"):
+        run_probe(ProbeOptions(run, tmp_path / "bad", ["random"], [2], 1, 1, shard=(3, 2)), data)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_output_lock_excludes_a_second_holder(tmp_path):
+    """Only one probe at a time claims an output directory; a second waits, then gives up with TimeoutError."""
+    from checkfree.probe_cells import locked
+
+    with locked(tmp_path):
+        with pytest.raises(TimeoutError, match="locked by another probe"):
+            with locked(tmp_path, timeout_s=0.2):
+                pass
+    with locked(tmp_path, timeout_s=0.2):  # released when the first holder leaves
+        pass
