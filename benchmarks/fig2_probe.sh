@@ -14,8 +14,8 @@
 # Environment (defaults in brackets): CONFIG [tiny_config.json] ITERATIONS [1500] SEEDS [5] STEPS [100]
 #   STRATEGIES [random,copy,zero,average,checkfree,checkfree_plus] SWAPS [0] OUT [runs/fig2_probe/<config stem>,
 #   with -swaps appended when SWAPS=1] JOBS [1]. JOBS=N runs the probe as N processes sharing its cells (`probe
-#   --shard K/N`; N cores, OMP_NUM_THREADS=1 each), so it finishes about N times sooner; their logs are
-#   OUT/probe-shard<K>.log. SWAPS=1 trains the base with swaps (run.sh) and every probe cell with swaps
+#   --shard K/N`; each with nproc/N threads, or SHARD_THREADS), so it finishes about N times sooner; their logs
+#   are OUT/probe-shard<K>.log. SWAPS=1 trains the base with swaps (run.sh) and every probe cell with swaps
 #   (`probe --swaps`): CheckFree+ in its own regime, every rule on the same footing.
 # The base run is kept: a second invocation with the same OUT reuses it (delete OUT/base to retrain), and the probe
 # resumes from the cells it finished (OUT/probe/cells.jsonl), so a killed benchmark loses at most one cell.
@@ -89,10 +89,12 @@ if [ "$JOBS" = 1 ]; then
 else
   # JOBS shards into one OUT/probe (`probe --shard K/N`); the last to finish writes the report. On an interrupt
   # only the shards started here are stopped, by process id.
+  # Each shard gets its share of the cores (SHARD_THREADS overrides), so the base may use them all.
+  threads=${SHARD_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
   pids=()
   trap 'kill "${pids[@]}" 2>/dev/null; exit 130' INT TERM
   for k in $(seq 1 "$JOBS"); do
-    "${probe_cmd[@]}" --shard "$k/$JOBS" > "$OUT/probe-shard$k.log" 2>&1 &
+    OMP_NUM_THREADS=$threads "${probe_cmd[@]}" --shard "$k/$JOBS" > "$OUT/probe-shard$k.log" 2>&1 &
     pids+=($!)
   done
   failed=0
