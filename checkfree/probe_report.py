@@ -124,7 +124,9 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Checkpoint `{result['checkpoint']}` (effective iteration {result['effective_iteration']}; "
         f"{cfg['architecture']} d {cfg['dmodel']}, {cfg['n_stages']} stages × {cfg['n_layers_per_stage']} "
-        f"layers). {result['seeds']} seed(s) per cell; {result['seconds']:.0f} s. Validation loss in nats, mean ± "
+        f"layers). {result['seeds']} seed(s) per cell; {result['seconds']:.0f} s in the process that wrote this "
+        f"({len(result['cells']) - result.get('resumed_cells', 0)} cells computed there, "
+        f"{result.get('resumed_cells', 0)} by other shards or an earlier run). Validation loss in nats, mean ± "
         "half-width of the 95 % Student-t interval over seeds.",
         "",
         "| " + " | ".join(header) + " |",
