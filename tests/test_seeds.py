@@ -24,6 +24,7 @@ def test_t_interval_matches_a_hand_computation():
     assert five.half_width == pytest.approx(2.776 * 0.1581139 / math.sqrt(5), rel=1e-6)
     one = mean_ci([5.0])
     assert one.single and math.isnan(one.low) and one.format() == "5.0000 (1 seed)"
+    assert mean_ci([-1.0, -2.0, -3.0]).format("+.2f") == "-2.00 ± 2.48"  # a signed spec signs the mean only
     assert t_quantile_975(21) == 2.086 and t_quantile_975(500) == 1.960  # between entries: the smaller df
     with pytest.raises(ValueError):
         mean_ci([1.0, float("nan")])

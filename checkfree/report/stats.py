@@ -84,9 +84,10 @@ class Interval:
         return self.low <= other.high and other.low <= self.high
 
     def format(self, spec: str = ".4f") -> str:
+        """``mean ± half-width``; a sign option in ``spec`` (``+.4f``) signs the mean only."""
         if self.single:
             return f"{format(self.mean, spec)} (1 seed)"
-        return f"{format(self.mean, spec)} ± {format(self.half_width, spec)}"
+        return f"{format(self.mean, spec)} ± {format(self.half_width, spec.lstrip('+- '))}"
 
 
 def mean_ci(values: Sequence[float]) -> Interval:
