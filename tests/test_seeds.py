@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 from test_report import make_run
@@ -85,6 +86,19 @@ def test_report_aggregates_runs_that_differ_only_in_seed(tmp_path):
     text = res.report.read_text()
     assert "holds in 2 of 3 seeds** (sign test p = 0.5" in text
     assert "| copy | 3 | 4.6000 ± " in text and "+0.5000 ± " in text
+
+
+def test_a_seed_with_runs_missing_is_named_and_not_counted(tmp_path):
+    _three_seeds(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "runs" / "checkfree-s2")  # seed 2 cannot judge Fig. 2 any more
+    res = build_report(
+        [tmp_path / "runs"], 4.45, tmp_path / "out", TimingOptions(iteration_seconds=10.0), plots=False
+    )
+    (fig2,) = [v for v in seed_verdicts(res.verdicts, {}) if v.statement.startswith("Fig. 2")]
+    assert (fig2.holds, fig2.judged, fig2.seeds, fig2.missing) == (2, 2, [0, 1], [2])
+    assert "holds in 2 of 2 seeds** (sign test p = 0.25; seeds 0, 1; not judged, runs missing: seed 2)" in (
+        res.report.read_text()
+    )
 
 
 def test_single_seed_groups_say_so(tmp_path):

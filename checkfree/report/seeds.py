@@ -134,6 +134,9 @@ class SeedVerdict:
     holds: int
     judged: int
     seeds: list[Any]
+    """The seeds judged."""
+    missing: list[Any] = field(default_factory=list)
+    """Seeds with a comparison group but not judged (runs missing)."""
 
     @property
     def p_value(self) -> float | None:
@@ -148,9 +151,12 @@ class SeedVerdict:
             return (
                 f"- {self.statement} ({self.where}): **{verdict}** in the single seed judged (single-seed)."
             )
+        missing = (
+            f"; not judged, runs missing: seed {', '.join(map(str, self.missing))}" if self.missing else ""
+        )
         return (
             f"- {self.statement} ({self.where}): **holds in {self.holds} of {self.judged} seeds** "
-            f"(sign test p = {self.p_value:.3g}; seeds {', '.join(map(str, self.seeds))})."
+            f"(sign test p = {self.p_value:.3g}; seeds {', '.join(map(str, self.seeds))}{missing})."
         )
 
 
@@ -165,7 +171,12 @@ def seed_verdicts(verdicts: list[Verdict], titles: dict[tuple[Any, ...], str]) -
         where = titles.get(scope, ", ".join(map(str, scope)))
         out.append(
             SeedVerdict(
-                statement, where, sum(bool(v.holds) for v in judged), len(judged), [v.seed for v in vs]
+                statement,
+                where,
+                sum(bool(v.holds) for v in judged),
+                len(judged),
+                [v.seed for v in judged],
+                [v.seed for v in vs if v.holds is None],
             )
         )
     return out
