@@ -132,11 +132,14 @@ class SeedVerdict:
     statement: str
     where: str
     holds: int
-    judged: int
     seeds: list[Any]
     """The seeds judged."""
     missing: list[Any] = field(default_factory=list)
     """Seeds with a comparison group but not judged (runs missing)."""
+
+    @property
+    def judged(self) -> int:
+        return len(self.seeds)
 
     @property
     def p_value(self) -> float | None:
@@ -174,7 +177,6 @@ def seed_verdicts(verdicts: list[Verdict], titles: dict[tuple[Any, ...], str]) -
                 statement,
                 where,
                 sum(bool(v.holds) for v in judged),
-                len(judged),
                 [v.seed for v in judged],
                 [v.seed for v in vs if v.holds is None],
             )
