@@ -365,3 +365,15 @@ def test_fig4c_and_fig2_verdicts(tmp_path):
         plots=False,
     )
     assert len(res.groups) == 1 and [v.holds for v in res.verdicts if v.claim.startswith("Fig. 2")] == [True]
+
+
+def test_every_recovery_rule_gets_its_own_colour_in_the_recoveries_plot():
+    from matplotlib.colors import to_rgb
+
+    from checkfree.recovery.planner import PLAN_RULES
+    from checkfree.report.plots import _colours
+
+    rules = sorted(PLAN_RULES | {"rollback", "restore_one", "initial", "a_new_rule"})
+    colours = _colours(rules)
+    assert set(colours) == set(rules)
+    assert len({to_rgb(c) for c in colours.values()}) == len(rules)

@@ -26,7 +26,24 @@ _COLOURS = {
     "one": "tab:pink",
     "redundant": "tab:gray",
     "ec_snapshot": "tab:cyan",
+    "ladder": "navy",
+    # recovery rules that are not strategy names (the recoveries plot colours rules)
+    "rollback": "tab:purple",
+    "replica": "tab:gray",
+    "restore_one": "tab:pink",
+    "ec_decode": "tab:cyan",
+    "stage0_copy": "tab:blue",
 }
+_SPARE_COLOURS = ("gold", "teal", "crimson", "lime", "indigo", "sienna", "magenta", "darkkhaki")
+
+
+def _colours(names: list[str]) -> dict[str, str]:
+    """A distinct colour per name: its fixed colour, else the next spare one no other name uses."""
+    chosen = {name: _COLOURS[name] for name in names if name in _COLOURS}
+    spare = [c for c in _SPARE_COLOURS if c not in chosen.values()]
+    for i, name in enumerate(n for n in names if n not in chosen):
+        chosen[name] = spare[i % len(spare)]
+    return chosen
 
 
 def slug(text: str) -> str:
@@ -168,9 +185,10 @@ def recovery_plot(runs: list[Run], out: Path) -> Path | None:
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6, 4.2))
+    colours = _colours(sorted(points))
     for rule, pts in sorted(points.items()):
         pts = _finite(pts)
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=rule, s=18, color=_COLOURS.get(rule))
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=rule, s=18, color=colours[rule], alpha=0.8)
     ax.axhline(0.0, color="black", linewidth=0.6)
     ax.set_xlabel("‖W_rebuilt − W_lost‖ / ‖W_lost‖")
     ax.set_ylabel("probe loss spike (nats)")
