@@ -197,9 +197,15 @@ class Trainer:
                 with_stages=failed,
             )
         self.counts["failures"] += len(failed)
-        log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         if not self.strategy.loses_state:
+            log.info(
+                "iteration %d: stage(s) %s drawn to fail; %s loses nothing",
+                st.iteration,
+                failed,
+                self.strategy.name,
+            )
             return
+        log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
         # the lost weights stay in this frame only: the strategy gets the state, where they are NaN
         lost = self.accounting.keep(st, failed) if self.accounting is not None else None
         for s in failed:
