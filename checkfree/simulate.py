@@ -189,20 +189,12 @@ class Trainer:
             return
         st = self.state
         for s in failed:
-            self.ctx.sink.write(
-                "failure",
-                iteration=st.iteration,
-                stage=s,
-                effective_iteration=st.effective_iteration,
-                with_stages=failed,
-            )
+            at = {"iteration": st.iteration, "effective_iteration": st.effective_iteration}
+            self.ctx.sink.write("failure", stage=s, with_stages=failed, **at)
         self.counts["failures"] += len(failed)
         if not self.strategy.loses_state:
             log.info(
-                "iteration %d: stage(s) %s drawn to fail; %s loses nothing",
-                st.iteration,
-                failed,
-                self.strategy.name,
+                "iteration %d: stage(s) %s drawn to fail; no_failure loses nothing", st.iteration, failed
             )
             return
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)
