@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from checkfree.report.colours import colours
 from checkfree.report.stats import Interval, mean_ci
 
 FIG2_ORDER = ("random", "copy", "average", "checkfree")
@@ -164,13 +165,22 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(1, max(1, len(stages)), figsize=(4.5 * max(1, len(stages)), 3.6), squeeze=False)
     steps = [str(s) for s in result["steps"]]
     xs = [max(int(s), 0.5) for s in steps]  # log axis: step 0 drawn at 0.5
+    palette = colours(sorted({name for _, name in table}))
     for ax, stage in zip(axes[0], stages, strict=False):
         for (st, name), row in table.items():
             if st not in (stage, None):
                 continue
             ys = [row[s].mean if row[s] else math.nan for s in steps]
             err = [0.0 if not row[s] or row[s].single else row[s].half_width for s in steps]
-            ax.errorbar(xs, ys, yerr=err, label=name, capsize=2, linestyle="--" if st is None else "-")
+            ax.errorbar(
+                xs,
+                ys,
+                yerr=err,
+                label=name,
+                capsize=2,
+                color=palette[name],
+                linestyle="--" if st is None else "-",
+            )
         ax.set_xscale("log")
         ax.set_title(f"stage {stage} lost")
         ax.set_xlabel("steps after the failure (0 at 0.5)")

@@ -371,9 +371,13 @@ def test_every_recovery_rule_gets_its_own_colour_in_the_recoveries_plot():
     from matplotlib.colors import to_rgb
 
     from checkfree.recovery.planner import PLAN_RULES
-    from checkfree.report.plots import _colours
+    from checkfree.report.colours import colours as palette
 
     rules = sorted(PLAN_RULES | {"rollback", "restore_one", "initial", "a_new_rule"})
-    colours = _colours(rules)
+    colours = palette(rules)
     assert set(colours) == set(rules)
     assert len({to_rgb(c) for c in colours.values()}) == len(rules)
+    # a strategy keeps its colour in every plot; a second label of the same strategy gets its own
+    probe = palette(["no_failure", "no_failure +swaps", "checkfree"])
+    assert probe["no_failure"] == "black" and probe["checkfree"] == "tab:green"
+    assert len(set(probe.values())) == 3

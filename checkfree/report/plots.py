@@ -12,38 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from checkfree.report.analysis import Group, Row  # noqa: E402
+from checkfree.report.colours import colour, colours  # noqa: E402
 from checkfree.report.runs import Run  # noqa: E402
-
-_COLOURS = {
-    "no_failure": "black",
-    "random": "tab:red",
-    "copy": "tab:orange",
-    "zero": "tab:brown",
-    "average": "tab:olive",
-    "checkfree": "tab:green",
-    "checkfree_plus": "tab:blue",
-    "checkpoint": "tab:purple",
-    "one": "tab:pink",
-    "redundant": "tab:gray",
-    "ec_snapshot": "tab:cyan",
-    "ladder": "navy",
-    # recovery rules that are not strategy names (the recoveries plot colours rules)
-    "rollback": "tab:purple",
-    "replica": "tab:gray",
-    "restore_one": "tab:pink",
-    "ec_decode": "tab:cyan",
-    "stage0_copy": "tab:blue",
-}
-_SPARE_COLOURS = ("gold", "teal", "crimson", "lime", "indigo", "sienna", "magenta", "darkkhaki")
-
-
-def _colours(names: list[str]) -> dict[str, str]:
-    """A distinct colour per name: its fixed colour, else the next spare one no other name uses."""
-    chosen = {name: _COLOURS[name] for name in names if name in _COLOURS}
-    spare = [c for c in _SPARE_COLOURS if c not in chosen.values()]
-    for i, name in enumerate(n for n in names if n not in chosen):
-        chosen[name] = spare[i % len(spare)]
-    return chosen
 
 
 def slug(text: str) -> str:
@@ -52,9 +22,9 @@ def slug(text: str) -> str:
 
 
 def _style(run: Run) -> dict:
-    colour = _COLOURS.get(run.strategy, None)
+    fixed = colour(run.strategy)
     return {
-        "color": colour,
+        "color": fixed,
         "linestyle": "--" if run.swaps and run.strategy != "checkfree_plus" else "-",
         "label": run.label,
         "linewidth": 1.4,
@@ -137,7 +107,7 @@ def training_plot(group: Group, out: Path) -> Path:
         )
         loss_at = dict(train)
         if train:
-            ax.plot(*zip(*train, strict=True), color=_COLOURS.get(run.strategy), linewidth=0.8)
+            ax.plot(*zip(*train, strict=True), color=colour(run.strategy), linewidth=0.8)
         top = max((v for _, v in train), default=1.0)
         for i, it in enumerate(
             sorted({int(r["iteration"]) for r in run.kind("failure") if "iteration" in r})
@@ -185,10 +155,10 @@ def recovery_plot(runs: list[Run], out: Path) -> Path | None:
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    colours = _colours(sorted(points))
+    palette = colours(sorted(points))
     for rule, pts in sorted(points.items()):
         pts = _finite(pts)
-        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=rule, s=18, color=colours[rule], alpha=0.8)
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=rule, s=18, color=palette[rule], alpha=0.8)
     ax.axhline(0.0, color="black", linewidth=0.6)
     ax.set_xlabel("‖W_rebuilt − W_lost‖ / ‖W_lost‖")
     ax.set_ylabel("probe loss spike (nats)")
