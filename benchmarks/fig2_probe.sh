@@ -21,8 +21,9 @@
 # resumes from the cells it finished (OUT/probe/cells.jsonl), so a killed benchmark loses at most one cell.
 #
 # Runtime (measured on this project's 2-core machine, OMP_NUM_THREADS=1, the other core busy): tiny defaults 2 h
-# 23 min (65 cells × 100 steps); small config (1,000 base iterations at ≈ 5 s each, then 39 cells × 50 steps)
-# ≈ 4–5 h. On shared cores, OMP_NUM_THREADS=1.
+# 23 min (65 cells × 100 steps); small config (1,000 base iterations at ≈ 5 s each, then 42 cells × 50 steps)
+# ≈ 4–5 h. On shared cores, OMP_NUM_THREADS=1. On 2 idle cores with JOBS=2 OMP_NUM_THREADS=2: SWAPS=1 tiny
+# defaults 1 h 14 min (base 16 min, 65 cells in 57 min); small config 2 h 31 min (base 50 min, 42 cells in 100 min).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
