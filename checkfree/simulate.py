@@ -188,13 +188,13 @@ class Trainer:
         if not failed:
             return
         st = self.state
+        it, eff = st.iteration, st.effective_iteration
         for s in failed:
-            at = {"iteration": st.iteration, "effective_iteration": st.effective_iteration}
-            self.ctx.sink.write("failure", stage=s, with_stages=failed, **at)
+            self.ctx.sink.write("failure", iteration=it, stage=s, effective_iteration=eff, with_stages=failed)
         self.counts["failures"] += len(failed)
         if not self.strategy.loses_state:
             log.info(
-                "iteration %d: stage(s) %s drawn to fail; no_failure loses nothing", st.iteration, failed
+                "iteration %d: stage(s) %s drawn to fail; %s loses nothing", it, failed, self.strategy.name
             )
             return
         log.info("iteration %d: stage(s) %s failed", st.iteration, failed)

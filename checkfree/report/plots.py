@@ -22,9 +22,8 @@ def slug(text: str) -> str:
 
 
 def _style(run: Run) -> dict:
-    fixed = colour(run.strategy)
     return {
-        "color": fixed,
+        "color": colour(run.strategy),
         "linestyle": "--" if run.swaps and run.strategy != "checkfree_plus" else "-",
         "label": run.label,
         "linewidth": 1.4,
