@@ -4,7 +4,7 @@
         --out failure_p_configs/16.json
 
 Defaults reproduce the authors' shipped files; without --out the JSON goes to stdout. A thin wrapper over
-checkfree.failures_cli (the same options and output as ``python -m checkfree schedule``); it writes nothing
+checkfree.failures.cli (the same options and output as ``python -m checkfree schedule``); it writes nothing
 except --out.
 """
 
@@ -15,7 +15,7 @@ import logging
 import sys
 
 from checkfree.cli import OneLineParser
-from checkfree.failures_cli import add_arguments, cmd_schedule
+from checkfree.failures.cli import add_arguments, cmd_schedule
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from checkfree.config import load_config
-from checkfree.failures import StageFailureInjector
-from checkfree.metrics import MetricsSink, read_metrics
+from checkfree.failures.injection import StageFailureInjector
 from checkfree.model import build_stages
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
 
 class RandomBatches:

@@ -30,8 +30,7 @@ FILE_BYTES = 64 << 20
 
 def build_corpus(root: Path, gigabytes: float, seed: int = 0) -> int:
     """Write ≥ gigabytes GB of shuffled Shakespeare documents into root/*.txt; returns the bytes written."""
-    from checkfree.data import shakespeare_files
-    from checkfree.data.sources import split_text
+    from checkfree.data.sources import shakespeare_files, split_text
 
     docs = [d for f in shakespeare_files() for d in split_text(f.read_text(encoding="utf-8"))]
     rng = np.random.default_rng(seed)
@@ -56,7 +55,7 @@ def build_corpus(root: Path, gigabytes: float, seed: int = 0) -> int:
 
 def worker(corpus_dir: str, cache_dir: str, num_proc: int) -> None:
     """Child process: prepare the corpus, print one JSON line with its counts, seconds and peak RSS."""
-    from checkfree.data import DataSpec, prepare_corpus
+    from checkfree.data.corpus import DataSpec, prepare_corpus
 
     t0 = time.perf_counter()
     spec = DataSpec(corpus_dir, vocab_size=4096, seq_len=1024, cache_dir=Path(cache_dir), num_proc=num_proc)

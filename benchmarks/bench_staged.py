@@ -17,13 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from checkfree.config import load_config
-from checkfree.data import BatchSource, prepare_corpus
-from checkfree.failures import StageFailureInjector
-from checkfree.launch import data_spec
-from checkfree.metrics import MetricsSink
+from checkfree.data.batches import BatchSource
+from checkfree.data.corpus import prepare_corpus
+from checkfree.failures.injection import StageFailureInjector
 from checkfree.model import build_hf_model, split_model
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.launch import data_spec
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
 
 
 def main() -> None:

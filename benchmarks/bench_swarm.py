@@ -32,7 +32,7 @@ from pathlib import Path
 
 from checkfree.pipeline import stage_order
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route
-from checkfree.swarm.netem import NetEm
+from checkfree.swarm.wire.netem import NetEm
 
 HEADER_BYTES = 400
 """Wire overhead of a FORWARD/BACKWARD message beyond its tensor (header, meta with the route), bytes."""
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_swarm_config(args.config)
     if args.from_run is None:
         from checkfree.swarm.cli import _vocab_size
-        from checkfree.swarm.supervisor import Supervisor
+        from checkfree.swarm.supervisor.supervisor import Supervisor
 
         run_dir = Path(tempfile.mkdtemp(prefix="bench_swarm_"))
         Supervisor(
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     res = json.loads((run_dir / "throughput.json").read_text())
     executed = len(res["iterations"])
     compute = {int(n): {**c, "iterations": executed} for n, c in res["node_compute"].items()}
-    from checkfree.swarm.worker import build_stage
+    from checkfree.swarm.node.compute import build_stage
 
     grad_bytes = {
         s: sum(p.numel() * 4 + 80 for p in build_stage(cfg.model, s, res_vocab(res), 0).parameters())

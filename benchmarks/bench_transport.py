@@ -8,7 +8,7 @@ Prints (targets from the brief; STACK.md measured raw pyzmq at 1590 MB/s and 0.1
 
 Processes, not threads: one Python process per node is how the swarm runs, and threads in one process
 would share the GIL and flatter or distort the numbers. Every blocking call has a timeout. Both targets are
-measured with CURVE authentication and encryption (the swarm's default, checkfree.swarm.auth) and without
+measured with CURVE authentication and encryption (the swarm's default, checkfree.swarm.wire.auth) and without
 (``--insecure``); each line says "met" or "missed".
 
     .venv/bin/python benchmarks/bench_transport.py [--messages 60] [--pings 300] [--rounds 3]
@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from checkfree.swarm.auth import Identity, KeyRing, SwarmKeys
-from checkfree.swarm.netem import NetEm
-from checkfree.swarm.protocol import Message, MessageType
-from checkfree.swarm.transport import Transport
+from checkfree.swarm.wire.auth import Identity, KeyRing, SwarmKeys
+from checkfree.swarm.wire.netem import NetEm
+from checkfree.swarm.wire.protocol import Message, MessageType
+from checkfree.swarm.wire.transport import Transport
 
 PARENT, CHILD = 0, 1
 TIMEOUT_S = 30.0

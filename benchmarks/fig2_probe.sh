@@ -72,7 +72,7 @@ if [ ! -f "$OUT/base/summary.json" ]; then
   # A base killed part-way resumes from its newest run checkpoint (every 500 iterations: --checkpoint-interval).
   start=0
   if [ -d "$OUT/base/checkpoints" ]; then
-    start=$("$py" -c 'import sys; from checkfree.checkpointing import list_checkpoints, read_checkpoint
+    start=$("$py" -c 'import sys; from checkfree.checkpoint.store import list_checkpoints, read_checkpoint
 found = list_checkpoints(sys.argv[1]); print(read_checkpoint(found[-1]).meta["iteration"] if found else 0)' \
       "$OUT/base/checkpoints")
   fi

@@ -35,14 +35,15 @@ import torch
 import torch.nn.functional as F
 
 from checkfree.config import load_config
-from checkfree.data import BatchSource, prepare_corpus
+from checkfree.data.batches import BatchSource
+from checkfree.data.corpus import prepare_corpus
 from checkfree.devices import autocast_context, to_device
-from checkfree.failures import StageFailureInjector
-from checkfree.launch import SimulateOptions, data_spec, run_simulation
-from checkfree.metrics import MetricsSink
+from checkfree.failures.injection import StageFailureInjector
 from checkfree.model import build_hf_model, build_stages, split_model
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.launch import SimulateOptions, data_spec, run_simulation
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
 from checkfree.training_state import TrainingState, make_adam
 
 ROWS: list[tuple[str, str, str]] = []

@@ -221,7 +221,7 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from checkfree.launch import SimulateOptions, plan_lines, run_simulation
+    from checkfree.sim.launch import SimulateOptions, plan_lines, run_simulation
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "set")}
     opts = SimulateOptions(**fields, extra=parse_sets(args.set))
@@ -248,11 +248,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 # Modules that add their own sub-commands through ``add_parser(subparsers)``.
 SUBCOMMAND_MODULES = (
-    "checkfree.failures_cli",
+    "checkfree.failures.cli",
     "checkfree.swarm.cli",
-    "checkfree.report",
+    "checkfree.report.build",
     "checkfree.export",
-    "checkfree.probe",
+    "checkfree.probe.run",
 )
 
 
@@ -280,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") == "0":
         root.addHandler(handler)
     logging.getLogger("checkfree").setLevel(logging.INFO)
-    from checkfree.checkpointing import CheckpointError
-    from checkfree.data import DataUnavailableError
+    from checkfree.checkpoint.store import CheckpointError
+    from checkfree.data.sources import DataUnavailableError
 
     try:
         return args.func(args)

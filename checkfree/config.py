@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkfree.failures import PROBABILITY_RANGE
+from checkfree.failures.rates import PROBABILITY_RANGE
 
 ARCHITECTURES = ("LLaMa", "GPT")
 HUB_DATASET_NAMES = ("TinyStories", "OpenWebText", "RedPajama")

@@ -1,6 +1,6 @@
 """Trained stages → a Hugging Face model directory, and a sampler for it.
 
-``python -m checkfree export RUN_DIR --out DIR`` reads the newest checkpoint of a run (checkfree.checkpointing's
+``python -m checkfree export RUN_DIR --out DIR`` reads the newest checkpoint of a run (checkfree.checkpoint.store's
 per-layer safetensors, checksums verified), puts every stage's weights back into one unsplit transformers model
 (stage 0 = embedding + final norm + head, transformer stage s = global blocks (s−1)·L … s·L−1) and saves it with
 ``save_pretrained`` (config.json + model.safetensors) next to the run's tokenizer. The directory loads with
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from checkfree.checkpointing import CheckpointError, Snapshot, list_checkpoints, read_checkpoint
+from checkfree.checkpoint.store import CheckpointError, Snapshot, list_checkpoints, read_checkpoint
 from checkfree.config import Config, config_from_dict
 from checkfree.rundir import check_output_dir, claim_output_dir
 

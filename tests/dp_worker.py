@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from checkfree.failures import StageFailureInjector
-from checkfree.metrics import MetricsSink
+from checkfree.failures.injection import StageFailureInjector
 from checkfree.model import build_stages
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
 
 from helpers import VOCAB, RandomBatches, tiny_config
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from checkfree.launch import SimulateOptions, run_simulation
+from checkfree.sim.launch import SimulateOptions, run_simulation
 
 SMALL = {"dmodel": 32, "num_heads": 2, "seq_l": 32, "batch_size": 2, "mb_count": 2, "validation": 2}
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from checkfree.config import Config
-from checkfree.metrics import MetricsSink
 from checkfree.model import build_stages
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
 
 VOCAB = 300
 
@@ -44,7 +44,7 @@ def tiny_config(**overrides) -> Config:
 
 
 class RandomBatches:
-    """Batches that are a pure function of the step, like checkfree.data.BatchSource."""
+    """Batches that are a pure function of the step, like checkfree.data.batches.BatchSource."""
 
     def __init__(self, cfg: Config, vocab: int = VOCAB, seed: int = 0):
         self.cfg, self.vocab, self.seed = cfg, vocab, seed

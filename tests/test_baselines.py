@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from checkfree import checkpointing
-from checkfree.metrics import MetricsSink, read_metrics
-from checkfree.recovery import REGISTRY, resolve_setting
+from checkfree.checkpoint import store
 from checkfree.recovery.checkpoint import paper_interval
 from checkfree.recovery.ec_snapshot import decode_lost, encode_parity
+from checkfree.recovery.registry import REGISTRY, resolve_setting
 from checkfree.recovery.stage_copy import flatten, take_copy
+from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
 from helpers import ScriptedFailures, make_trainer, tiny_config
 
@@ -67,7 +67,7 @@ SLOW_WRITE = 0.2
 def slow_disk(monkeypatch) -> list[float]:
     """Slow every checkpoint write by SLOW_WRITE s; returns the list that the durations of the strategy's writes
     (not the run's final resume checkpoint) are appended to."""
-    real, durations = checkpointing.write_snapshot, []
+    real, durations = store.write_snapshot, []
 
     def write(snapshot, root, *a, **kw):
         t0 = time.perf_counter()
@@ -78,7 +78,7 @@ def slow_disk(monkeypatch) -> list[float]:
             if root.name == "strategy":
                 durations.append(time.perf_counter() - t0)
 
-    monkeypatch.setattr(checkpointing, "write_snapshot", write)
+    monkeypatch.setattr(store, "write_snapshot", write)
     return durations
 
 
@@ -153,7 +153,7 @@ def test_one_restores_only_the_failed_stage(tmp_path):
 def test_async_snapshot_never_sees_a_half_updated_state(tmp_path, monkeypatch):
     """A copy slowed past the whole forward/backward still holds the iteration-start state, and at most one
     flush is ever in flight."""
-    real_materialize, real_write = checkpointing.materialize, checkpointing.write_snapshot
+    real_materialize, real_write = store.materialize, store.write_snapshot
     in_flight, most = [0], [0]
     lock = threading.Lock()
 
@@ -172,8 +172,8 @@ def test_async_snapshot_never_sees_a_half_updated_state(tmp_path, monkeypatch):
             with lock:
                 in_flight[0] -= 1
 
-    monkeypatch.setattr(checkpointing, "materialize", slow_materialize)
-    monkeypatch.setattr(checkpointing, "write_snapshot", slow_write)
+    monkeypatch.setattr(store, "materialize", slow_materialize)
+    monkeypatch.setattr(store, "write_snapshot", slow_write)
     cfg = tiny_config(max_iterations=6, checkpoint_every=1, save_mode="async")
     t = make_trainer(cfg, "checkpoint", checkpoint_dir=tmp_path)
     t.strategy.setup(t.state)
@@ -181,9 +181,9 @@ def test_async_snapshot_never_sees_a_half_updated_state(tmp_path, monkeypatch):
     start_of_2 = full_state(t)
     t.step()
     t.strategy.finish(t.state)
-    snap = checkpointing.read_checkpoint(tmp_path / "strategy" / "iter_0000002")
+    snap = store.read_checkpoint(tmp_path / "strategy" / "iter_0000002")
     probe = make_trainer(cfg, "no_failure", seed=9)
-    checkpointing.restore(snap, probe.state, 1)
+    store.restore(snap, probe.state, 1)
     assert same(full_state(probe), start_of_2)
     assert most[0] == 1
 

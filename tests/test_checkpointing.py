@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkfree import checkpointing
-from checkfree.checkpointing import CheckpointError
+from checkfree.checkpoint import store
+from checkfree.checkpoint.store import CheckpointError
 
 from helpers import ScriptedFailures, make_trainer, params_of, sigkill_when, tiny_config
 
@@ -28,8 +28,8 @@ def trained(cfg, steps: int, **kw):
 
 
 def save(trainer, root: Path, keep: int = 3) -> Path:
-    snap = checkpointing.capture(trainer.state, trainer.cfg.n_layers_per_stage, trainer.cfg.to_json())
-    return checkpointing.write_snapshot(snap, root, keep=keep)
+    snap = store.capture(trainer.state, trainer.cfg.n_layers_per_stage, trainer.cfg.to_json())
+    return store.write_snapshot(snap, root, keep=keep)
 
 
 def test_resume_4x3_into_6x2_gives_the_same_next_losses(tmp_path):
@@ -85,12 +85,12 @@ def test_truncated_and_missing_files_are_refused(tmp_path):
     layer = path / "layer_0002.safetensors"
     layer.write_bytes(layer.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=r"layer_0002\.safetensors has .* bytes.*truncated"):
-        checkpointing.read_checkpoint(path)
+        store.read_checkpoint(path)
     layer.unlink()
     with pytest.raises(CheckpointError, match=r"layer_0002\.safetensors is missing"):
-        checkpointing.read_checkpoint(path)
+        store.read_checkpoint(path)
     with pytest.raises(CheckpointError, match="nowhere does not exist; existing checkpoints: iter_0000001"):
-        checkpointing.read_checkpoint(tmp_path / "nowhere")
+        store.read_checkpoint(tmp_path / "nowhere")
 
 
 def test_a_layout_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
@@ -98,12 +98,12 @@ def test_a_layout_that_does_not_fit_is_refused_before_anything_changes(tmp_path)
     other = make_trainer(tiny_config(n_stages=2, n_layers_per_stage=1))
     with pytest.raises(CheckpointError, match="4 transformer layers; the model has 2 × 1"):
         other.resume(path)
-    snap = checkpointing.read_checkpoint(path)
+    snap = store.read_checkpoint(path)
     snap.files["layer_0003"]["param/mlp.down_proj.weight"] = torch.zeros(3, 3)  # only the last stage is off
     fresh = make_trainer(tiny_config(), seed=1)
     before = params_of(fresh)
     with pytest.raises(CheckpointError, match="stage 4 parameter 'layers.0.mlp.down_proj.weight'.*shape"):
-        checkpointing.restore(snap, fresh.state, 1)
+        store.restore(snap, fresh.state, 1)
     assert all(torch.equal(x, y) for x, y in zip(before, params_of(fresh), strict=True))
 
 
@@ -112,17 +112,17 @@ def test_keeps_the_newest_n_and_resaving_an_iteration_replaces_it(tmp_path):
     for e in range(5):
         t.state.effective_iteration = e
         save(t, tmp_path, keep=2)
-    assert [p.name for p in checkpointing.list_checkpoints(tmp_path)] == ["iter_0000003", "iter_0000004"]
+    assert [p.name for p in store.list_checkpoints(tmp_path)] == ["iter_0000003", "iter_0000004"]
     t.state.iteration = 99
     save(t, tmp_path, keep=2)  # effective 4 again (after a rollback)
-    assert checkpointing.read_checkpoint(tmp_path / "iter_0000004").iteration == 99
+    assert store.read_checkpoint(tmp_path / "iter_0000004").iteration == 99
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_metadata_records_layers_optimizer_positions_rng_and_config(tmp_path):
     cfg = tiny_config()
     t = trained(cfg, 2)
-    snap = checkpointing.read_checkpoint(save(t, tmp_path))
+    snap = store.read_checkpoint(save(t, tmp_path))
     meta = snap.meta
     assert meta["layer_stage"] == {"0": 1, "1": 2, "2": 3, "3": 4}
     assert meta["effective_iteration"] == 2 and meta["config"]["dmodel"] == cfg.dmodel
@@ -135,7 +135,7 @@ def test_metadata_records_layers_optimizer_positions_rng_and_config(tmp_path):
 
 KILL_SCRIPT = textwrap.dedent("""
     import sys, torch
-    from checkfree.checkpointing import Snapshot, write_snapshot
+    from checkfree.checkpoint.store import Snapshot, write_snapshot
     root = sys.argv[1]
     big = {"param/w": torch.arange(12_000_000, dtype=torch.float32)}  # 48 MB: each save takes a while
     for i in range(1_000_000):
@@ -153,15 +153,15 @@ def test_sigkill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path)
     sigkill_when(
         proc,
         lambda: bool(
-            checkpointing.list_checkpoints(root) and any(p.name.startswith(".tmp-") for p in root.iterdir())
+            store.list_checkpoints(root) and any(p.name.startswith(".tmp-") for p in root.iterdir())
         ),
         "the saving process never had a checkpoint and a save in progress at once",
         60,
         poll=0.01,
     )
     assert any(p.name.startswith(".tmp-") for p in root.iterdir())  # killed mid-save
-    newest = checkpointing.list_checkpoints(root)[-1]
-    snap = checkpointing.read_checkpoint(newest)  # verifies every checksum
+    newest = store.list_checkpoints(root)[-1]
+    snap = store.read_checkpoint(newest)  # verifies every checksum
     assert int(snap.files["extra"]["i"]) == snap.effective_iteration
     assert torch.equal(
         snap.files["layer_0000"]["param/w"][-3:], torch.tensor([11_999_997.0, 11_999_998.0, 11_999_999.0])

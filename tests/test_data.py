@@ -13,17 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from checkfree.data import (
-    BatchSource,
-    DataSpec,
-    DataUnavailableError,
-    load_documents,
-    prepare_corpus,
-    sources,
-    tokenizer,
-    validation_batches,
-)
 from checkfree.data import corpus as corpus_mod
+from checkfree.data import sources, tokenizer
+from checkfree.data.batches import BatchSource, validation_batches
+from checkfree.data.corpus import DataSpec, load_documents, prepare_corpus
+from checkfree.data.sources import DataUnavailableError
 
 WORDS = "the king queen sword crown night day love death fool ghost castle storm sea letter ring".split()
 

@@ -15,8 +15,10 @@ import numpy as np
 import pytest
 from test_data import WORDS, _spec, _write_tiny_corpus
 
-from checkfree.data import DataSpec, epochs, prepare_corpus, sources, train_token_budget, verify_corpus
 from checkfree.data import build as build_mod
+from checkfree.data import sources
+from checkfree.data.batches import epochs, train_token_budget
+from checkfree.data.corpus import DataSpec, prepare_corpus, verify_corpus
 
 from helpers import sigkill_when
 

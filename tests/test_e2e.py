@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from checkfree.failures import save_stage_schedule
-from checkfree.metrics import read_metrics
-from checkfree.recovery import REGISTRY
+from checkfree.failures.schedules import save_stage_schedule
+from checkfree.recovery.registry import REGISTRY
+from checkfree.telemetry.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 # failures at iterations 1..4, a consecutive pair at 3, first and last stages at 2 and 4

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkfree.checkpointing import capture, write_snapshot
+from checkfree.checkpoint.store import capture, write_snapshot
 from checkfree.config import Config
 from checkfree.export import export_run, generate, staged_logits
 from checkfree.model import build_hf_model, split_model

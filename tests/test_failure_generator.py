@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from checkfree.failures import format_node_schedule, generate_node_schedule
+from checkfree.failures.schedules import format_node_schedule, generate_node_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
 # Load the root-level script by path: it is not a package module and the repo root may not be on sys.path.

@@ -1,4 +1,4 @@
-"""Unit tests of checkfree.failures: the %/h mapping, the injector, schedules and the swarm generator."""
+"""Unit tests of checkfree.failures.rates: the %/h mapping, the injector, schedules and the swarm generator."""
 
 from __future__ import annotations
 
@@ -8,20 +8,20 @@ import random
 
 import pytest
 
-from checkfree.failures import (
+from checkfree.failures.injection import StageFailureInjector, StageFailureSource, StageSchedule
+from checkfree.failures.rates import (
     SWARM_FAILURE_PROBABILITIES,
-    StageFailureInjector,
-    StageFailureSource,
-    StageSchedule,
-    format_node_schedule,
-    generate_node_schedule,
     hourly_rate,
-    load_node_schedule,
-    load_stage_schedule,
-    node_to_stage_failures,
     per_iteration_probability,
     rate_key,
     resolve_failure_probability,
+)
+from checkfree.failures.schedules import (
+    format_node_schedule,
+    generate_node_schedule,
+    load_node_schedule,
+    load_stage_schedule,
+    node_to_stage_failures,
     save_stage_schedule,
 )
 

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from checkfree.pipeline import clip_coefficient
-from checkfree.swarm.gradient_sync import GradientSync
-from checkfree.swarm.membership import Membership
-from checkfree.swarm.node_state import Progress, StageState
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
+from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.gradient_sync import GradientSync
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
 
 STAGE, REPLICAS, MB_COUNT = 2, (5, 6, 7), 2
 

@@ -9,9 +9,10 @@ import pytest
 from cli_helpers import ROOT, checksums, run_cli, simulate_argv
 
 from checkfree.config import ConfigError, config_from_dict, load_config
-from checkfree.failures import StageFailureInjector, resolve_failure_probability
-from checkfree.metrics import read_metrics
-from checkfree.progress import WallClockGuard, any_failure_probability, expected_wall_iterations
+from checkfree.failures.injection import StageFailureInjector
+from checkfree.failures.rates import resolve_failure_probability
+from checkfree.sim.progress import WallClockGuard, any_failure_probability, expected_wall_iterations
+from checkfree.telemetry.metrics import read_metrics
 
 from helpers import make_trainer, tiny_config
 

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from checkfree.metrics import MetricsSink
 from checkfree.model import assemble_hf_model, build_hf_model, split_model, stage_parameter_counts
 from checkfree.pipeline import forward_loss
+from checkfree.telemetry.metrics import MetricsSink
 
 from helpers import tiny_config
 
@@ -76,8 +76,8 @@ def test_init_does_not_touch_global_rng():
 def test_end_of_text_embedding_learns_like_any_other_token(arch):
     """EOS separates every packed document: its embedding row starts random and moves after one step (it
     used to be the padding row, zero with no gradient, for the whole run)."""
-    from checkfree.recovery import make_strategy
-    from checkfree.simulate import RunContext, Trainer
+    from checkfree.recovery.registry import make_strategy
+    from checkfree.sim.trainer import RunContext, Trainer
 
     from helpers import VOCAB, RandomBatches, ScriptedFailures
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_data import _write_tiny_corpus
 
-from checkfree.metrics import read_metrics
-from checkfree.monitoring import is_terminal, progress_bar
+from checkfree.telemetry.metrics import read_metrics
+from checkfree.telemetry.monitoring import is_terminal, progress_bar
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from checkfree.swarm.netem import EmulatedLink, LinkSpec, NetEm
 from checkfree.swarm.topology import (
     GIB,
     TopologyError,
@@ -16,6 +15,7 @@ from checkfree.swarm.topology import (
     location_of,
     parse_locations,
 )
+from checkfree.swarm.wire.netem import EmulatedLink, LinkSpec, NetEm
 
 REPO = Path(__file__).resolve().parents[1]
 MB = 1_000_000

@@ -9,16 +9,16 @@ import pytest
 import torch
 
 from checkfree.model import build_stages
-from checkfree.recovery import make_strategy
 from checkfree.recovery.neighbours import stage0_part
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan, plan, plan_ladder
-from checkfree.swarm import weights as W
-from checkfree.swarm.membership import Membership
-from checkfree.swarm.node_state import Progress, StageState
-from checkfree.swarm.protocol import Message, MessageType
-from checkfree.swarm.recovering import FetchContext, Recovery
-from checkfree.swarm.strategies import make_recovery
-from checkfree.swarm.worker import build_stage
+from checkfree.recovery.registry import make_strategy
+from checkfree.swarm.node.compute import build_stage
+from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.recovering import FetchContext, Recovery
+from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.protocol import Message, MessageType
 from checkfree.training_state import TrainingState, make_adam
 
 from helpers import VOCAB, tiny_config

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from checkfree.cli import main
-from checkfree.probe import ProbeData, ProbeOptions, run_probe, validate, weight_distance
-from checkfree.probe_report import fig2_separation, intervals, swap_cost
+from checkfree.probe.report import fig2_separation, intervals, swap_cost
+from checkfree.probe.run import ProbeData, ProbeOptions, run_probe, validate, weight_distance
 from checkfree.report.stats import mean_ci
 
 from helpers import VOCAB, RandomBatches, make_trainer, tiny_config
@@ -120,7 +120,7 @@ class Killed(Exception):
 def test_a_killed_probe_resumes_from_its_finished_cells(checkpoint, tmp_path, monkeypatch):
     """A probe stopped after 3 cells (a preempted machine) recomputes only the rest when run again, and ends with
     exactly the cells of an uninterrupted probe; other step counts start over."""
-    from checkfree import probe as probe_mod
+    from checkfree.probe.run import run as probe_mod
 
     run, data = checkpoint
     opts = ProbeOptions(run, tmp_path / "out", ["random", "copy"], stages=[2], seeds=2, steps=1)
@@ -202,7 +202,7 @@ def test_swaps_for_a_base_trained_with_swaps(checkpoint, tmp_path):
 def test_shards_share_one_probe_and_the_last_writes_the_report(checkpoint, tmp_path, monkeypatch):
     """--shard K/N: two processes into one --out each compute their half of the cells, once; the first to finish
     writes no report, the second writes the report of an unsharded probe; a bad K/N is refused."""
-    from checkfree import probe as probe_mod
+    from checkfree.probe.run import run as probe_mod
 
     run, data = checkpoint
     whole = run_probe(ProbeOptions(run, tmp_path / "whole", ["random", "copy"], [2], 2, 1), data)
@@ -228,7 +228,7 @@ def test_shards_share_one_probe_and_the_last_writes_the_report(checkpoint, tmp_p
 
 def test_the_output_lock_excludes_a_second_holder(tmp_path):
     """Only one probe at a time claims an output directory; a second waits, then gives up with TimeoutError."""
-    from checkfree.probe_cells import locked
+    from checkfree.probe.run import locked
 
     with locked(tmp_path):
         with pytest.raises(TimeoutError, match="locked by another probe"):

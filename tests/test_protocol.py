@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkfree.swarm import protocol
-from checkfree.swarm.protocol import (
+from checkfree.swarm.wire import protocol
+from checkfree.swarm.wire.protocol import (
     HEADER,
     MAGIC,
     VERSION,
@@ -112,7 +112,7 @@ def test_zero_copy_encode_aliases_and_copy_encode_snapshots() -> None:
         (MessageType.JOIN, {"stage": 1, "location": "Iowa", "address": "tcp://127.0.0.1:5"}, {}),
         (MessageType.HEARTBEAT, {}, {}),
         (MessageType.LEAVE, {}, {}),
-        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),  # commands: checkfree.swarm.control
+        (MessageType.CONTROL, {"command": "crash", "at": 395}, {}),  # commands: checkfree.swarm.wire.control
         (MessageType.STAGE0_COPY, {"stage": 0, "part": "head", "version": 3}, {"w.x": torch.ones(2)}),
         (MessageType.CHECKPOINT, {"stage": 2, "version": 4}, {"w.x": torch.ones(2), "m.x": torch.ones(2)}),
     ],

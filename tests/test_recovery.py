@@ -6,7 +6,6 @@ import pytest
 import torch
 from torch import nn
 
-from checkfree.recovery import REGISTRY, make_strategy, resolve_setting
 from checkfree.recovery.neighbours import (
     average,
     checkfree_shares,
@@ -15,6 +14,7 @@ from checkfree.recovery.neighbours import (
     weighted_average,
     zero_mlp_output,
 )
+from checkfree.recovery.registry import REGISTRY, make_strategy, resolve_setting
 from checkfree.training_state import TrainingState, make_adam
 
 from helpers import tiny_config

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
-from checkfree.metrics import MetricsSink, read_metrics
 from checkfree.pipeline import forward_loss
 from checkfree.recovery.neighbours import Copy
-from checkfree.recovery_accounting import weight_distance
+from checkfree.telemetry.metrics import MetricsSink, read_metrics
+from checkfree.telemetry.recovery_accounting import weight_distance
 
 from helpers import ScriptedFailures, make_trainer, tiny_config
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from checkfree.report import build_report
 from checkfree.report.analysis import TimingOptions
+from checkfree.report.build import build_report
 from checkfree.report.runs import load_run
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +48,7 @@ def make_run(
     iterations: int | None = None,
     seed: int = 0,
 ) -> Path:
-    """A run directory as checkfree.launch writes it, with the given evaluation curve."""
+    """A run directory as checkfree.sim.launch writes it, with the given evaluation curve."""
     d = root / name
     d.mkdir(parents=True)
     iterations = iterations if iterations is not None else max(it for it, _ in evals)
@@ -308,7 +308,7 @@ def test_auto_target_and_swarm_timing(tmp_path):
     sw.mkdir()
     (sw / "throughput.json").write_text(
         json.dumps(
-            {  # checkfree.swarm.results' layout, tokens/s left out
+            {  # checkfree.swarm.supervisor.results' layout, tokens/s left out
                 "setting": "ours",
                 "iterations_completed": 3,
                 "mean_iteration_s": 14.0,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import CACHE, assert_user_error, checksums, run_cli, simulate_argv
 
-from checkfree.metrics import read_metrics
+from checkfree.telemetry.metrics import read_metrics
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -149,7 +149,7 @@ def test_swarm_run_dir_holding_a_run_is_refused(run_dir, capsys):
 
 
 def test_resume_on_other_data_is_refused_unless_allowed(run_dir, tmp_path, capsys):
-    from checkfree.data import shakespeare_files
+    from checkfree.data.sources import shakespeare_files
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

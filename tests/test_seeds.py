@@ -8,8 +8,8 @@ import shutil
 import pytest
 from test_report import make_run
 
-from checkfree.report import build_report
 from checkfree.report.analysis import TimingOptions
+from checkfree.report.build import build_report
 from checkfree.report.seeds import no_failure_rows, seed_sets, seed_verdicts, strategy_seeds
 from checkfree.report.stats import mean_ci, sign_test_p, t_quantile_975
 

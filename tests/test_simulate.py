@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkfree.failures import StageFailureInjector
-from checkfree.metrics import MetricsSink, read_metrics
-from checkfree.simulate import learning_rate
+from checkfree.failures.injection import StageFailureInjector
+from checkfree.sim.trainer import learning_rate
+from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
 from helpers import ScriptedFailures, make_trainer, params_of, sigkill_when, tiny_config
 
@@ -29,7 +29,7 @@ def test_no_failure_with_failures_drawn_equals_probability_zero(caplog):
     cfg = tiny_config()
     a = make_trainer(cfg, "no_failure", StageFailureInjector(4, 0.5, seed=1))
     b = make_trainer(cfg, "no_failure", StageFailureInjector(4, 0.0, seed=1))
-    with caplog.at_level(logging.INFO, logger="checkfree.simulate"):
+    with caplog.at_level(logging.INFO, logger="checkfree.sim.trainer"):
         train(a, 6)
     train(b, 6)
     assert a.counts["failures"] > 0 and b.counts["failures"] == 0

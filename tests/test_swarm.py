@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from checkfree.config import ConfigError
-from checkfree.swarm import weights as W
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
-from checkfree.swarm.membership import Membership
-from checkfree.swarm.node_state import Progress, StageState
-from checkfree.swarm.protocol import Message, MessageType
-from checkfree.swarm.results import Results, summary_table
-from checkfree.swarm.stage0_copies import Stage0Copies
-from checkfree.swarm.strategies import RecoveryImpossible, make_recovery
+from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.stage0_copies import Stage0Copies
+from checkfree.swarm.policies import RecoveryImpossible, make_recovery
+from checkfree.swarm.supervisor.results import Results, summary_table
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.protocol import Message, MessageType
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -229,7 +229,7 @@ def test_launcher_dry_run_prints_the_paper_topology_and_starts_nothing() -> None
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "swarm run --start 0 --end 21 --setting ours --rate 16 --schedule" in lines[0]
-    nodes = [line for line in lines if "checkfree.swarm.node" in line]
+    nodes = [line for line in lines if "checkfree.swarm.node.node" in line]
     assert len(nodes) == 21 and "--id 20 --stage 6 --location London" in nodes[-1]
     assert not (ROOT / "runs" / "swarm-ours-16").exists()
     bad = _launcher("5", "3", "ours", "16")

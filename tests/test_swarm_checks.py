@@ -12,21 +12,21 @@ import pytest
 import torch
 import zmq
 
-from checkfree.swarm import control
-from checkfree.swarm import weights as W
-from checkfree.swarm.auth import AuthError, SwarmKeys, read_key_file, read_token
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.early import FutureBuffer
-from checkfree.swarm.gradient_sync import GradientSync
-from checkfree.swarm.membership import Membership
-from checkfree.swarm.node import Node
-from checkfree.swarm.node_state import Progress, StageState
-from checkfree.swarm.protocol import Message, MessageType, ProtocolError
-from checkfree.swarm.recovering import FetchContext, Recovery
-from checkfree.swarm.staging import HostStaging
-from checkfree.swarm.strategies import RecoveryPlan
-from checkfree.swarm.supervisor import Supervisor, SwarmError
-from checkfree.swarm.transport import TransportError
+from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.early import FutureBuffer
+from checkfree.swarm.node.gradient_sync import GradientSync
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.node import Node
+from checkfree.swarm.node.recovering import FetchContext, Recovery
+from checkfree.swarm.policies import RecoveryPlan
+from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
+from checkfree.swarm.wire import control
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.auth import AuthError, SwarmKeys, read_key_file, read_token
+from checkfree.swarm.wire.links import TransportError
+from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
+from checkfree.swarm.wire.staging import HostStaging
 
 
 def _ctl(**meta) -> Message:

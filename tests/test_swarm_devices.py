@@ -22,11 +22,11 @@ from checkfree.swarm import devices as D
 from checkfree.swarm.config import load_swarm_config
 from checkfree.swarm.devices import DeviceMap, autocast_for, parse_gpus, resolve_devices
 from checkfree.swarm.hosts import LocalHost
-from checkfree.swarm.protocol import Message, MessageType
-from checkfree.swarm.results import Results
-from checkfree.swarm.staging import HostStaging
-from checkfree.swarm.transport import Transport
-from checkfree.swarm.worker import StageWorker, build_stage
+from checkfree.swarm.node.compute import StageWorker, build_stage
+from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.wire.protocol import Message, MessageType
+from checkfree.swarm.wire.staging import HostStaging
+from checkfree.swarm.wire.transport import Transport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -118,7 +118,7 @@ def test_dry_run_shows_the_node_device_map_on_two_gpus(monkeypatch, tmp_path, ca
         ("5", "2", "cuda:0"),
         ("6", "3", "cuda:1"),
     ]
-    commands = [line for line in out.splitlines() if "checkfree.swarm.node" in line]
+    commands = [line for line in out.splitlines() if "checkfree.swarm.node.node" in line]
     assert [c.split("--device ")[1].split()[0] for c in commands] == [d for _, _, d in mapping]
     rc, _, err = run_cli(_swarm_argv(tmp_path, "--device", "cuda", "--gpus", "0,5"), capsys)
     assert_user_error(rc, err, "--gpus 0,5 names GPU 5")

@@ -19,12 +19,12 @@ import zmq
 
 from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.neighbours import weighted_average
-from checkfree.swarm import weights as W
-from checkfree.swarm.auth import read_token
 from checkfree.swarm.config import swarm_config_from_dict
-from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
-from checkfree.swarm.supervisor import Supervisor
-from checkfree.swarm.worker import build_stage
+from checkfree.swarm.node.compute import build_stage
+from checkfree.swarm.supervisor.supervisor import Supervisor
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.auth import read_token
+from checkfree.swarm.wire.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
 
 MODEL = {
     "dataset": "Shakespeare",

@@ -20,10 +20,10 @@ import torch
 import zmq
 from test_swarm_live import _config
 
-from checkfree.swarm.auth import read_token
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, encode
-from checkfree.swarm.supervisor import Supervisor
+from checkfree.swarm.supervisor.supervisor import Supervisor
+from checkfree.swarm.wire.auth import read_token
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, encode
 
 NODES = 4  # one pipeline: node i = stage i (3 transformer stages), storage node id 4
 

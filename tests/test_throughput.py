@@ -7,11 +7,11 @@ import torch
 
 from checkfree.config import load_config
 from checkfree.devices import autocast_context
-from checkfree.metrics import MetricsSink
 from checkfree.model import build_stages
-from checkfree.recovery import make_strategy
-from checkfree.simulate import RunContext, Trainer
-from checkfree.throughput import (
+from checkfree.recovery.registry import make_strategy
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
+from checkfree.telemetry.throughput import (
     Peak,
     ThroughputMeter,
     device_peak,

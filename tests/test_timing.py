@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from checkfree.failures import per_iteration_probability
-from checkfree.timing import (
+from checkfree.failures.rates import per_iteration_probability
+from checkfree.report.timing import (
     PAPER_REDUNDANT_RATIO,
     IterationTimeFormula,
     RunCosts,

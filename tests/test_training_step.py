@@ -4,7 +4,7 @@
     clip each stage to grad_clip (torch.nn.utils.clip_grad_norm_) ; Adam at lr × lr_multiplier[s]
 
 The reference is written with plain torch calls on a deep copy of the stages, so a change to the order, the loss
-scaling, the clipping, the ω bookkeeping or the per-stage learning rate in checkfree.simulate shows up here.
+scaling, the clipping, the ω bookkeeping or the per-stage learning rate in checkfree.sim.trainer shows up here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from checkfree.pipeline import forward_loss, stage_order
-from checkfree.simulate import learning_rate
+from checkfree.sim.trainer import learning_rate
 from checkfree.training_state import make_adam
 
 from helpers import make_trainer, tiny_config
@@ -96,7 +96,7 @@ def test_swapped_and_in_order_runs_differ():
 def test_after_a_rollback_the_learning_rate_follows_the_training_position(tmp_path):
     """GPT's warm-up/cosine schedule is a function of the data position (effective iteration), which a
     checkpoint rollback moves back; the wall-clock iteration keeps growing."""
-    from checkfree.metrics import MetricsSink, read_metrics
+    from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
     from helpers import ScriptedFailures
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 import zmq
 
-from checkfree.swarm.netem import NetEm
-from checkfree.swarm.protocol import HEADER, MAGIC, VERSION, Message, MessageType, ProtocolError, encode
 from checkfree.swarm.topology import parse_locations
-from checkfree.swarm.transport import Transport, TransportError
+from checkfree.swarm.wire.links import TransportError
+from checkfree.swarm.wire.netem import NetEm
+from checkfree.swarm.wire.protocol import HEADER, MAGIC, VERSION, Message, MessageType, ProtocolError, encode
+from checkfree.swarm.wire.transport import Transport
 
 MB = 1_000_000
 
@@ -135,7 +136,7 @@ def test_garbage_is_dropped_logged_counted_and_the_node_keeps_serving(
     raw.connect(b.address)
     try:
         cases = _garbage()
-        with caplog.at_level(logging.WARNING, logger="checkfree.swarm.transport"):
+        with caplog.at_level(logging.WARNING, logger="checkfree.swarm.wire.transport"):
             for i, frames in enumerate(cases.values()):
                 raw.send_multipart(frames)
                 raw.send_multipart([bytes(f) for f in encode(_fwd(7, mb=i))])  # a valid one right behind

@@ -10,10 +10,10 @@ import pytest
 import torch
 import zmq
 
-from checkfree.swarm import transport_receiver
-from checkfree.swarm.protocol import ZERO_COPY_MIN_BYTES, Message, MessageType, decode, encode
-from checkfree.swarm.snapshots import MIN_POOLED_BYTES, SnapshotPool
-from checkfree.swarm.transport import Transport
+from checkfree.swarm.wire import receiver
+from checkfree.swarm.wire.protocol import ZERO_COPY_MIN_BYTES, Message, MessageType, decode, encode
+from checkfree.swarm.wire.send_buffers import MIN_POOLED_BYTES, SnapshotPool
+from checkfree.swarm.wire.transport import Transport
 
 BIG = 256 * 1024  # float32 elements: 1 MiB, pooled and received zero-copy
 
@@ -102,7 +102,7 @@ def test_large_tensors_changed_right_after_send_arrive_as_sent(monkeypatch: pyte
         zero_copy.append(kw.get("zero_copy", zero_copy_))
         return decode(frames, limit, zero_copy=zero_copy[-1])
 
-    monkeypatch.setattr(transport_receiver, "decode", spy)
+    monkeypatch.setattr(receiver, "decode", spy)
     with Transport(0) as a, Transport(1) as b:
         a.connect(1, b.address)
         t = torch.zeros(BIG)

@@ -1,7 +1,6 @@
-"""The recovery-strategy interface and its registry.
+"""The recovery-strategy interface: the hooks a simulator strategy implements, and its recovery record.
 
-A strategy is a class with four hooks; it is picked by name from :data:`REGISTRY`. The authors' setting names
-(``ours-grad-avg``, ``ours-naive``, …) are aliases. Adding a strategy = one class + ``@register`` + its tests.
+Strategies are picked by name from :data:`checkfree.recovery.registry.REGISTRY`.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from checkfree.config import Config
-from checkfree.settings import ALIASES, SWAP_DEPENDENT, canonical_name
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -103,45 +101,3 @@ class RecoveryStrategy:
     def stats(self) -> dict[str, Any]:
         """Costs this strategy measured (bytes, seconds) for summary.json."""
         return {}
-
-
-REGISTRY: dict[str, type[RecoveryStrategy]] = {}
-
-
-def register(cls: type[RecoveryStrategy]) -> type[RecoveryStrategy]:
-    """Class decorator adding a strategy to :data:`REGISTRY` under ``cls.name``."""
-    if not cls.name or cls.name in REGISTRY:
-        raise ValueError(f"strategy name {cls.name!r} is empty or already registered.")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def resolve_setting(setting: str, swaps: bool) -> str:
-    """Canonical strategy name for a SETTING argument.
-
-    ``ours-grad-avg`` (and ``ours-grad-avg-regularize``, identical in the authors' code) means CheckFree+ when the
-    launcher runs with swaps (run.sh) and CheckFree without (run_2.sh).
-
-    Raises:
-        ValueError: the name is unknown (the sentence lists the valid names).
-    """
-    name = canonical_name(setting, swaps)
-    if name not in REGISTRY:
-        valid = sorted(REGISTRY) + sorted(ALIASES) + sorted(SWAP_DEPENDENT)
-        raise ValueError(f"unknown setting {setting!r}; expected one of: {', '.join(valid)}.")
-    return name
-
-
-def make_strategy(setting: str, cfg: Config, swaps: bool, seed: int = 0) -> RecoveryStrategy:
-    """Instantiate the strategy for ``setting`` (see :func:`resolve_setting`).
-
-    Raises:
-        ValueError: unknown setting, or a strategy that needs swaps asked for without them.
-    """
-    name = resolve_setting(setting, swaps)
-    cls = REGISTRY[name]
-    if cls.requires_swaps and not swaps:
-        raise ValueError(
-            f"strategy {name!r} needs CheckFree+ swaps; run it with run.sh (or --swaps), not run_2.sh."
-        )
-    return cls(cfg, seed=seed)

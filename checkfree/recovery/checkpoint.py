@@ -1,10 +1,10 @@
 """Checkpoint baselines (SPEC §4–§5): ``checkpoint`` (the paper's; alias ``whole_model``) and ``one``.
 
-Both take a universal checkpoint (:mod:`checkfree.checkpointing`) every K effective iterations, at the start of
+Both take a universal checkpoint (:mod:`checkfree.checkpoint.store`) every K effective iterations, at the start of
 the iteration (before that iteration's failures), with K = ``checkpoint_every`` or, when 0, the paper's value by
 model size: 50 below 200 M parameters (small), 100 below 1 B (medium), 40 above (large). The first checkpoint is
 taken at the first iteration (iteration 0 of a fresh run), so a failure before any other rolls back to it.
-Saves go through :class:`~checkfree.recovery.snapshots.SnapshotWriter` in the ``save_mode`` "sync", "async"
+Saves go through :class:`~checkfree.checkpoint.writer.SnapshotWriter` in the ``save_mode`` "sync", "async"
 (DataStates-LLM) or "memory" (Gemini); disk checkpoints live in ``<run>/checkpoints/strategy/`` and can be
 resumed from with ``--resume-from``.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from checkfree import checkpointing
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
-from checkfree.recovery.snapshots import SnapshotWriter
+from checkfree.checkpoint import store
+from checkfree.checkpoint.writer import SnapshotWriter
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ class _CheckpointStrategy(RecoveryStrategy):
         if self._last_started is not None and (e % self.every or e == self._last_started):
             return
         self._last_started = e
-        snap = checkpointing.capture(
+        snap = store.capture(
             state,
             self.cfg.n_layers_per_stage,
             self.cfg.to_json(),
@@ -90,7 +90,7 @@ class _CheckpointStrategy(RecoveryStrategy):
     def finish(self, state: TrainingState) -> None:
         self.writer.close()
 
-    def _latest(self) -> checkpointing.Snapshot:
+    def _latest(self) -> store.Snapshot:
         """The newest checkpoint, once every rank can read it."""
         snap = self.writer.load_latest() if self.ctx.rank == 0 or self.writer.mode == "memory" else None
         if self.ctx.world_size > 1 and self.writer.mode != "memory":
@@ -108,7 +108,6 @@ class _CheckpointStrategy(RecoveryStrategy):
         }
 
 
-@register
 class Checkpoint(_CheckpointStrategy):
     """``checkpoint`` (alias ``whole_model``): on any stage failure, roll everything back to the last checkpoint.
 
@@ -119,13 +118,15 @@ class Checkpoint(_CheckpointStrategy):
     """
 
     name = "checkpoint"
-    rolls_back = True  # checkfree.progress estimates the run's wall-clock length from K and the failure rate
+    rolls_back = (
+        True  # checkfree.sim.progress estimates the run's wall-clock length from K and the failure rate
+    )
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         t0 = time.perf_counter()
         snap = self._latest()
         wall, from_eff = state.iteration, state.effective_iteration
-        checkpointing.restore(snap, state, self.cfg.n_layers_per_stage)
+        store.restore(snap, state, self.cfg.n_layers_per_stage)
         state.iteration = wall  # the wall clock never goes back; only the training position does
         lost = from_eff - state.effective_iteration
         self.iterations_lost += lost
@@ -159,7 +160,6 @@ class Checkpoint(_CheckpointStrategy):
         ]
 
 
-@register
 class One(_CheckpointStrategy):
     """``one``: restore only the failed stage(s) (weights, Adam state, LR multiplier) from the last checkpoint.
 
@@ -175,7 +175,7 @@ class One(_CheckpointStrategy):
         snap = self._latest()
         stale = state.effective_iteration - snap.effective_iteration
         for s in sorted(failed):
-            checkpointing.restore_stage(snap, state, s, self.cfg.n_layers_per_stage)
+            store.restore_stage(snap, state, s, self.cfg.n_layers_per_stage)
         seconds = time.perf_counter() - t0
         return [
             RecoveryRecord(

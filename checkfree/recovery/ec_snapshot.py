@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.recovery.checkpoint import resolve_interval
 from checkfree.recovery.neighbours import checkfree_shares, live_neighbours, weighted_average
 from checkfree.recovery.stage_copy import flatten, restore_copy, unflatten
@@ -60,7 +60,6 @@ def decode_lost(parity: torch.Tensor, survivors: list[torch.Tensor]) -> torch.Te
     return out.view(torch.float32)
 
 
-@register
 class ECSnapshot(RecoveryStrategy):
     """``ec_snapshot`` (REFT-style): decode a lost stage from the others' snapshots and the parity; see module."""
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from checkfree.config import parse_ladder_rungs
 from checkfree.recovery import planner
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.recovery.ec_snapshot import ECSnapshot
 from checkfree.recovery.neighbours import CheckFreePlus
 from checkfree.recovery.redundant import Redundant
@@ -36,7 +36,6 @@ from checkfree.recovery.stage_copy import restore_copy
 from checkfree.training_state import TrainingState
 
 
-@register
 class Ladder(RecoveryStrategy):
     """``ladder``: per lost stage, the most exact rung available; see the module docstring."""
 

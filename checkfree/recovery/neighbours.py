@@ -19,7 +19,7 @@ import torch
 from checkfree.model import MLP_OUT_SUFFIXES
 from checkfree.pipeline import checkfree_weight
 from checkfree.recovery import planner
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.recovery.planner import RecoveryPlan, live_neighbours, stage0_copy_holders  # noqa: F401
 from checkfree.training_state import StateDict, TrainingState
 
@@ -158,7 +158,6 @@ def stage0_part(key: str) -> str:
 # ----------------------------------------------------------------------------------------------- strategies
 
 
-@register
 class NoFailure(RecoveryStrategy):
     """``no_failure``: failures are drawn and logged, nothing is lost (the reference curve)."""
 
@@ -277,7 +276,6 @@ _RULES = {
 """Plan rule → its execution on local stages (the swarm executes the same rules on fetched weights)."""
 
 
-@register
 class Copy(_NeighbourStrategy):
     """``copy`` (ours-naive): copy stage i−1, or stage 2 for the first stage."""
 
@@ -285,7 +283,6 @@ class Copy(_NeighbourStrategy):
     planner_setting = "copy"
 
 
-@register
 class RandomInit(_NeighbourStrategy):
     """``random`` (ours-random): a fresh N(0, init_std) initialisation."""
 
@@ -293,7 +290,6 @@ class RandomInit(_NeighbourStrategy):
     planner_setting = "random"
 
 
-@register
 class Zero(_NeighbourStrategy):
     """``zero`` (ours-zero): copy a neighbour, then zero each block's MLP output projection."""
 
@@ -301,7 +297,6 @@ class Zero(_NeighbourStrategy):
     planner_setting = "zero"
 
 
-@register
 class Average(_NeighbourStrategy):
     """``average`` (ours-avg-ablation): uniform 0.5/0.5 average of the two neighbours."""
 
@@ -309,7 +304,6 @@ class Average(_NeighbourStrategy):
     planner_setting = "average"
 
 
-@register
 class CheckFree(_NeighbourStrategy):
     """``checkfree`` (ours-grad-avg without swaps): gradient-norm-weighted average of the neighbours (§4.1).
 
@@ -321,7 +315,6 @@ class CheckFree(_NeighbourStrategy):
     planner_setting = "checkfree"
 
 
-@register
 class CheckFreePlus(CheckFree):
     """``checkfree_plus`` (ours-grad-avg with swaps, §4.2).
 

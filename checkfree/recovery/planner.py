@@ -3,7 +3,7 @@
 :func:`plan` maps a loss event (the stages that lost a replica, the stages that still have a serving replica)
 to a :class:`RecoveryPlan` per stage: the rule, the source stages and the documented fallback. The simulator's
 neighbour strategies (:mod:`checkfree.recovery.neighbours`) execute the plans against local stages; the swarm
-(:mod:`checkfree.swarm.strategies`) executes the same plans against weights fetched from peers. The arithmetic is
+(:mod:`checkfree.swarm.policies`) executes the same plans against weights fetched from peers. The arithmetic is
 elsewhere (``weighted_average`` & co.); ω shares are computed when a plan is executed, from the sources' last
 gradient norms.
 

@@ -5,7 +5,7 @@ every optimizer step. Stages form a ring over 0..S: stage j−1 holds stage j's 
 stage 0's, so stage 0 is recoverable too. A lost stage is restored bit-for-bit from its predecessor's replica,
 and training goes on as if nothing had failed (convergence per iteration = no failure).
 
-Costs recorded for the timing model (checkfree.timing): the memory of the replicas, and Bamboo's redundant forward
+Costs recorded for the timing model (checkfree.report.timing): the memory of the replicas, and Bamboo's redundant forward
 of the next stage, timed every ``redundant_measure_every`` iterations as one no-grad forward of each replica on a
 (batch_size, seq_l) microbatch (the work a stage adds per microbatch; the bottleneck is the largest of them).
 Convergence is simulated without Bamboo's halved microbatch size (the paper's memory workaround).
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, register
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.recovery.neighbours import (
     checkfree_shares,
     live_neighbours,
@@ -46,7 +46,6 @@ def predecessor(stage: int, n_stages: int) -> int:
     return stage - 1 if stage >= 1 else n_stages
 
 
-@register
 class Redundant(RecoveryStrategy):
     """``redundant`` (Bamboo): exact restore from the predecessor's replica; see the module docstring."""
 

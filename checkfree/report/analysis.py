@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkfree.report.runs import Run, SwarmRun
-from checkfree.timing import (
+from checkfree.report.timing import (
     Crossing,
     RunTimeline,
     TimingModel,

@@ -9,7 +9,7 @@ from pathlib import Path
 from checkfree.report import recoveries, seeds
 from checkfree.report.analysis import Group, Row, Verdict, rate_context
 from checkfree.report.runs import Run, SwarmRun
-from checkfree.timing import (
+from checkfree.report.timing import (
     PAPER_ITERATION_SECONDS,
     PAPER_RECOVERY_SECONDS,
     PAPER_REDUNDANT_ITERATION_SECONDS,

@@ -1,6 +1,6 @@
 """Reading run directories for the report, tolerantly: a malformed directory is reported and skipped.
 
-A simulator run directory (checkfree.launch) holds config.json, options.json, metrics.jsonl and, once finished,
+A simulator run directory (checkfree.sim.launch) holds config.json, options.json, metrics.jsonl and, once finished,
 summary.json. A swarm run directory holds throughput.json (its keys are read defensively: whatever is missing is
 listed, never fatal).
 """
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from checkfree.metrics import read_metrics
+from checkfree.report.timing import RunCosts
 from checkfree.settings import canonical_name
-from checkfree.timing import RunCosts
+from checkfree.telemetry.metrics import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +201,7 @@ class SwarmRun:
             "iteration_times_s",
         )
         if raw is None and isinstance(self.data.get("iterations"), list):
-            raw = self.data["iterations"]  # checkfree.swarm.results: rows with "wall_s"
+            raw = self.data["iterations"]  # checkfree.swarm.supervisor.results: rows with "wall_s"
         if isinstance(raw, dict):
             raw = list(raw.values())
         if isinstance(raw, list):

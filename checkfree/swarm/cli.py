@@ -153,7 +153,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _schedule(args: argparse.Namespace) -> tuple[dict[int, list[int]], str | None]:
-    from checkfree.failures import load_node_schedule
+    from checkfree.failures.schedules import load_node_schedule
 
     if args.no_schedule:
         return {}, None
@@ -167,8 +167,8 @@ def _vocab_size(cfg, cache_dir: Path | None) -> int:
     """The model vocabulary: the corpus tokenizer's (built once here, so nodes only map the cache)."""
     if cfg.data == "synthetic":
         return cfg.model.vocab_size
-    from checkfree.data import DataSpec, prepare_corpus
-    from checkfree.swarm.pipeline_driver import default_cache_dir
+    from checkfree.data.corpus import DataSpec, prepare_corpus
+    from checkfree.swarm.node.driver import default_cache_dir
 
     m = cfg.model
     spec = DataSpec(
@@ -232,9 +232,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
-    from checkfree.swarm.results import summary_table
-    from checkfree.swarm.strategies import make_recovery
-    from checkfree.swarm.supervisor import Supervisor, SwarmError
+    from checkfree.swarm.policies import make_recovery
+    from checkfree.swarm.supervisor.results import summary_table
+    from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 
     cfg = load_swarm_config(args.config, _overrides(args))
     strategy = make_recovery(args.setting)
@@ -248,7 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
     if args.dry_run:
-        from checkfree.swarm.auth import SwarmKeys
+        from checkfree.swarm.wire.auth import SwarmKeys
 
         keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
         host = LocalHost(
@@ -280,7 +280,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
         )
     if args.join_token is not None:
-        from checkfree.swarm.auth import read_token
+        from checkfree.swarm.wire.auth import read_token
 
         read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
     if args.bootstrap or args.join_token:
@@ -361,7 +361,7 @@ TABLE_KEYS = (
 
 
 def cmd_table(args: argparse.Namespace) -> int:
-    from checkfree.swarm.results import summary_table
+    from checkfree.swarm.supervisor.results import summary_table
 
     runs = []
     for d in args.run_dirs:

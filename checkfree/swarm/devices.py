@@ -9,7 +9,7 @@ node is replaced at a time. The storage node (``checkpoint``) holds bytes, not a
 
 On CUDA a node computes its stage's forward and backward under bf16 autocast (as the simulator,
 checkfree.devices.autocast_context) with fp32 master weights and fp32 Adam state; tensors reach the wire as
-host bytes (checkfree.swarm.staging). On the CPU nothing changes: no autocast, no pinned memory.
+host bytes (checkfree.swarm.wire.staging). On the CPU nothing changes: no autocast, no pinned memory.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """Node processes on this machine: start them, SIGKILL them by pid, reap everything.
 
-Two ways to start a node, both a separate OS process running ``checkfree.swarm.node.main``:
+Two ways to start a node, both a separate OS process running ``checkfree.swarm.node.node.main``:
 
 * ``fork`` (default): from a multiprocessing *forkserver* that has imported torch, transformers and the
   node code once (a warm standby). A node then starts in milliseconds instead of the 3–8 s an import
   costs on a loaded 2-core machine, so the measured crash → serving latency is detection + join + weight
   transfer, not Python start-up (report it as such).
-* ``exec``: ``subprocess.Popen([python, -m, checkfree.swarm.node, ...])`` (the command printed by dry runs).
+* ``exec``: ``subprocess.Popen([python, -m, checkfree.swarm.node.node, ...])`` (the command printed by dry runs).
 
 One log file per node, ``<run_dir>/node<id>.log`` (stdout and stderr), and, in an authenticated swarm, one key
 file per node, ``<run_dir>/keys/node<id>.json`` (mode 0600: the node's own CURVE secret key and the
-supervisor's public key, checkfree.swarm.auth), written just before the node starts. Nothing is written to the working
+supervisor's public key, checkfree.swarm.wire.auth), written just before the node starts. Nothing is written to the working
 directory. With a device map (``swarm run --device/--gpus``, checkfree.swarm.devices) each stage node gets
 ``--device cpu|cuda:N`` and the run log says which (``node_devices`` keeps it for throughput.json). Only
 processes this object started are ever signalled, by their pid (never by name). An ``atexit`` hook kills
@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from checkfree.swarm.auth import SwarmKeys
 from checkfree.swarm.devices import DeviceMap
+from checkfree.swarm.wire.auth import SwarmKeys
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def _forkserver() -> mp.context.BaseContext:
     global _FORKSERVER
     if _FORKSERVER is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["checkfree.swarm.node", "checkfree.swarm.storage"])
+        ctx.set_forkserver_preload(["checkfree.swarm.node.node", "checkfree.swarm.storage"])
         _FORKSERVER = ctx
     return _FORKSERVER
 
@@ -55,7 +55,7 @@ def _node_entry(argv: list[str], log_path: str) -> None:
     os.close(fd)
     sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-    from checkfree.swarm.node import main
+    from checkfree.swarm.node.node import main
 
     sys.exit(main(argv))
 
@@ -126,7 +126,7 @@ class LocalHost:
         cmd = [
             self.python,
             "-m",
-            "checkfree.swarm.node",
+            "checkfree.swarm.node.node",
             "--id",
             str(node),
             "--stage",

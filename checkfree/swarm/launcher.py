@@ -2,7 +2,7 @@
 
 Machine A runs the supervisor (``run_throughput.sh 0 K ...`` with ``--bind-host 0.0.0.0 --advertise-host A
 --port P``); its address ``tcp://A:P`` is the *bootstrap*, and it writes the join token
-``<run_dir>/join_token.json`` (checkfree.swarm.auth). Machine B gets a copy of that file (scp) and runs
+``<run_dir>/join_token.json`` (checkfree.swarm.wire.auth). Machine B gets a copy of that file (scp) and runs
 ``run_throughput.sh K N ... --join-token FILE --bind-host 0.0.0.0 --advertise-host B``, which starts this
 launcher instead of a supervisor. The launcher introduces itself to the supervisor (JOIN, stage -2, with its slot range) and then
 only obeys: ``spawn`` (start a node process here, pointed at the bootstrap), ``kill`` (SIGKILL one of its
@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from checkfree.swarm import control
-from checkfree.swarm.auth import read_token
 from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-from checkfree.swarm.transport import Transport, TransportError
+from checkfree.swarm.wire import control
+from checkfree.swarm.wire.auth import read_token
+from checkfree.swarm.wire.links import TransportError
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def run_launcher(
 ) -> int:
     """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code.
 
-    ``token``: the join token the supervisor wrote (checkfree.swarm.auth); its bootstrap address is used
+    ``token``: the join token the supervisor wrote (checkfree.swarm.wire.auth); its bootstrap address is used
     unless ``bootstrap`` is given. Without a token the launcher and its nodes run unauthenticated
     (``--insecure`` on the supervisor's side too). ``devices``: where this machine's nodes compute
     (checkfree.swarm.devices; resolved on this machine, k = node id − START); None: the nodes' default, the CPU.

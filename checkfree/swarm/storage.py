@@ -20,14 +20,14 @@ from typing import Any
 
 import torch
 
-from checkfree.swarm import control
-from checkfree.swarm import weights as W
-from checkfree.swarm.auth import Identity
 from checkfree.swarm.config import swarm_config_from_dict
-from checkfree.swarm.membership import Membership, PeerSender, advertised, configure_links, join
-from checkfree.swarm.netem import SwarmNetEm
-from checkfree.swarm.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
-from checkfree.swarm.transport import Transport
+from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
+from checkfree.swarm.wire import control
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.auth import Identity
+from checkfree.swarm.wire.netem import SwarmNetEm
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""Stage failures: rates, the simulator's failure sources, and schedule files."""

@@ -1,0 +1,113 @@
+"""``python -m checkfree schedule``: generate a swarm crash schedule (the authors' failure_p_configs/RATE.json).
+
+The same generator as the root-level ``failure_generator.py`` (SPEC §8, paper §6 failure rates), with one
+argument parser shared by both (:func:`add_arguments`), so their options cannot drift apart. Defaults reproduce
+the authors' shipped files; without ``--out`` the JSON goes to stdout. It writes nothing except ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from checkfree.failures.rates import PAPER_ITERATION_SECONDS
+from checkfree.failures.schedules import format_node_schedule, generate_node_schedule
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The generator's options (shared by ``python -m checkfree schedule`` and ``failure_generator.py``)."""
+    parser.add_argument(
+        "--rate", type=float, required=True, help="stage failure rate in %%/h (5, 10, 16, 33, ...)"
+    )
+    parser.add_argument(
+        "--stages", type=int, default=6, help="transformer stages S (stage 0 extra, never fails)"
+    )
+    parser.add_argument("--replicas", type=int, default=3, help="replicas (nodes) per stage")
+    parser.add_argument("--iterations", type=int, default=500, help="iterations 0..N-1; the sentinel is N+1")
+    parser.add_argument("--seed", type=int, default=33, help="seed of the does-a-stage-fail RNG")
+    parser.add_argument(
+        "--stage-seed", type=int, default=None, help="seed of the which-stage RNG (default rate*5)"
+    )
+    parser.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        default=100,
+        help="iterations with itr %% K == 1 never fail; 0 = every iteration may fail",
+    )
+    parser.add_argument(
+        "--probability",
+        type=float,
+        default=None,
+        help="per-iteration stage failure probability (default: the paper's table for the rate)",
+    )
+    parser.add_argument(
+        "--iteration-seconds",
+        type=float,
+        default=PAPER_ITERATION_SECONDS,
+        help="iteration time (s) for the %%/h formula when the rate is not in the table",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="output JSON file (default: stdout)")
+
+
+def schedule_text(args: argparse.Namespace) -> str:
+    """The schedule asked for by parsed :func:`add_arguments` options, as the authors' one-line JSON.
+
+    Raises:
+        ValueError: an option is out of range (one sentence naming it).
+    """
+    rate = int(args.rate) if args.rate.is_integer() else args.rate
+    schedule = generate_node_schedule(
+        rate,
+        n_stages=args.stages,
+        replicas=args.replicas,
+        iterations=args.iterations,
+        seed=args.seed,
+        stage_seed=args.stage_seed,
+        checkpoint_interval=args.checkpoint_interval or None,
+        probability=args.probability,
+        iteration_seconds=args.iteration_seconds,
+    )
+    return format_node_schedule(schedule)
+
+
+def check_out(out: Path) -> None:
+    """--out must be a file path in an existing directory; raises ValueError with one sentence otherwise."""
+    if out.is_dir():
+        raise ValueError(
+            f"--out {out} is a directory; expected the path of a JSON file, e.g. {out / '16.json'}."
+        )
+    if not out.parent.is_dir():
+        raise ValueError(f"--out {out}: the directory {out.parent} does not exist; create it first.")
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    """Write the schedule to ``--out`` (no trailing newline, as the shipped files) or to stdout (with one).
+
+    Raises:
+        ValueError: an option is out of range, or --out is a directory or lies in a missing one; nothing is
+            written.
+    """
+    if args.out is not None:
+        check_out(args.out)
+    text = schedule_text(args)
+    if args.out is None:
+        sys.stdout.write(text + "\n")
+    else:
+        args.out.write_text(text)
+        log.info("wrote %s", args.out)
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Register the ``schedule`` sub-command."""
+    p = sub.add_parser(
+        "schedule",
+        help="generate a swarm crash schedule (failure_p_configs/RATE.json format)",
+        description=__doc__.splitlines()[0],
+    )
+    add_arguments(p)
+    p.set_defaults(func=cmd_schedule)

@@ -1,0 +1,1 @@
+"""The convergence simulator: options, preflight, run set-up and the trainer."""

@@ -1,0 +1,282 @@
+"""Setting up one simulator run: run directory, process group, data, stages, strategy and failures.
+
+``run_simulation(SimulateOptions(...))`` is what ``python -m checkfree simulate`` and the launchers
+``simulate_training/run.sh`` / ``run_2.sh`` call (under torchrun, one process per DP replica).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from checkfree.config import HUB_DATASET_NAMES, Config
+from checkfree.model import build_hf_model, split_model, stage_parameter_counts
+from checkfree.recovery.registry import make_strategy
+from checkfree.rundir import RunDirPlan, apply_run_dir
+from checkfree.sim.options import SimulateOptions
+from checkfree.sim.preflight import preflight
+from checkfree.sim.trainer import RunContext, Trainer
+from checkfree.telemetry.metrics import MetricsSink
+from checkfree.telemetry.monitoring import TENSORBOARD_DIR, TensorBoardMirror, progress_bar
+from checkfree.telemetry.throughput import device_peak
+
+log = logging.getLogger(__name__)
+
+HUB_VOCAB = {"llama2": 32000, "gpt2": 50257}
+PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+def plan_lines(opts: SimulateOptions) -> list[str]:
+    """What a run would do, with each stage's parameter count (the model is built on the meta device).
+
+    Runs every check of a real run (:func:`checkfree.sim.preflight.preflight`) and, like it, writes nothing.
+    """
+    pre = preflight(opts)
+    cfg, strategy, p, source = pre.cfg, pre.strategy, pre.probability, pre.probability_source
+    vocab = HUB_VOCAB.get(cfg.tokenizer_name, cfg.vocab_size)
+    with torch.device("meta"):
+        stages = split_model(build_hf_model(cfg, vocab, seed=0), cfg)
+    counts = stage_parameter_counts(stages)
+    lines = [
+        f"config {opts.config}: {cfg.architecture} d={cfg.dmodel} heads={cfg.num_heads} "
+        f"{cfg.n_stages} stages × {cfg.n_layers_per_stage} layers, seq {cfg.seq_l}, "
+        f"batch {cfg.batch_size} × {cfg.mb_count} microbatches, lr {cfg.lr}, dataset {cfg.dataset}",
+        f"strategy {strategy} (setting {opts.setting!r}), swaps {'on' if opts.swaps else 'off'}, "
+        f"world size {opts.world_size}, failure rate {opts.rate:g} %/h → p_iter {p:.6g} ({source})",
+        f"parameters: total {sum(counts):,} (vocabulary {vocab:,})",
+    ]
+    lines += [f"  stage {i}{' (embedding + head)' if i == 0 else ''}: {c:,}" for i, c in enumerate(counts)]
+    moved = f"; the run there now moves to {pre.run_dir.move_to}" if pre.run_dir.move_to else ""
+    resume = f", resuming {pre.resume}" if pre.resume else ""
+    lines.append(f"run directory {pre.run_dir.path}{resume}{moved}")
+    lines += [f"warning: {w}" for w in pre.warnings]
+    return lines
+
+
+def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.device]:
+    env_world = int(os.environ.get("WORLD_SIZE", "1"))
+    if env_world != opts.world_size:
+        raise ValueError(
+            f"WORLD_SIZE is {opts.world_size} but {env_world} processes were started; launch with "
+            f"torchrun --nproc_per_node={opts.world_size} (the launchers do)."
+        )
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+        # fp32 matmuls (autocast off, or ops autocast keeps in fp32) may use TF32 tensor cores
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if env_world == 1:
+        return 0, 1, None, device
+    if not dist.is_initialized():  # an embedding program (or a test) may have made the group already
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
+    return dist.get_rank(), dist.get_world_size(), dist.group.WORLD, device
+
+
+def _setup_logging(run_dir: Path, rank: int) -> None:
+    """Per-rank log file in the run directory; rank 0 also logs to the console (above the progress bar)."""
+    root = logging.getLogger("checkfree")
+    root.setLevel(logging.INFO)
+    fmt = logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(name)s: %(message)s")
+    fh = logging.FileHandler(run_dir / f"rank{rank}.log")
+    fh.setFormatter(fmt)
+    fh.addFilter(lambda r: setattr(r, "rank", rank) or True)
+    root.addHandler(fh)
+
+
+def _close_logging() -> None:
+    root = logging.getLogger("checkfree")
+    for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(h)
+        h.close()
+
+
+def default_cache_dir() -> Path:
+    """Token and tokenizer cache: $CHECKFREE_CACHE, else ~/.cache/checkfree."""
+    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
+
+
+def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
+    """The :class:`checkfree.data.corpus.DataSpec` of a config. A hub dataset streams and caches the run's token budget
+    (``train_token_budget``: max_iterations × tokens per iteration × W); a local corpus is cached whole. The
+    config's ``max_train_tokens`` (``--max-train-tokens``) caps either."""
+    from checkfree.data.batches import train_token_budget
+    from checkfree.data.corpus import DataSpec
+
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    wanted = budget if cfg.dataset in HUB_DATASET_NAMES else None
+    if cfg.max_train_tokens is not None:
+        wanted = min(wanted or cfg.max_train_tokens, cfg.max_train_tokens)
+    return DataSpec(
+        dataset=cfg.dataset,
+        tokenizer=cfg.tokenizer_name,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_l,
+        validation_sequences=cfg.validation * cfg.batch_size,
+        max_train_tokens=wanted,
+        seed=cfg.data_seed,
+        cache_dir=Path(cache_dir or default_cache_dir()).resolve(),
+    )
+
+
+def data_budget_line(cfg: Config, world_size: int, stream_tokens: int) -> tuple[str, float]:
+    """One log line: the run's training-token budget and how many epochs of the cached stream that is."""
+    from checkfree.data.batches import epochs, train_token_budget
+
+    budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
+    n = epochs(budget, stream_tokens, cfg.seq_l)
+    line = (
+        f"token budget {budget:,} = {cfg.max_iterations} iterations × {cfg.mb_count} microbatches × "
+        f"{cfg.batch_size} sequences × W {world_size} × {cfg.seq_l + 1} tokens, over {stream_tokens:,} training "
+        f"tokens: {n:.3f} epochs"
+    )
+    return line, n
+
+
+def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
+    from checkfree.data.batches import BatchSource, validation_batches
+    from checkfree.data.corpus import prepare_corpus
+
+    spec = data_spec(cfg, world, opts.cache_dir)
+    if rank == 0:
+        corpus = prepare_corpus(spec)
+    if world > 1:
+        dist.barrier()
+    if rank != 0:
+        corpus = prepare_corpus(spec)
+    batches = BatchSource(
+        corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed
+    )
+    val = validation_batches(corpus, cfg.batch_size, cfg.validation, cfg.seq_l)
+    return corpus, batches, val
+
+
+def _claim_run_dir(plan: RunDirPlan, rank: int, world: int) -> Path:
+    """Rank 0 moves an old run aside (--overwrite) and creates the directory; every rank validated it first."""
+    if world > 1:
+        dist.barrier()  # every rank has decided before any rank changes the disk
+    if rank == 0:
+        apply_run_dir(plan)
+    if world > 1:
+        dist.barrier()
+    return plan.path
+
+
+def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run one simulation end to end; returns the summary (rank 0 also writes summary.json).
+
+    Everything is validated (:func:`checkfree.sim.preflight.preflight`) before the run directory is created or
+    touched, so a refused run changes nothing on disk.
+    """
+    pre = preflight(opts)
+    cfg, p, p_source = pre.cfg, pre.probability, pre.probability_source
+    owns_group = not dist.is_initialized()
+    rank, world, group, device = _init_distributed(opts)
+    try:
+        run_dir = _claim_run_dir(pre.run_dir, rank, world)
+        _setup_logging(run_dir, rank)
+        for warning in pre.warnings:
+            log.warning("%s", warning)
+        if rank == 0:
+            (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
+            cmd = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv))
+            with open(run_dir / "command.txt", "a") as f:
+                f.write(cmd + "\n")
+            (run_dir / "options.json").write_text(json.dumps(dataclasses.asdict(opts), indent=1, default=str))
+        log.info("run directory %s", run_dir)
+        corpus, batches, val = _prepare_data(cfg, opts, rank, world)
+        log.info("data: %s", corpus.describe())
+        budget_line, data_epochs = data_budget_line(cfg, world, len(corpus.train))
+        log.info("data: %s", budget_line)
+        strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
+        source = pre.source
+        log.info(
+            "strategy %s, swaps %s, p_iter %.6g from %s, grad_norm_mode %s",
+            strategy.name,
+            opts.swaps,
+            p,
+            p_source,
+            cfg.grad_norm_mode,
+        )
+        stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed, corpus.eos_id), cfg)
+        peak = device_peak(device, opts.peak_tflops)
+        log.info(
+            "device %s, autocast %s, compile %s; MFU peak: %s",
+            device,
+            opts.autocast,
+            opts.compile,
+            peak.source,
+        )
+        progress = None
+        if rank == 0 and opts.progress:  # a bar on a terminal only; log lines otherwise (monitoring.py)
+            progress = progress_bar(cfg.max_iterations, opts.start_iter, strategy.name)
+        mirror = TensorBoardMirror(run_dir / TENSORBOARD_DIR) if opts.tensorboard and rank == 0 else None
+        sink = MetricsSink(run_dir / "metrics.jsonl" if rank == 0 else None, mirror=mirror)
+        ctx = RunContext(
+            sink=sink,
+            checkpoint_dir=run_dir / "checkpoints",
+            rank=rank,
+            world_size=world,
+            group=group,
+            device=device,
+            progress=progress,
+            autocast=opts.autocast,
+            compile=opts.compile,
+            compile_backend=opts.compile_backend,
+            peak=peak,
+            recovery_accounting=opts.recovery_accounting,
+        )
+        trainer = Trainer(
+            cfg,
+            stages,
+            batches,
+            val,
+            strategy,
+            source,
+            ctx,
+            swaps=opts.swaps,
+            max_wall_iterations=opts.max_wall_iterations,
+            data_fingerprint=pre.data_fingerprint,
+        )
+        if pre.resume is not None:
+            trainer.resume(Path(pre.resume))
+        summary = trainer.train()
+        if progress is not None:
+            progress.close()
+        summary.update(
+            {
+                "strategy": strategy.name,
+                "setting": opts.setting,
+                "swaps": opts.swaps,
+                "failure_rate_per_hour": opts.rate,
+                "failure_probability": p,
+                "failure_probability_source": p_source,
+                "grad_norm_mode": cfg.grad_norm_mode,
+                "world_size": world,
+                "config": opts.config,
+                "run_dir": str(run_dir),
+                "tokenizer_dir": str(corpus.tokenizer_dir),
+                "vocab_size": corpus.vocab_size,
+                "data_epochs": round(data_epochs, 4),
+            }
+        )
+        if rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        sink.close()
+        return summary
+    finally:
+        _close_logging()
+        if owns_group and dist.is_initialized():
+            dist.destroy_process_group()

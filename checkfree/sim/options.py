@@ -1,0 +1,59 @@
+"""The simulator's options: everything ``python -m checkfree simulate`` accepts (README: simulator options).
+
+Checked by checkfree.sim.preflight and run by checkfree.sim.launch (which re-exports :class:`SimulateOptions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class SimulateOptions:
+    """Everything ``python -m checkfree simulate`` accepts (README: simulator options)."""
+
+    setting: str
+    config: str
+    world_size: int = 1
+    rate: float = 16.0
+    start_iter: int = 0
+    swaps: bool = True
+    run_dir: Path | None = None
+    runs_root: Path = Path("runs")
+    max_iterations: int | None = None
+    eval_interval: int | None = None
+    log_interval: int | None = None
+    checkpoint_interval: int | None = None
+    seed: int | None = None
+    failure_seed: int | None = None
+    failure_probability: float | None = None
+    failure_schedule: Path | None = None
+    schedule_replicas: int | None = None
+    fail_stage0: bool = False
+    grad_norm_mode: str | None = None
+    iteration_seconds: float | None = None
+    """Iteration time (s) of the %/h formula; None = the paper's 91.32 s (a warning when given but unused)."""
+    resume_from: Path | None = None
+    device: str = "auto"
+    max_train_tokens: int | None = None
+    peak_tflops: float | None = None
+    compile: bool = False
+    compile_backend: str = "inductor"
+    autocast: str = "auto"
+    tensorboard: bool = False
+    cache_dir: Path | None = None
+    dry_run: bool = False
+    progress: bool = True
+    overwrite: bool = False
+    """A fresh run into a directory that holds a run moves the old one aside to DIR.replaced-<timestamp>."""
+    allow_data_change: bool = False
+    """Resume a checkpoint on other data (dataset or tokenizer) than it was trained on, with a warning."""
+    max_wall_iterations: int | None = None
+    """Stop after this many wall-clock iterations (None = 20 × max_iterations)."""
+    recovery_accounting: bool = True
+    """Add weight distances and probe losses to each recovery record (checkfree.telemetry.recovery_accounting)."""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Config-key overrides of other strategies' options (e.g. {"checkpoint_every": 50})."""

@@ -1,0 +1,1 @@
+"""One swarm node and its parts: pipeline driver, relay, gradient sync, copies, recovery."""

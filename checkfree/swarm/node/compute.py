@@ -1,0 +1,221 @@
+"""A node's stage computation: building the stage, the microbatch forward/backward, stage 0's pipeline driver.
+
+Microbatch flow (ARCHITECTURE.md, SPEC §8). A stage-0 node drives one pipeline. For microbatch ``mb`` of
+the iteration it computes ``route = [itself, node of order[0], …, node of order[S−1]]`` with ``order =
+stage_order(mb, S, swaps)`` (CheckFree+ swaps on odd microbatches), embeds the batch and sends FORWARD to
+``route[1]`` with ``pos = 1``. The node at ``pos = k`` runs its stage and forwards to ``route[k+1]``; the
+last one sends the output back to ``route[0]`` (``pos = len(route)``), which applies the head, the loss
+(token-mean cross entropy / mb_count, SPEC §6) and sends BACKWARD to ``route[-1]``. BACKWARD walks the route
+back to stage 0, which finishes the embedding's backward. At most ``in_flight`` microbatches of a pipeline
+are between embed and their last backward. Gradients accumulate in ``.grad`` until the iteration's
+exchange. Every message carries the ``epoch`` (one per attempt of an iteration, increasing): anything from
+an older epoch is dropped, which is how an aborted attempt's in-flight microbatches disappear.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from checkfree.config import Config
+from checkfree.model import build_hf_model, split_model
+from checkfree.swarm.devices import autocast_for
+from checkfree.swarm.wire.protocol import ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+def build_stage(
+    cfg: Config, stage: int, vocab_size: int, seed: int, device: torch.device | None = None
+) -> nn.Module:
+    """Stage ``stage`` (0 = embedding + head, 1..S transformer) with seeded, replica-identical init.
+
+    Each node builds only a one-stage model (seed ``seed·1000 + stage``) and keeps the part it needs, so
+    nodes never hold the whole model; replicas of a stage get identical weights. The init runs where torch's
+    default device is (the CPU), so a replica on a GPU starts from the same bits; ``device`` then holds the
+    fp32 parameters (the master weights: autocast computes in bf16, Adam updates fp32).
+    """
+    one = dataclasses.replace(cfg, n_stages=1)
+    stages = split_model(build_hf_model(one, vocab_size, seed * 1000 + stage), one)
+    module = stages[0] if stage == 0 else stages[1]
+    return module if device is None else module.to(device)
+
+
+class SyntheticBatches:
+    """Learnable random batches for tests: row ``r`` is ``(start + k·t) % V`` with seeded start and k ∈ {1,2,3}."""
+
+    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, rank: int, seed: int) -> None:
+        self.v, self.t, self.b, self.rank, self.seed = vocab_size, seq_len, batch_size, rank, seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step * 101 + self.rank)
+        start = torch.randint(0, self.v, (self.b, 1), generator=g)
+        k = torch.randint(1, 4, (self.b, 1), generator=g)
+        return (start + k * torch.arange(self.t + 1)) % self.v  # (B, T+1) int64
+
+
+def make_batches(cfg: Config, data: str, rank: int, world: int, vocab_size: int, cache_dir: Path):
+    """The batch source of pipeline ``rank`` of ``world``: checkfree.data or :class:`SyntheticBatches`."""
+    if data == "synthetic":
+        return SyntheticBatches(vocab_size, cfg.seq_l, cfg.batch_size, rank, cfg.data_seed)
+    from checkfree.data.batches import BatchSource
+    from checkfree.data.corpus import DataSpec, prepare_corpus
+
+    spec = DataSpec(
+        dataset=cfg.dataset,
+        tokenizer=cfg.tokenizer_name,
+        vocab_size=cfg.vocab_size,
+        seq_len=cfg.seq_l,
+        validation_sequences=cfg.validation * cfg.batch_size,
+        max_train_tokens=cfg.max_train_tokens,
+        seed=cfg.data_seed,
+        cache_dir=cache_dir,
+    )
+    corpus = prepare_corpus(spec)
+    if corpus.vocab_size != vocab_size:
+        raise ValueError(f"the local corpus has vocabulary {corpus.vocab_size}; the swarm uses {vocab_size}.")
+    return BatchSource(
+        corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed
+    )
+
+
+class StageWorker:
+    """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
+
+    ``compute`` accumulates wall and CPU seconds (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
+    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
+    CUDA the kernels run asynchronously: these are host seconds to queue them (the wait lands in the send).
+
+    The device is the module's: inputs (ids, labels) move there; on CUDA the forward passes run under bf16
+    autocast (checkfree.swarm.devices.autocast_for) and what leaves the stage is fp32, as on the wire.
+    """
+
+    def __init__(self, module: nn.Module, stage: int) -> None:
+        self.module = module
+        self.stage = stage
+        self.device = next(module.parameters()).device
+        self.autocast = autocast_for(self.device)
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.microbatches = 0
+        """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
+        self.compute = {
+            "forward_s": 0.0,
+            "backward_s": 0.0,
+            "forward_cpu_s": 0.0,
+            "backward_cpu_s": 0.0,
+            "forward_n": 0,
+            "backward_n": 0,
+        }
+        self._cpu0 = 0.0
+
+    def reset(self) -> None:
+        """Drop every saved activation and accumulated gradient (an aborted or finished attempt)."""
+        self.saved.clear()
+        self.microbatches = 0
+        self.module.zero_grad(set_to_none=True)
+
+    def forward(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
+        """Transformer stage: (B, T, d) → (B, T, d); keeps the graph for the backward."""
+        t0 = self._start()
+        x = x.requires_grad_()
+        with torch.enable_grad():
+            with self.autocast:
+                y = self.module(x)
+            y = y.float()  # fp32 on the wire (a no-op without autocast); the cast is part of the graph
+        self.saved[key] = (x, y)
+        self._count("forward", t0)
+        return y.detach()
+
+    def _take(self, key: tuple[int, int], grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The saved (input, output) of ``key``, removed; None if unknown.
+
+        Raises:
+            ProtocolError: ``grad``'s shape or dtype is not the saved output's (the entry is kept).
+        """
+        saved = self.saved.get(key)
+        if saved is None:
+            return None
+        if grad.shape != saved[1].shape or grad.dtype != saved[1].dtype:
+            raise ProtocolError(
+                f"gradient of microbatch {key} is {tuple(grad.shape)} {grad.dtype}; expected "
+                f"{tuple(saved[1].shape)} {saved[1].dtype}."
+            )
+        return self.saved.pop(key)
+
+    def backward(self, key: tuple[int, int], grad: torch.Tensor) -> torch.Tensor | None:
+        """Backward of a saved microbatch; returns the gradient w.r.t. its input (None if unknown key).
+
+        Raises:
+            ProtocolError: ``grad`` does not have the saved output's shape and dtype.
+        """
+        saved = self._take(key, grad)
+        if saved is None:
+            return None
+        t0 = self._start()
+        x, y = saved
+        y.backward(grad)
+        self.microbatches += 1
+        self._count("backward", t0)
+        return x.grad
+
+    # ---------------------------------------------------------------- stage 0 (embedding, head, loss)
+
+    def embed(self, key: tuple[int, int], ids: torch.Tensor) -> torch.Tensor:
+        """Stage 0: input ids (B, T) → hidden (B, T, d); keeps the graph."""
+        t0 = self._start()
+        ids = ids.to(self.device, non_blocking=True)
+        with torch.enable_grad():
+            with self.autocast:
+                h = self.module.embed(ids)
+            h = h.float()
+        self.saved[key] = (ids, h)
+        self._count("forward", t0)
+        return h.detach()
+
+    def head_loss(self, h: torch.Tensor, labels: torch.Tensor, mb_count: int) -> tuple[float, torch.Tensor]:
+        """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count."""
+        if h.shape[:2] != labels.shape:
+            raise ProtocolError(
+                f"final activations are {tuple(h.shape)}; expected {tuple(labels.shape)} x d."
+            )
+        t0 = self._start()
+        h = h.requires_grad_()
+        labels = labels.to(self.device, non_blocking=True)
+        with torch.enable_grad():
+            with self.autocast:
+                logits = self.module.head(h)  # (B, T, V)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            (loss / mb_count).backward()
+        self._count("backward", t0)
+        return float(loss.detach()), h.grad
+
+    def embed_backward(self, key: tuple[int, int], grad: torch.Tensor) -> bool:
+        """Stage 0: finish a microbatch's backward through the embedding; False if unknown key.
+
+        Raises:
+            ProtocolError: ``grad`` does not have the embedding output's shape and dtype.
+        """
+        saved = self._take(key, grad)
+        if saved is None:
+            return False
+        t0 = self._start()
+        saved[1].backward(grad)
+        self.microbatches += 1
+        self._count("backward", t0)
+        return True
+
+    def _count(self, what: str, t0: float) -> None:
+        self.compute[f"{what}_s"] += time.perf_counter() - t0
+        cpu = time.thread_time()
+        self.compute[f"{what}_cpu_s"] += cpu - self._cpu0
+        self.compute[f"{what}_n"] += 1
+
+    def _start(self) -> float:
+        self._cpu0 = time.thread_time()
+        return time.perf_counter()

@@ -1,0 +1,111 @@
+"""The small state objects a swarm node's parts share, passed to each part explicitly.
+
+A node (checkfree.swarm.node.node) is these objects plus handlers that receive them: :class:`StageState` (the stage
+replica it trains: module, Adam, weights version, last gradient norm ω), :class:`Progress` (where the swarm is:
+epoch, iteration, the highest plausible weights version, early messages of a later epoch), the peer table
+(checkfree.swarm.node.membership) and a :class:`Send` callable. The parts (gradient_sync, stage0_copies,
+pipeline_driver, relay, weights_server, recovering) never hold the node itself, so each can be built and tested
+alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from checkfree.swarm.node.early import FutureBuffer
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
+
+FUTURE_EPOCHS = 4
+"""An epoch more than this far ahead of the node's last ``begin`` is implausible (dropped and counted)."""
+
+
+class Send(Protocol):
+    """Send one message to a peer (``SUPERVISOR_ID`` for the supervisor); a peer gone is logged, not raised.
+
+    ``meta`` gets the sender's ``stage`` unless it is a CONTROL message or names one.
+    """
+
+    def __call__(
+        self,
+        peer: int,
+        mtype: MessageType,
+        iteration: int = -1,
+        microbatch: int = -1,
+        meta: dict[str, Any] | None = None,
+        tensors: dict[str, torch.Tensor] | None = None,
+    ) -> None: ...
+
+
+@dataclass
+class StageState:
+    """The stage replica a node trains.
+
+    Attributes:
+        module: the stage's parameters (checkfree.model stage module).
+        opt: its Adam optimizer.
+        version: iterations whose step these weights include (0 = initialisation).
+        grad_norm: ω, the unclipped norm of the last averaged gradient (1.0 before any step, paper §4.1).
+    """
+
+    module: torch.nn.Module
+    opt: torch.optim.Optimizer
+    version: int = 0
+    grad_norm: float = 1.0
+
+    def adopt(self, other: StageState) -> None:
+        """Take over a rebuilt state (a finished recovery or rollback); parts holding this object see it."""
+        self.module, self.opt, self.version, self.grad_norm = (
+            other.module,
+            other.opt,
+            other.version,
+            other.grad_norm,
+        )
+
+    def weights_meta(self) -> dict[str, Any]:
+        """The scalars that travel with the weights: version, ω, Adam's lr and step."""
+        return {
+            "version": self.version,
+            "grad_norm": self.grad_norm,
+            "lr": W.current_lr(self.opt),
+            "step": W.adam_step(self.opt),
+        }
+
+
+@dataclass
+class Progress:
+    """Where the swarm is, as this node knows it from the supervisor's commands.
+
+    Attributes:
+        epoch: the last ``begin``'s epoch (one per attempt of an iteration); -1 before any.
+        iteration: the last ``begin``'s iteration; -1 before any.
+        max_version: the highest weights version a peer may claim (iterations the supervisor has begun).
+        future: messages of an epoch this node has not begun yet.
+    """
+
+    epoch: int = -1
+    iteration: int = -1
+    max_version: int = 0
+    future: FutureBuffer = field(default_factory=FutureBuffer)
+
+    def plausible_version(self, version: int) -> bool:
+        """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
+        return version <= max(self.max_version, self.iteration + 1)
+
+    def epoch_of(self, msg: Message) -> int | None:
+        """The message's epoch; None (dropped) when stale, buffered (None) when it is ahead of this node.
+
+        Raises:
+            ProtocolError: the epoch is more than FUTURE_EPOCHS ahead of the supervisor's last ``begin``, or
+                the buffer for future epochs is full (count or bytes).
+        """
+        epoch = msg.meta["epoch"]
+        if epoch > self.epoch:
+            if epoch > self.epoch + FUTURE_EPOCHS:
+                raise ProtocolError(f"epoch {epoch} is implausibly far ahead of this node's {self.epoch}")
+            self.future.add(msg)
+            return None
+        return epoch if epoch == self.epoch else None

@@ -1,0 +1,187 @@
+"""Stage 0's side of the pipeline: batches in, embed, FORWARD out; final activations in, head + loss, BACKWARD out.
+
+See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each.
+A microbatch that has not come back within ``microbatch_timeout`` seconds is reported to the supervisor
+(CONTROL ``stalled``), which aborts the attempt and redoes the iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkfree.pipeline import stage_order
+from checkfree.swarm.config import SwarmConfig, route
+from checkfree.swarm.node.compute import StageWorker, make_batches
+from checkfree.swarm.node.context import Progress, Send
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """$CHECKFREE_CACHE, else ~/.cache/checkfree (as the simulator)."""
+    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
+
+
+def stage0_batches(cfg: SwarmConfig, welcome: dict[str, Any], cache_dir: Path | None) -> Any:
+    """The batches of the pipeline the WELCOME's ``rank`` names (checkfree.swarm.node.compute.make_batches)."""
+    return make_batches(
+        cfg.model,
+        cfg.data,
+        int(welcome["rank"]),
+        cfg.replicas,
+        int(welcome["vocab_size"]),
+        cache_dir or default_cache_dir(),
+    )
+
+
+class PipelineDriver:
+    """Runs the microbatches of one pipeline per iteration with at most ``in_flight`` outstanding.
+
+    Args:
+        node_id: this stage-0 node.
+        cfg: the swarm config (microbatches, in-flight limit, timeouts, model batch shape).
+        swaps: CheckFree+ stage order on odd microbatches.
+        batches: its pipeline's batches (:func:`stage0_batches`): ``batch(i)`` → (B, T+1) int64 token ids.
+        worker: embeds, runs the head and loss, and back-propagates into stage 0.
+        progress: the node's epoch and iteration.
+        membership: the serving replicas of every stage (a route takes one of each).
+        send: sends FORWARD / BACKWARD, ITERATION_END and ``stalled``.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        cfg: SwarmConfig,
+        swaps: bool,
+        batches: Any,
+        worker: StageWorker,
+        progress: Progress,
+        membership: Membership,
+        send: Send,
+    ) -> None:
+        self.node_id, self.cfg, self.swaps, self.batches, self.worker = node_id, cfg, swaps, batches, worker
+        self.progress, self.membership, self.send = progress, membership, send
+        self.active = False
+        self.pipeline = -1
+        self._clear()
+
+    def _clear(self) -> None:
+        self.inflight: dict[int, float] = {}
+        self.labels: dict[int, torch.Tensor] = {}
+        self.routes: dict[int, list[int]] = {}
+        self.losses: dict[int, float] = {}
+        self.next_mb = 0
+        self.stall_reported = False
+        self.t_begin = time.monotonic()
+
+    def begin(self) -> None:
+        """A new epoch: start the first ``in_flight`` microbatches."""
+        self._clear()
+        stage0 = self.membership.serving(0)
+        self.active = self.node_id in stage0
+        if self.active:
+            self.pipeline = stage0.index(self.node_id)
+            self._pump()
+
+    def abort(self) -> None:
+        self._clear()
+        self.active = False
+
+    def _pump(self) -> None:
+        cfg, iteration = self.cfg, self.progress.iteration
+        while self.active and self.next_mb < cfg.mb_count and len(self.inflight) < cfg.in_flight:
+            mb = self.next_mb
+            self.next_mb += 1
+            order = stage_order(mb, cfg.n_stages, self.swaps)
+            path = route(self.pipeline, self.membership.members, cfg.n_stages, order)
+            if path is None:
+                self._stalled(f"no route for microbatch {mb}: a stage has no serving node")
+                return
+            batch = self.batches.batch(iteration * cfg.mb_count + mb)  # (B, T+1) int64
+            self.labels[mb], self.routes[mb] = batch[:, 1:], path
+            self.inflight[mb] = time.monotonic()
+            h = self.worker.embed((self.pipeline, mb), batch[:, :-1])
+            self.send(
+                path[1],
+                MessageType.FORWARD,
+                iteration,
+                mb,
+                {"epoch": self.progress.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {"activations": h},
+            )
+
+    def on_message(
+        self, msg: Message, path: list[int], pos: int, key: tuple[int, int], tensor: torch.Tensor
+    ) -> None:
+        """A microbatch returning: final activations (head + loss) or the first stage's input gradient."""
+        mb, iteration = msg.microbatch, self.progress.iteration
+        if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
+            raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
+        meta = {"epoch": self.progress.epoch, "route": path, "pipeline": self.pipeline}
+        if msg.type == MessageType.FORWARD and pos == len(path):
+            if mb in self.losses:
+                raise ProtocolError(f"microbatch {mb} came back twice")
+            loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
+            self.losses[mb] = loss
+            self.send(
+                path[-1],
+                MessageType.BACKWARD,
+                iteration,
+                mb,
+                {**meta, "pos": len(path) - 1},
+                {"gradients": grad},
+            )
+        elif msg.type == MessageType.BACKWARD and pos == 0:
+            if not self.worker.embed_backward(key, tensor):
+                raise ProtocolError(f"no saved embedding for microbatch {mb}")
+            del self.inflight[mb]
+            self._pump()
+            if not self.inflight and self.next_mb >= self.cfg.mb_count:
+                self._finish()
+        else:
+            raise ProtocolError(f"{msg.type.name} at route position {pos} is not for stage 0")
+
+    def _finish(self) -> None:
+        losses = [self.losses[mb] for mb in sorted(self.losses)]
+        b, t = self.cfg.model.batch_size, self.cfg.model.seq_l
+        self.send(
+            SUPERVISOR_ID,
+            MessageType.ITERATION_END,
+            self.progress.iteration,
+            -1,
+            {
+                "epoch": self.progress.epoch,
+                "loss": sum(losses) / len(losses),
+                "tokens": len(losses) * b * t,
+                "seconds": time.monotonic() - self.t_begin,
+            },
+        )
+        self.active = False
+
+    def _stalled(self, reason: str) -> None:
+        if not self.stall_reported:
+            self.stall_reported = True
+            epoch = self.progress.epoch
+            log.warning("node %d: epoch %d stalled: %s", self.node_id, epoch, reason)
+            self.send(
+                SUPERVISOR_ID,
+                MessageType.CONTROL,
+                self.progress.iteration,
+                meta={"command": "stalled", "epoch": epoch, "reason": reason},
+            )
+
+    def tick(self) -> None:
+        """Report a microbatch that has been out longer than ``microbatch_timeout``."""
+        if not self.active or not self.inflight:
+            return
+        mb, sent = min(self.inflight.items(), key=lambda kv: kv[1])
+        if time.monotonic() - sent > self.cfg.microbatch_timeout:
+            self._stalled(f"microbatch {mb} not back after {self.cfg.microbatch_timeout:.0f} s")

@@ -1,0 +1,55 @@
+"""Messages that arrive before a node can use them, kept in a buffer bounded in count and bytes.
+
+A node keeps FORWARD/BACKWARD/GRADIENTS of an epoch it has not begun yet (a peer got ``begin`` first), and
+WEIGHTS_REQUESTs from peers the supervisor has not listed yet or that arrive before it serves. A flood of
+either is dropped and counted, never kept for the rest of the run (checkfree.swarm.node.node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from checkfree.swarm.wire.protocol import Message, ProtocolError
+
+MAX_FUTURE = 2000
+"""Early messages (a not-yet-begun epoch) buffered at most; more are dropped."""
+MAX_FUTURE_BYTES = 512 * 1024**2
+"""Tensor bytes of early messages buffered at most."""
+
+
+class FutureBuffer:
+    """Messages that arrived early (a later epoch, a requester not yet listed), bounded in count and bytes."""
+
+    def __init__(self, max_messages: int = MAX_FUTURE, max_bytes: int = MAX_FUTURE_BYTES) -> None:
+        self.max_messages, self.max_bytes = max_messages, max_bytes
+        self.messages: list[Message] = []
+        self.nbytes = 0
+
+    @staticmethod
+    def _size(msg: Message) -> int:
+        return sum(t.numel() * t.element_size() for t in msg.tensors.values())
+
+    def add(self, msg: Message) -> None:
+        """Keep ``msg``.
+
+        Raises:
+            ProtocolError: the buffer is full (the message is dropped and counted by the caller).
+        """
+        size = self._size(msg)
+        if len(self.messages) >= self.max_messages or self.nbytes + size > self.max_bytes:
+            raise ProtocolError(
+                f"the buffer for early messages is full ({len(self.messages)} messages, {self.nbytes} bytes)"
+            )
+        self.messages.append(msg)
+        self.nbytes += size
+
+    def take(self, keep: Callable[[Message], bool]) -> list[Message]:
+        taken = [m for m in self.messages if keep(m)]
+        if taken:
+            self.messages = [m for m in self.messages if not keep(m)]
+            self.nbytes = sum(self._size(m) for m in self.messages)
+        return taken
+
+    def drop_before(self, epoch: int) -> None:
+        """Forget messages of epochs older than ``epoch``."""
+        self.take(lambda m: isinstance(m.meta.get("epoch"), int) and m.meta["epoch"] < epoch)

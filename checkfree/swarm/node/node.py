@@ -1,0 +1,390 @@
+"""One swarm node = one process = one stage replica: join, serve microbatches, average gradients, recover.
+
+Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --location L --bootstrap ADDR
+--key-file FILE``; ``--insecure`` instead of the key file for plain TCP):
+
+1. **Join** (checkfree.swarm.node.membership): JOIN to the supervisor; its WELCOME carries the swarm config, the
+   peer table and the checkpoint version; the node dials every peer (full mesh, WAN-emulated) and builds its
+   stage (checkfree.swarm.node.context).
+2. **Recover** (replacements only, ``--replacement``): execute the plan the supervisor sent in the WELCOME
+   (checkfree.recovery.planner; a replacement never re-plans), send WEIGHTS_REQUEST to a serving node of each
+   source stage (or the storage node), combine the
+   answers with the shared recovery math (``copy_state`` / ``weighted_average``) and report ``serving``.
+   A rejected or error answer, or a source that leaves the peer table, sends the request to the next
+   candidate at once; an unanswered one after ``request_timeout``; after ``max_attempts`` rounds the node
+   reports ``recovery_failed`` and exits (the supervisor retries).
+3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration
+   (checkfree.swarm.node.iteration): ``begin`` → forward/backward of every microbatch → ``sync`` (the replicas
+   average their gradients, checkfree.swarm.node.gradient_sync) → ``commit`` (Adam step) → ``committed``.
+4. **Serve weights** at any time to a peer the supervisor lists (a request from one not yet listed waits,
+   bounded, for the next ``peers``; the node never dials an unlisted requester): WEIGHTS_REQUEST →
+   WEIGHTS_RESPONSE with the weights, the last gradient norm, and (if asked) Adam's moments, step and lr.
+   Under ``ours-plus`` stage 0 also pushes its embedding and head to stages 1 and S after each step, and those
+   serve the copies to a stage-0 replacement (checkfree.swarm.node.stage0_copies).
+5. **Leave** on ``shutdown`` (final stats to the supervisor), or exit by itself when the supervisor has
+   been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
+
+The node is small state objects (checkfree.swarm.node.context, the peer table of checkfree.swarm.node.membership) and
+parts that receive them explicitly with its ``send``. Every message passes the wire format and its schema
+(checkfree.swarm.wire.control) in the transport; the dispatch tables (``handlers`` by message type, ``commands`` by
+CONTROL command, from the supervisor only) route it. A peer message that still makes no sense (a wrong stage, a
+bad shape, NaN weights, an implausible epoch or version) raises ``ProtocolError``, is logged and counted in
+``bad_messages``, and the node keeps serving. Any other exception is a bug: the node exits non-zero with the
+traceback in its log, and the supervisor replaces it like any crash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.devices import prepare_device
+from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.driver import PipelineDriver
+from checkfree.swarm.node.early import FutureBuffer
+from checkfree.swarm.node.iteration import IterationCommands
+from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
+from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
+from checkfree.swarm.node.recovering import Recovery, Rollback
+from checkfree.swarm.node.relay import check_pipeline_message
+from checkfree.swarm.policies import RecoveryPlan, make_recovery
+from checkfree.swarm.storage import StorageNode
+from checkfree.swarm.wire import control
+from checkfree.swarm.wire.auth import Identity, read_key_file
+from checkfree.swarm.wire.netem import SwarmNetEm
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.wire.staging import HostStaging
+from checkfree.swarm.wire.transport import Transport
+
+log = logging.getLogger(__name__)
+
+MAX_WAITING_REQUESTS = 64
+"""WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
+
+
+class Node:
+    """A stage replica. Args: ids and addresses as on the command line; ``cache_dir``: data cache;
+    ``identity``: its CURVE keypair and keyring (None: unauthenticated, ``--insecure``)."""
+
+    def __init__(
+        self,
+        node_id: int,
+        stage: int,
+        location: str,
+        bootstrap: str,
+        bind_host: str = "127.0.0.1",
+        advertise_host: str | None = None,
+        replacement: bool = False,
+        cache_dir: Path | None = None,
+        identity: Identity | None = None,
+        device: str = "cpu",
+    ):
+        self.device = prepare_device(device)  # cpu, or cuda:N (checkfree.swarm.devices)
+        self.staging = HostStaging(
+            self.device
+        )  # device tensors <-> host bytes (checkfree.swarm.wire.staging)
+        self.id, self.stage, self.location = node_id, stage, location
+        self.bootstrap, self.replacement = bootstrap, replacement
+        self.cache_dir = cache_dir
+        self.netem = SwarmNetEm(time_scale=0.0)
+        self.transport = Transport(
+            node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
+        )
+        self.address = advertised(self.transport, advertise_host)
+        self.send = PeerSender(self.transport, node_id, stage, self.staging)
+        self.membership = Membership(node_id)
+        self.progress = Progress()
+        self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
+        """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
+        self.state: StageState
+        """The stage replica it trains (built from the WELCOME's config)."""
+        self.serving = False
+        self.done = False
+        self.bad_messages = 0
+        self.task: Recovery | Rollback | None = None
+        self.handlers: dict[MessageType, Callable[[Message], None]] = {
+            MessageType.FORWARD: self._on_pipeline,
+            MessageType.BACKWARD: self._on_pipeline,
+            MessageType.GRADIENTS: lambda msg: self.parts.gradients.on_gradients(msg),
+            MessageType.WEIGHTS_REQUEST: self._on_weights_request,
+            MessageType.WEIGHTS_RESPONSE: self._on_weights_response,
+            MessageType.CONTROL: self._on_control,
+            MessageType.STAGE0_COPY: lambda msg: self.parts.stage0_copies.on_copy(msg),
+        }
+        """Message type → handler; JOIN / LEAVE / ITERATION_END / CHECKPOINT addressed to a node are dropped."""
+        self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
+            "peers": self._on_peers,
+            "rollback": self._rollback,
+            "shutdown": self._shutdown,
+        }
+        """CONTROL command (from the supervisor only) → handler; the iteration's (checkfree.swarm.node.iteration) are
+        added once the node is set up."""
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        """Join, (recover,) serve until shutdown; returns the process exit code.
+
+        A bug (any exception but the protocol's validation error) propagates: the process exits non-zero
+        with the traceback in its log, and the supervisor replaces it like any crash.
+        """
+        try:
+            meta = {
+                "stage": self.stage,
+                "location": self.location,
+                "address": self.address,
+                "replacement": self.replacement,
+            }
+            welcome = join(self.transport, self.bootstrap, self.id, meta, self._keep_early)
+            if welcome is None:
+                log.error("node %d: no WELCOME from %s; exiting", self.id, self.bootstrap)
+                return 3
+            self._setup(welcome.meta)
+            if self.replacement:
+                try:  # the supervisor planned this loss event once; a replacement never re-plans
+                    plan = RecoveryPlan.from_json(welcome.meta.get("plan"), self.cfg.n_stages)
+                except ValueError as exc:
+                    self.give_up(f"the WELCOME holds no usable recovery plan ({exc})")
+                    time.sleep(0.5)  # let the report leave
+                    return 4
+                # the iteration the loss event interrupted seeds a random rule, as in the simulator
+                self.fetch.iteration = max(welcome.meta["iteration"] - 1, 0)
+                checkpoint = welcome.meta["checkpoint_version"]
+                self.task = Recovery(self.fetch, plan, self.state, self.recovered, self.give_up, checkpoint)
+                self.task.start()
+            else:
+                self._serve({"rule": "initial"})
+            while not self.done:
+                msg = self.transport.recv(timeout=0.05)
+                if msg is not None:
+                    self.dispatch(msg)
+                if self._tick():
+                    return 3
+            return 0
+        finally:
+            self.transport.close()
+
+    def _keep_early(self, msg: Message) -> None:
+        """A message before the WELCOME: kept for later (a weights request, or a FORWARD of the next epoch)."""
+        early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.progress.future
+        try:
+            early.add(msg)
+        except ProtocolError as exc:
+            self.reject(msg, str(exc))
+
+    def _setup(self, meta: dict[str, Any]) -> None:
+        self.cfg = cfg = swarm_config_from_dict(meta["config"], "WELCOME config")
+        self.strategy = make_recovery(meta["setting"])
+        self.netem = configure_links(self.transport, cfg)
+        self.progress.max_version = meta["iteration"]
+        # the supervisor's last begun epoch: a peer's FORWARD for the next one may arrive before our "begin"
+        self.progress.epoch = meta["epoch"]
+        self._on_peers(meta)
+        self.membership.set_members(meta["members"])
+        shared = (self.progress, self.membership, self.send)
+        parts = build_parts(
+            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, *shared, self.reject, self.device
+        )
+        self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
+        hooks = (self.dispatch, lambda: self.serving, self.send_checkpoint, self.report)
+        self.steps = IterationCommands(self.id, parts, *shared, *hooks)
+        self.commands |= self.steps.table()
+        where = f"stage {self.stage} at {self.location}, {self.address}, {len(self.membership.peers)} peers"
+        log.info("node %d: %s, setting %s", self.id, where, self.strategy.name)
+
+    def _serve(self, record: dict[str, Any]) -> None:
+        self.serving = True
+        self.task = None
+        meta = control.control("serving", stage=self.stage, version=self.state.version, record=record)
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
+        self._replay_requests()
+
+    def _tick(self) -> bool:
+        """Timeouts; True when the node must exit (its supervisor is gone)."""
+        if SUPERVISOR_ID in self.transport.dead_peers():
+            silent = self.transport.peer_timeout
+            log.error("node %d: the supervisor has been silent for %.1f s; exiting", self.id, silent)
+            return True
+        if self.task is not None:
+            self.task.tick()
+        if isinstance(self.parts.pipeline, PipelineDriver):
+            self.parts.pipeline.tick()
+        return False
+
+    # ------------------------------------------------------------------ messaging
+
+    def _on_peers(self, meta: dict[str, Any]) -> None:
+        """Admit the listed keys and peers (checkfree.swarm.node.membership); then answer requests that were waiting
+        for their sender to be listed, and move a fetch away from a source that left."""
+        self.membership.admit(meta, self.transport)
+        if self.serving:
+            self._replay_requests()
+        if self.task is not None:
+            self.task.peers_changed()
+
+    def _replay_requests(self) -> None:
+        for msg in self.waiting.take(lambda m: m.sender in self.membership.peers):
+            self.dispatch(msg)
+
+    def dispatch(self, msg: Message) -> None:
+        """Route one message through the handler table; a message a handler rejects (ProtocolError: nonsense
+        from a peer) is logged and counted in ``bad_messages``. Any other exception is a bug: it propagates."""
+        handler = self.handlers.get(msg.type)
+        if handler is None:
+            self.reject(msg, f"a node takes no {msg.type.name}")
+            return
+        msg.tensors = self.staging.to_device(msg.tensors)  # compute (and recovery math) where the stage lives
+        try:
+            handler(msg)
+        except ProtocolError as exc:
+            self.reject(msg, str(exc))
+
+    def reject(self, msg: Message, why: str) -> None:
+        """Count and log a peer message that does not fit (the node keeps serving)."""
+        self.bad_messages += 1
+        log.warning("node %d: dropped a %s from %d: %s", self.id, msg.type.name, msg.sender, why)
+
+    # ------------------------------------------------------------------ iterations
+
+    def _on_pipeline(self, msg: Message) -> None:
+        if not self.serving or self.progress.epoch_of(msg) is None:
+            return
+        self.parts.pipeline.on_message(msg, *check_pipeline_message(msg, self.cfg))
+
+    def _rollback(self, meta: dict[str, Any]) -> None:
+        if meta["version"] > self.progress.max_version:
+            raise ProtocolError(f"rollback to version {meta['version']}, beyond {self.progress.max_version}")
+        self.task = Rollback(self.fetch, meta["version"], self.state, self.restored, self.give_up)
+        self.task.start()
+
+    def report(self) -> dict[str, Any]:
+        """Cumulative stats for the supervisor: bytes per message type, compute seconds, bad messages."""
+        stats = self.transport.stats
+        return {
+            "sent_bytes": stats["sent_bytes"],
+            "sent_messages": stats["sent_messages"],
+            "dropped_malformed": stats["dropped_malformed"],
+            "dropped_spoofed": stats["dropped_spoofed"],
+            "bad_messages": self.bad_messages,
+            "compute": {**self.worker.compute, "step_cpu_s": self.steps.step_s},
+            "version": self.state.version,
+        }
+
+    # ------------------------------------------------------------------ weights and checkpoints
+
+    def send_checkpoint(self) -> None:
+        """Ship weights + Adam state to the storage node (asynchronous: the send never blocks)."""
+        send_checkpoint(self.state, self.cfg.storage_id, self.progress.iteration, self.send)
+
+    def _on_weights_request(self, msg: Message) -> None:
+        """Answer a listed peer (checkfree.swarm.node.context); a request from a peer the supervisor has not
+        listed yet, or before this node serves, waits (the next ``peers`` replays it): a node dials only the
+        peers the supervisor lists."""
+        if not self.serving or msg.sender not in self.membership.peers and msg.sender != SUPERVISOR_ID:
+            self.waiting.add(msg)
+            return
+        answer_weights_request(msg, self.stage, self.state, self.parts.stage0_copies, self.send)
+
+    def _on_weights_response(self, msg: Message) -> None:
+        if self.task is None:
+            raise ProtocolError("a weights answer, but this node is not fetching weights")
+        self.task.on_response(msg)
+
+    def recovered(self, rebuilt: StageState, record: dict[str, Any]) -> None:
+        """A finished Recovery: adopt the rebuilt stage and serve."""
+        self.state.adopt(rebuilt)
+        self._serve(record)
+
+    def restored(self, rebuilt: StageState, record: dict[str, Any]) -> None:
+        """A finished Rollback: adopt the checkpoint and report to the supervisor."""
+        self.state.adopt(rebuilt)
+        self.task = None
+        meta = control.control("restored", version=record["version"], bytes=record["bytes"], record=record)
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
+
+    def give_up(self, reason: str) -> None:
+        log.error("node %d: %s", self.id, reason)
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("recovery_failed", reason=reason))
+        self.task = None
+
+    # ------------------------------------------------------------------ supervisor commands
+
+    def _on_control(self, msg: Message) -> None:
+        if msg.sender != SUPERVISOR_ID:
+            raise ProtocolError("CONTROL from a node; only the supervisor commands")
+        command = msg.meta["command"]
+        handler = self.commands.get(command)
+        if handler is None:
+            raise ProtocolError(f"command {command!r} is not for a node")
+        handler(msg.meta)
+
+    def _shutdown(self, meta: dict[str, Any]) -> None:
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("final", **self.report()))
+        deadline = time.monotonic() + 3.0
+        while self.transport.stats["sent_messages"]["CONTROL"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)  # let the sender thread hand the last frames to libzmq
+        self.done = True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m checkfree.swarm.node.node", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--id", type=int, required=True, help="this node's id (>= 0)")
+    parser.add_argument(
+        "--stage", type=int, required=True, help="stage it holds (0 = embedding/head; -1 = storage)"
+    )
+    parser.add_argument("--location", required=True, help="its location in the WAN table")
+    parser.add_argument("--bootstrap", required=True, help="the supervisor's address, tcp://HOST:PORT")
+    parser.add_argument("--bind-host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--advertise-host", help="host name peers should dial (when binding 0.0.0.0)")
+    parser.add_argument(
+        "--replacement", action="store_true", help="recover the stage from peers before serving"
+    )
+    parser.add_argument("--cache-dir", type=Path, help="data cache of stage-0 nodes")
+    parser.add_argument(
+        "--key-file", type=Path, help="this node's CURVE key file (checkfree.swarm.wire.auth)"
+    )
+    parser.add_argument(
+        "--insecure", action="store_true", help="plain TCP, no authentication (single-machine debugging)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda:N (checkfree.swarm.devices)")
+    args = parser.parse_args(argv)
+    if (args.key_file is None) == (not args.insecure):
+        parser.error("give exactly one of --key-file FILE and --insecure")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s node{args.id} %(levelname)s %(name)s: %(message)s",
+    )
+    torch.set_num_threads(1)
+    identity = None if args.insecure else read_key_file(args.key_file, args.id)
+    if args.stage == -1:
+        where = (args.location, args.bootstrap, args.bind_host, args.advertise_host)
+        return StorageNode(args.id, *where, identity).run()
+    node = Node(
+        args.id,
+        args.stage,
+        args.location,
+        args.bootstrap,
+        args.bind_host,
+        args.advertise_host,
+        args.replacement,
+        args.cache_dir,
+        identity,
+        args.device,
+    )
+    return node.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

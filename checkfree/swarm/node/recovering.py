@@ -1,0 +1,330 @@
+"""A node fetching its stage over the network: a replacement's recovery, or a checkpoint rollback.
+
+:class:`Recovery` executes a :class:`~checkfree.swarm.policies.RecoveryPlan`: one WEIGHTS_REQUEST per source
+stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
+seconds and a random 128-bit request id. Each answer is checked on arrival (the stage and part asked, the node
+asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, or a
+source that leaves the peer table, moves the request to the next candidate at once, a missed deadline after
+``request_timeout``, and after
+``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
+and starts another replacement). The answers are combined with the shared recovery math
+(checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
+with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2), ``stage0_from_copies`` for a
+lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
+SPEC §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
+(no transformer stage survives): the seed, iteration and stage that the simulator uses give the same numbers.
+Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies load the
+source's Adam moments, step and lr.
+
+A task never holds the node: it gets a :class:`FetchContext` (ids, config, peer table, progress, ``send``), the
+:class:`~checkfree.swarm.node.context.StageState` to rebuild, and two callbacks. It returns what it rebuilt (a new
+``StageState`` and the recovery record) through ``on_done``; ``on_fail`` gets the reason when it gives up.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from checkfree.pipeline import checkfree_weight
+from checkfree.recovery.neighbours import (
+    copy_state,
+    random_init,
+    stage0_from_copies,
+    stage0_part,
+    weighted_average,
+)
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.node.context import Progress, Send, StageState
+from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.policies import RecoveryPlan
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
+
+log = logging.getLogger(__name__)
+
+Done = Callable[[StageState, dict[str, Any]], None]
+"""Receives the rebuilt stage state and the recovery record."""
+
+
+@dataclass
+class FetchContext:
+    """What a fetching task needs of its node.
+
+    Attributes:
+        node_id, stage: the fetching node and its stage.
+        cfg: the swarm config (``request_timeout``, ``max_attempts``, ``storage_id``, ``init_seed``, ``model``).
+        membership: who serves each stage (candidates), and the peer table (a source that left).
+        progress: the highest plausible weights version.
+        send: sends the WEIGHTS_REQUESTs.
+        reject: counts and logs a peer message that does not fit.
+        iteration: the iteration of the loss event (seeds a random rule, as the simulator's).
+    """
+
+    node_id: int
+    stage: int
+    cfg: SwarmConfig
+    membership: Membership
+    progress: Progress
+    send: Send
+    reject: Callable[[Message, str], None]
+    iteration: int = 0
+
+
+class Recovery:
+    """Fetch and combine a stage's weights per ``plan``.
+
+    Args:
+        ctx: the node's side (:class:`FetchContext`).
+        plan: what to fetch and how to combine it (planned once by the supervisor).
+        state: the replacement's fresh stage (keys and shapes to check answers against; the rebuilt weights are
+            loaded into its module, which the node's worker computes with).
+        on_done: receives the rebuilt :class:`StageState` and the record.
+        on_fail: receives the reason when the task gives up.
+        checkpoint_version: the storage version to ask for (rule "storage").
+    """
+
+    def __init__(
+        self,
+        ctx: FetchContext,
+        plan: RecoveryPlan,
+        state: StageState,
+        on_done: Done,
+        on_fail: Callable[[str], None],
+        checkpoint_version: int = 0,
+    ) -> None:
+        self.ctx, self.plan, self.state, self.checkpoint_version = ctx, plan, state, checkpoint_version
+        self.on_done, self.on_fail = on_done, on_fail
+        self.requests: list[dict[str, Any]] = []
+        self.t0 = time.monotonic()
+        self.failed = False
+        """True once the task gave up (it sends nothing more)."""
+
+    def _give_up(self, reason: str) -> None:
+        self.failed = True
+        self.on_fail(reason)
+
+    def start(self) -> None:
+        ctx = self.ctx
+        log.info(
+            "node %d: recovering stage %d by rule %s from stages %s%s",
+            ctx.node_id,
+            ctx.stage,
+            self.plan.rule,
+            self.plan.sources,
+            f" ({self.plan.fallback})" if self.plan.fallback else "",
+        )
+        for i, stage in enumerate(self.plan.sources):
+            if self.plan.rule == "storage":
+                candidates = [ctx.cfg.storage_id]
+            else:
+                candidates = list(ctx.membership.serving(stage))
+            if not candidates:
+                self._give_up(f"no serving node of stage {stage} to recover from")
+                return
+            part = self.plan.parts[i] if self.plan.parts else None
+            self.requests.append(
+                {"stage": stage, "part": part, "candidates": candidates, "tries": 0, "response": None}
+            )
+            self._send(i)
+        if (
+            not self.requests
+        ):  # nothing to fetch ("random", or every stage-0 copy holder is lost): seeded init
+            self._finish()
+
+    def _send(self, i: int) -> None:
+        req = self.requests[i]
+        req["target"] = req["candidates"][req["tries"] % len(req["candidates"])]
+        req["id"] = secrets.token_hex(16)  # unguessable: only the asked node can answer it
+        req["deadline"] = time.monotonic() + self.ctx.cfg.request_timeout
+        req["tries"] += 1
+        meta = {
+            "stage": req["stage"],
+            "optimizer": self.plan.with_optimizer,
+            "request": req["id"],
+            "version": self.checkpoint_version,
+        }
+        if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
+            meta.update(stage=0, part=req["part"])
+        self.ctx.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
+
+    def _retry(self, i: int, why: str) -> None:
+        """Ask the next candidate now (a rejected, failed or lost answer); give up after ``max_attempts``
+        rounds over the candidates."""
+        req = self.requests[i]
+        if req["tries"] >= self.ctx.cfg.max_attempts * len(req["candidates"]):
+            self._give_up(
+                f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}"
+            )
+            return
+        log.warning(
+            "node %d: request to %d failed (%s); asking the next candidate",
+            self.ctx.node_id,
+            req["target"],
+            why,
+        )
+        self._send(i)
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for i, req in enumerate(self.requests):
+            if req["response"] is None and now > req["deadline"]:
+                self._retry(i, f"no answer within {self.ctx.cfg.request_timeout:.0f} s")
+                if self.failed:
+                    return
+
+    def peers_changed(self) -> None:
+        """A source that left the swarm will not answer: ask the next candidate at once."""
+        for i, req in enumerate(self.requests):
+            if req["response"] is None and req["target"] not in self.ctx.membership.peers:
+                self._retry(i, f"node {req['target']} left the swarm")
+                if self.failed:
+                    return
+
+    def on_response(self, msg: Message) -> None:
+        """Keep a valid answer; an error or a rejected answer moves that request to the next candidate.
+
+        Raises:
+            ProtocolError: the answer matches no open request (unknown id, or not from the node asked).
+        """
+        for i, req in enumerate(self.requests):
+            if (
+                req.get("id") == msg.meta["request"]
+                and req["response"] is None
+                and msg.sender == req["target"]
+            ):
+                if "error" in msg.meta:
+                    self._retry(i, str(msg.meta["error"]))
+                    return
+                try:
+                    self._check_answer(req, msg)
+                except ProtocolError as exc:
+                    self.ctx.reject(msg, str(exc))
+                    self._retry(i, f"answer rejected: {exc}")
+                    return
+                req["response"] = msg
+                if all(r["response"] is not None for r in self.requests):
+                    self._finish()
+                return
+        raise ProtocolError("an unrequested WEIGHTS_RESPONSE (unknown request id or not the node asked)")
+
+    def _check_answer(self, req: dict[str, Any], msg: Message) -> None:
+        """Everything a loader needs, before it is kept: the stage and part asked, a plausible version, the
+        stage's keys, shapes and dtypes, finite numbers, and the scalars of the rule.
+
+        Raises:
+            ProtocolError: naming what does not fit.
+        """
+        meta, source, module = msg.meta, f"node {msg.sender}", self.state.module
+        want_stage = 0 if req["part"] is not None else req["stage"]
+        if meta["stage"] != want_stage or meta.get("part") != req["part"]:
+            raise ProtocolError(
+                f"{source} answered for stage {meta['stage']} part {meta.get('part')}; asked for stage "
+                f"{want_stage} part {req['part']}"
+            )
+        if "version" not in meta or not self.ctx.progress.plausible_version(meta["version"]):
+            raise ProtocolError(f"{source} claims version {meta.get('version')}, ahead of the swarm")
+        if self.plan.rule == "storage" and meta["version"] != self.checkpoint_version:
+            raise ProtocolError(f"checkpoint version {meta['version']}; asked for {self.checkpoint_version}")
+        state = W.split(msg.tensors, "w")
+        own = module.state_dict()
+        if req["part"] is not None:
+            own = {k: v for k, v in own.items() if stage0_part(k) == req["part"]}
+            if set(state) != set(own):
+                raise ProtocolError(f"stage-0 {req['part']} copy from {source} has keys {sorted(state)[:3]}")
+            for k, v in own.items():
+                if state[k].shape != v.shape or state[k].dtype != v.dtype:
+                    raise ProtocolError(
+                        f"stage-0 copy entry {k!r} from {source} has the wrong shape or dtype"
+                    )
+            W.check_finite(state, source)
+        else:
+            W.check_state(module, state, source)
+        if self.plan.rule == "checkfree" and "grad_norm" not in meta:
+            raise ProtocolError(f"{source} sent no grad_norm, which the CheckFree rule needs")
+        if self.plan.with_optimizer:
+            if not {"step", "lr", "grad_norm"} <= set(meta):
+                raise ProtocolError(f"{source} sent no Adam step, lr or grad_norm")
+            params = dict(module.named_parameters())
+            for prefix in ("m", "v"):
+                moments = W.split(msg.tensors, prefix)
+                for name, t in moments.items():
+                    p = params.get(name)
+                    if p is None or t.shape != p.shape or t.dtype != p.dtype:
+                        raise ProtocolError(f"Adam moment {prefix}.{name} from {source} does not fit")
+                W.check_finite(moments, source)
+
+    def _load(self) -> tuple[StageState, dict[str, Any]]:
+        """Apply the plan to the answers; returns the rebuilt stage state and the recovery record."""
+        plan, cfg, ctx = self.plan, self.ctx.cfg.model, self.ctx
+        module = self.state.module
+        answers = [r["response"] for r in self.requests]
+        states = [W.split(m.tensors, "w") for m in answers]
+        omegas = None
+        seed, std = ctx.cfg.init_seed, cfg.init_std  # with ctx.iteration: the simulator's random-rule seed
+        if plan.rule == "stage0_copy":
+            copies = {k: v for state in states for k, v in state.items()}
+            new = stage0_from_copies(module.state_dict(), copies, plan.parts, seed, ctx.iteration, std)
+        elif plan.rule == "random":
+            new = random_init(module.state_dict(), seed, ctx.iteration, ctx.stage, std)
+        elif plan.rule == "checkfree":
+            omegas = [
+                checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
+                for m in answers
+            ]
+            new = weighted_average(states[0], states[1], omegas[0], omegas[1])
+        else:
+            new = copy_state(states[0])
+        module.load_state_dict(new)
+        if plan.with_optimizer:
+            src = answers[0]
+            opt = self.state.opt
+            W.load_optimizer(module, opt, src.tensors, int(src.meta["step"]), float(src.meta["lr"]))
+            grad_norm = float(src.meta["grad_norm"])
+        else:
+            opt = W.make_optimizer(module, cfg.lr * cfg.lr_scale)
+            grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
+        version = max((int(m.meta["version"]) for m in answers), default=self.state.version)
+        record = {
+            "rule": plan.rule,
+            "sources": [m.sender for m in answers],
+            "source_stages": list(plan.sources),
+            "parts": list(plan.parts) or None,
+            "rung": plan.rung,
+            "omegas": omegas,
+            "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
+            "fallback": plan.fallback,
+            "lr": W.current_lr(opt),
+            "version": version,
+            "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
+            "fetch_s": time.monotonic() - self.t0,
+        }
+        return StageState(module, opt, version, grad_norm), record
+
+    def _finish(self) -> None:
+        rebuilt, record = self._load()
+        log.info("node %d: recovered stage %d: %s", self.ctx.node_id, self.ctx.stage, record)
+        self.on_done(rebuilt, record)
+
+
+class Rollback(Recovery):
+    """Checkpoint baseline: reload this stage's weights and Adam state of ``version`` from storage."""
+
+    def __init__(
+        self,
+        ctx: FetchContext,
+        version: int,
+        state: StageState,
+        on_done: Done,
+        on_fail: Callable[[str], None],
+    ) -> None:
+        plan = RecoveryPlan("storage", (ctx.stage,), with_optimizer=True, fresh_lr_scale=False)
+        super().__init__(ctx, plan, state, on_done, on_fail, version)
+
+    def _finish(self) -> None:
+        rebuilt, record = self._load()
+        self.on_done(rebuilt, record)

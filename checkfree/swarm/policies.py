@@ -1,0 +1,125 @@
+"""How a swarm node recovers its stage, per ``SETTING`` (SPEC §2, §3, §8); a registry, not an if-chain.
+
+A replacement node learns which stages have no serving replica (``lost``) and asks its setting for a
+:class:`~checkfree.recovery.planner.RecoveryPlan`: which stages to fetch weights from and how to combine them.
+The neighbour rules come from :func:`checkfree.recovery.planner.plan`, the one planner the simulator uses too;
+the math is ``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_state``), shared as well.
+
+| setting | a replica of my stage serves | my whole stage is lost |
+|---|---|---|
+| ``no_failure`` | nobody is killed (the schedule is logged only) | — |
+| ``checkpoint`` | copy the replica (weights + Adam state) | every node rolls back to the storage checkpoint |
+| ``ours`` (CheckFree) | copy the replica (weights + Adam state) | CheckFree rule on both live neighbours, fresh Adam at lr × lr_scale; the first/last stage (one neighbour) copies it |
+| ``ours-plus`` (CheckFree+) | copy the replica | stage 1 copies stage 2, stage S copies S−1, others as ``ours``; stage 0 loads the copies of E (held by stage 1) and E⁻¹ (held by stage S); odd microbatches run swapped |
+
+Copying a live replica brings its Adam moments and learning rate along, so the replicas stay bit-identical
+(a partial failure is lossless, SPEC §1). Under ``ours-plus`` one stage-0 node pushes E to every stage-1 node
+and E⁻¹ to every stage-S node after each optimizer step (STAGE0_COPY, O(|E|) traffic, SPEC §3), so a lost
+stage 0 comes back exactly as of the last committed iteration; a part whose holder stage is lost too gets the
+simulator's seeded random init (``random_init``: run seed, iteration of the loss event, stage 0; recorded as the
+plan's fallback). A stage with no live transformer stage left gets the planner's "random" rule, seeded the same
+way. ``ours`` cannot recover stage 0, and the run stops with that reason.
+"""
+
+from __future__ import annotations
+
+from checkfree.recovery import planner
+from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
+from checkfree.recovery.registry import resolve_setting
+
+__all__ = ["STRATEGIES", "RecoveryImpossible", "RecoveryPlan", "SwarmRecovery", "make_recovery"]
+
+
+class SwarmRecovery:
+    """Base: a partial failure copies a live replica; subclasses decide what a lost stage does.
+
+    ``name`` is the canonical setting (the simulator's name; ``ours`` / ``ours-plus`` are aliases).
+    """
+
+    name = ""
+    kills = True
+    """False: scheduled crashes are logged but no process is killed (``no_failure``)."""
+    swaps = False
+    """CheckFree+ out-of-order execution on odd microbatches (checkfree.pipeline.stage_order)."""
+    rollback_on_stage_loss = False
+    """A lost stage rolls every node back to the last checkpoint (the checkpoint baseline, SPEC §5)."""
+    keeps_stage0_copy = False
+    """Stage 1 and stage S hold copies of E and E⁻¹, refreshed after every step (CheckFree+, SPEC §3)."""
+
+    def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``).
+
+        Raises:
+            RecoveryImpossible: the setting has no rule for this loss (e.g. stage 0 under ``ours``).
+        """
+        if stage not in lost:
+            return RecoveryPlan("replica", (stage,), with_optimizer=True, fresh_lr_scale=False)
+        return self.plan_lost(stage, lost, n_stages)
+
+    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        raise RecoveryImpossible(f"setting {self.name!r} cannot recover a lost stage {stage}.")
+
+
+class NoFailure(SwarmRecovery):
+    name = "no_failure"
+    kills = False
+
+
+class Checkpoint(SwarmRecovery):
+    name = "checkpoint"
+    rollback_on_stage_loss = True
+
+    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
+
+
+class CheckFree(SwarmRecovery):
+    """CheckFree (SPEC §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
+
+    name = "checkfree"
+
+    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        live = set(range(n_stages + 1)) - set(lost)
+        return planner.plan([stage], n_stages, self.name, live=live)[stage]
+
+
+class CheckFreePlus(CheckFree):
+    """CheckFree+ (SPEC §3): swaps on odd microbatches; first/last stages copy their swap partner; stage 0 from
+    the copies of E and E⁻¹ that stages 1 and S hold."""
+
+    name = "checkfree_plus"
+    swaps = True
+    keeps_stage0_copy = True
+
+
+class Ladder(CheckFreePlus):
+    """The exactness ladder (:func:`checkfree.recovery.planner.plan_ladder`) with the rungs the swarm keeps: a
+    live replica, then the CheckFree+ neighbour rule (stage 0 from the copies on stages 1 and S)."""
+
+    name = "ladder"
+    rungs = ("replica", "neighbour", "random")
+
+    def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+        live = set(range(n_stages + 1)) - set(lost)
+        return planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage]
+
+
+STRATEGIES: dict[str, type[SwarmRecovery]] = {
+    cls.name: cls for cls in (NoFailure, Checkpoint, CheckFree, CheckFreePlus, Ladder)
+}
+
+
+def make_recovery(setting: str) -> SwarmRecovery:
+    """The strategy of a ``SETTING`` name: canonical (``checkfree``, ``checkfree_plus``) or the authors' (``ours``
+    = CheckFree, ``ours-plus`` = CheckFree+), resolved by the simulator's one table of names and aliases.
+
+    Raises:
+        ValueError: the name is unknown, or names a strategy the swarm does not run.
+    """
+    canonical = resolve_setting(setting, swaps=False)
+    if canonical not in STRATEGIES:
+        raise ValueError(
+            f"setting {setting!r} has no swarm implementation; expected one of no_failure, checkpoint, "
+            "ours (checkfree), ours-plus (checkfree_plus), ladder."
+        )
+    return STRATEGIES[canonical]()

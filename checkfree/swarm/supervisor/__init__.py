@@ -1,0 +1,1 @@
+"""The swarm's supervisor: roster, node processes, inbox, attempts, checkpoints, results."""

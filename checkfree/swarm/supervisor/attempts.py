@@ -1,0 +1,140 @@
+"""One attempt at one training iteration, as the supervisor runs it (an *epoch*).
+
+    begin(epoch, members) → stage-0 nodes run their pipelines → ITERATION_END from every pipeline
+    → sync → every node averages its stage's gradients with its replicas → ready (grad norm)
+    → commit → Adam step → committed (stats)        — the commit time is the aggregation timestamp
+
+Scheduled crashes fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
+in flight, or at the latest when the attempt reaches ``sync``. A death before ``commit`` aborts the epoch
+everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
+recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.policies import SwarmRecovery
+from checkfree.swarm.supervisor.processes import Processes
+from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
+
+log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+
+
+class Iterations:
+    """Runs attempts at iterations and fires the scheduled crashes.
+
+    Args:
+        cfg: topology and limits. strategy: the setting (does it kill, does it keep checkpoints).
+        schedule: {slot: crash iterations}. roster, link, processes, results: the supervisor's parts.
+    """
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        strategy: SwarmRecovery,
+        schedule: dict[int, list[int]],
+        roster: Roster,
+        link: Link,
+        processes: Processes,
+        results: Results,
+    ) -> None:
+        self.cfg, self.strategy, self.schedule = cfg, strategy, schedule
+        self.roster, self.link, self.processes, self.results = roster, link, processes, results
+        self.epoch = 0
+        """The current attempt's number (stale messages of older epochs are dropped by the nodes)."""
+        self.fired: set[tuple[int, int]] = set()
+        """(slot, iteration) of the scheduled crashes already fired (a redone iteration does not refire)."""
+
+    def attempt(self, it: int) -> bool:
+        """One epoch of iteration ``it``; True when committed, False when aborted (redo).
+
+        Raises:
+            SwarmError: iteration ``it`` failed ``max_attempts`` attempts.
+        """
+        link, roster = self.link, self.roster
+        self.epoch += 1
+        epoch, members = self.epoch, roster.members()
+        link.inbox.clear()
+        self.results.current_iteration = it
+        link.broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
+        t_begin = time.monotonic()
+        due = [
+            s for s in roster.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired
+        ]
+        crash_at = t_begin + self.cfg.crash_point * self.results.last_wall_s() if due else None
+        nodes = [n for ids in members.values() for n in ids]
+        phase, deadline = "forward", t_begin + self.cfg.iteration_timeout
+        while True:
+            link.poll()
+            now = time.monotonic()
+            if crash_at is not None and (now >= crash_at or phase != "forward"):
+                self._fire(due, it)
+                crash_at = None
+            if self.processes.check_deaths() and phase != "commit":
+                return self._abort(epoch, "a node died")
+            got = {k: {n: m for n, m in v.items() if m.get("epoch") == epoch} for k, v in link.inbox.items()}
+            alive = [n for n in nodes if not roster.by_node[n].dead]
+            if phase == "forward" and set(members[0]) <= set(got.get("iteration_end", {})):
+                if crash_at is not None:
+                    continue  # fire the scheduled crash before the gradient exchange
+                link.broadcast("sync", epoch=epoch)
+                phase = "sync"
+            elif phase == "sync" and set(nodes) <= set(got.get("ready", {})):
+                self._commit(epoch, it, members)
+                phase = "commit"
+            elif phase == "commit" and set(alive) <= set(got.get("committed", {})):
+                self.results.iteration(it, epoch, got["iteration_end"], got["ready"], members)
+                row = self.results.rows[-1]
+                log.info(
+                    "supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"]
+                )
+                return True
+            if got.get("stalled"):
+                return self._retry(epoch, it, f"stalled: {next(iter(got['stalled'].values()))['reason']}")
+            if now > deadline:
+                return self._retry(epoch, it, f"no commit within {self.cfg.iteration_timeout:.0f} s")
+
+    def _fire(self, due: list[Slot], it: int) -> None:
+        for slot in due:
+            self.fired.add((slot.slot, it))
+            if not self.strategy.kills:
+                self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
+                log.info(
+                    "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)",
+                    slot.slot,
+                    it,
+                )
+                continue
+            slot.crash = {
+                "slot": slot.slot,
+                "node": slot.occupant,
+                "stage": slot.stage,
+                "iteration": it,
+                "cause": "scheduled SIGKILL",
+                "t_crash": self.results.now(),
+            }
+            self.processes.kill(slot, f"scheduled crash at iteration {it}")
+
+    def _commit(self, epoch: int, it: int, members: dict[int, list[int]]) -> None:
+        meta: dict[str, Any] = {"epoch": epoch, "iteration": it}
+        if self.roster.storage is not None and (it + 1) % self.cfg.checkpoint_interval == 0:
+            meta["checkpoint_senders"] = [ids[0] for ids in members.values() if ids]
+        self.link.broadcast("commit", **meta)
+
+    def _abort(self, epoch: int, why: str) -> bool:
+        log.warning("supervisor: epoch %d aborted (%s); the iteration is redone after recovery", epoch, why)
+        self.link.broadcast("abort", epoch=epoch)
+        self.results.aborts += 1
+        return False
+
+    def _retry(self, epoch: int, it: int, why: str) -> bool:
+        self.results.failed_attempts[it] = self.results.failed_attempts.get(it, 0) + 1
+        if self.results.failed_attempts[it] >= self.cfg.max_attempts:
+            self.link.broadcast("abort", epoch=epoch)
+            raise SwarmError(f"iteration {it} failed {self.cfg.max_attempts} attempts; last: {why}.")
+        return self._abort(epoch, why)

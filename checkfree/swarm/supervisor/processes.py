@@ -1,0 +1,172 @@
+"""The supervisor's node processes: starting them, noticing their deaths, replacing them.
+
+A node is started here (``LocalHost``) or by another machine's launcher (a ``spawn`` command). It is dead when
+its process exited, it fell silent for ``peer_timeout`` seconds, it did not serve within ``recovery_timeout``
+of its start (then it is killed), or it reported that its recovery failed. A dead slot gets a replacement with
+a fresh node id (admitted to the keyring before it dials), at most ``max_attempts`` times per slot. Processes
+are killed by pid only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.supervisor.checkpoints import Checkpoints
+from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
+from checkfree.swarm.wire.auth import KEY_WINDOW, SwarmKeys
+
+log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+
+
+class Processes:
+    """Starts, watches and replaces the swarm's node processes.
+
+    Args:
+        cfg: the topology and limits. roster: the slots. link: messages to nodes (and the transport).
+        host: starts and kills this machine's processes. results: crash records and timestamps.
+        checkpoints: forgotten when the storage node dies. keys: the swarm's keys (None: plain TCP).
+        bootstrap: the supervisor's address (named in the error for slots no launcher took).
+    """
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        roster: Roster,
+        link: Link,
+        host: LocalHost,
+        results: Results,
+        checkpoints: Checkpoints,
+        keys: SwarmKeys | None,
+        bootstrap: str,
+    ) -> None:
+        self.cfg, self.roster, self.link, self.host = cfg, roster, link, host
+        self.results, self.checkpoints, self.keys, self.bootstrap = results, checkpoints, keys, bootstrap
+        self.deaths = 0
+        """Stage nodes found dead since the last :meth:`check_deaths`."""
+        self.t_created = time.monotonic()
+        self.admit_window()
+
+    def admit_window(self) -> None:
+        """Admit the next KEY_WINDOW replacement ids (they get their keys before they dial)."""
+        identity = self.link.transport.identity
+        if self.keys is not None and identity is not None:
+            ids = range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
+            identity.keyring.update({n: self.keys.public_key(n) for n in ids})
+
+    def spawn(self, slot: Slot, replacement: bool) -> None:
+        """Start ``slot``'s node (a replacement gets a fresh id).
+
+        Raises:
+            SwarmError: the slot failed to start or recover ``max_attempts`` times.
+        """
+        roster = self.roster
+        slot.tries += 1
+        if slot.tries > self.cfg.max_attempts:
+            raise SwarmError(
+                f"slot {slot.slot} (stage {slot.stage}) failed to start or recover "
+                f"{slot.tries - 1} times; giving up."
+            )
+        if replacement:
+            slot.occupant, roster.next_id = roster.next_id, roster.next_id + 1
+            self.admit_window()
+        slot.address, slot.serving, slot.dead = None, False, False
+        slot.deadline = time.monotonic() + self.cfg.recovery_timeout
+        roster.by_node[slot.occupant] = slot
+        if slot.local:
+            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, roster.next_id)
+        elif slot.launcher is not None:
+            self.link.command(
+                slot.launcher,
+                "spawn",
+                node=slot.occupant,
+                stage=slot.stage,
+                location=slot.location,
+                replacement=replacement,
+                admit_upto=roster.next_id,
+            )
+        if slot.crash is not None:
+            slot.crash.update(replacement_node=slot.occupant, t_spawn=self.results.now())
+
+    def kill(self, slot: Slot, why: str) -> None:
+        """SIGKILL ``slot``'s occupant (here, or through its launcher) and mark it dead."""
+        if slot.local:
+            self.host.kill(slot.occupant)
+        elif slot.launcher is not None:
+            self.link.command(slot.launcher, "kill", node=slot.occupant)
+        self.mark_dead(slot, why)
+
+    def mark_dead(self, slot: Slot, why: str) -> None:
+        """Record ``slot``'s occupant as gone (once): a crash record, the storage's checkpoints forgotten,
+        the peer table re-broadcast."""
+        if slot.dead:
+            return
+        log.warning(
+            "supervisor: node %d (slot %d, stage %d) is gone: %s", slot.occupant, slot.slot, slot.stage, why
+        )
+        slot.dead, slot.serving = True, False
+        is_storage = slot is self.roster.storage
+        self.deaths += not is_storage
+        if is_storage:
+            self.checkpoints.forget(self.results.current_iteration)
+        if slot.crash is None:
+            slot.crash = {
+                "slot": slot.slot,
+                "node": slot.occupant,
+                "stage": slot.stage,
+                "cause": why,
+                "t_crash": self.results.now(),
+                "iteration": self.results.current_iteration,
+            }
+        self.link.transport.disconnect(slot.occupant)
+        self.link.broadcast("peers", peers=self.roster.peer_rows())
+
+    def check_deaths(self) -> bool:
+        """Mark exited or silent processes dead; True if a stage node died since the last call."""
+        silent = self.link.transport.dead_peers()
+        failed = self.link.inbox.get("recovery_failed", {})
+        for slot in self.roster.all():
+            if slot.dead:
+                continue
+            exited = self.host.exited(slot.occupant) if slot.local else None
+            if exited is not None:
+                self.mark_dead(slot, f"process exited with code {exited}")
+            elif slot.address is not None and slot.occupant in silent:
+                self.mark_dead(slot, f"silent for {self.cfg.peer_timeout:.1f} s")
+            elif not slot.serving and time.monotonic() > slot.deadline and (slot.local or slot.launcher):
+                self.kill(slot, f"not serving within {self.cfg.recovery_timeout:.0f} s")
+            elif slot.occupant in failed:
+                failed.pop(slot.occupant)
+                self.kill(slot, "its recovery failed")
+        died, self.deaths = self.deaths > 0, 0
+        return died
+
+    def wait_serving(self, initial: bool = False, on_loss: Callable[[], object] = lambda: None) -> None:
+        """Until every slot serves: replace dead slots (local ones, or through their launcher), enforce
+        deadlines; a death meanwhile is a new loss event (``on_loss`` plans it; not for the initial start).
+
+        Raises:
+            SwarmError: a slot failed ``max_attempts`` times, or no launcher took the remote slots in time.
+        """
+        roster = self.roster
+        while True:
+            self.link.poll(0.02)
+            if self.check_deaths() and not initial:
+                on_loss()
+            orphans = [s.slot for s in roster.slots if not s.local and s.launcher is None]
+            if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
+                raise SwarmError(
+                    f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
+                    f"them with run_throughput.sh START END ... --bootstrap {self.bootstrap}."
+                )
+            for slot in roster.all():
+                if slot.dead and (slot.local or slot.launcher is not None):
+                    if initial:
+                        slot.crash = None  # an initial node that failed to start: a plain retry
+                    self.spawn(slot, replacement=not initial and slot is not roster.storage)
+            if roster.all_serving():
+                return

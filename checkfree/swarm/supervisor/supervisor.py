@@ -1,0 +1,361 @@
+"""The supervisor: bootstrap/rendezvous, iteration coordinator, crash replayer, result collector (SPEC §8).
+
+It starts one process per *slot* (initial node ids START..END−1; a slot = a stage replica at a location),
+plus the storage node for ``checkpoint``. Each node JOINs at the supervisor's address (the bootstrap), gets
+WELCOME (config, peers) and the others get the new peer table. Then, per iteration, one *epoch* per attempt:
+
+    begin(epoch, members) → stage-0 nodes run their pipelines → ITERATION_END from every pipeline
+    → sync → every node averages its stage's gradients with its replicas → ready (grad norm)
+    → commit → Adam step → committed (stats)        — the commit time is the aggregation timestamp
+
+**Crashes.** ``failure_p_configs/RATE.json`` lists, per initial node id (= slot), the iterations in which it
+crashes. During the first attempt of iteration i, ``crash_point`` × (last iteration time) seconds after
+``begin`` — microbatches are then in flight — the supervisor SIGKILLs the slot's current process (all
+replicas of a stage at once when the schedule says so: a whole-stage failure), or at the latest when the
+attempt reaches ``sync``. ``no_failure`` logs the scheduled crashes and kills nobody.
+
+**In-flight microbatches.** A death noticed before ``commit`` aborts the epoch everywhere (``abort``): every
+node drops that epoch's activations and accumulated gradients, and stale messages are dropped by their epoch.
+No optimizer has stepped before ``commit``, so nothing is half-applied. The slot gets a replacement (a new
+node id, same stage and location) which recovers its weights from the network per the setting
+(checkfree.swarm.policies); when every slot serves again, the same iteration is redone from microbatch 0
+with the same batches (the data position is the iteration). So no microbatch is lost or counted twice.
+A death after ``commit`` was broadcast no longer aborts: the survivors step, and the replacement copies
+the stepped state. Under ``checkpoint``, a whole-stage loss rolls every node back to the newest checkpoint
+that every stage stored, and the iterations since are redone.
+
+**Parts.** The slots and messages to nodes (checkfree.swarm.supervisor.roster: ``Roster``, ``Link``), the
+node processes and their deaths (supervisor_processes: ``Processes``), the checkpoints and rollback
+(supervisor_checkpoints: ``Checkpoints``), the attempt loop (supervisor_iteration: ``Iterations``) and the
+handlers of peer messages (supervisor_inbox: ``PeerMessages``) are small objects wired here; this module plans each loss
+event and runs the whole: start, iterate, recover, shut down.
+
+**No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
+report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
+``recovery_failed``) → kill and start another, at most ``max_attempts`` times per slot; shutdown → SIGKILL.
+Exceeding a limit raises :class:`SwarmError`. Every process is reaped in ``finally``; nodes exit by
+themselves when the supervisor falls silent. Processes are killed by pid only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.launcher import LAUNCHER_ID_BASE
+from checkfree.swarm.policies import RecoveryImpossible, make_recovery
+from checkfree.swarm.supervisor.attempts import Iterations
+from checkfree.swarm.supervisor.checkpoints import Checkpoints
+from checkfree.swarm.supervisor.inbox import PeerMessages
+from checkfree.swarm.supervisor.processes import Processes
+from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
+from checkfree.swarm.wire import control as schemas
+from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
+from checkfree.swarm.wire.transport import Transport
+
+__all__ = ["Slot", "Supervisor", "SwarmError"]
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 15.0
+
+
+class Supervisor:
+    """Runs a swarm to ``iterations`` committed iterations; :meth:`run` returns the throughput results.
+
+    Args:
+        cfg: the topology. setting: no_failure | checkpoint | ours | ours-plus. schedule: {node id: crash
+        iterations} (checkfree.failures.schedules.load_node_schedule). run_dir: logs and throughput.json go here.
+        start, end: the initial node ids this machine starts (others join from elsewhere at ``address``).
+        on_recovered: called as ``on_recovered(supervisor, crash_records)`` after every recovery, while the
+        swarm is paused (tests inspect weights through :meth:`fetch_weights`).
+    """
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        setting: str,
+        schedule: dict[int, list[int]],
+        iterations: int,
+        run_dir: Path,
+        vocab_size: int,
+        start: int = 0,
+        end: int | None = None,
+        bind_host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        cache_dir: Path | None = None,
+        on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None,
+        insecure: bool = False,
+    ) -> None:
+        self.cfg, self.setting, self.iterations = cfg, setting, iterations
+        self.strategy = make_recovery(setting)
+        self.run_dir, self.vocab_size, self.on_recovered = Path(run_dir), vocab_size, on_recovered
+        end = cfg.n_nodes if end is None else end
+        if not 0 <= start < end <= cfg.n_nodes:
+            raise ValueError(
+                f"node range {start}..{end} is outside the swarm's 0..{cfg.n_nodes}; expected "
+                f"0 <= START < END <= {cfg.n_nodes}."
+            )
+        bad = sorted(n for n in schedule if n >= cfg.n_nodes)
+        if bad:
+            raise ValueError(
+                f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}."
+            )
+        self.schedule = schedule
+        self.roster = Roster(cfg, start, end, storage=self.strategy.rollback_on_stage_loss)
+        self.keys = None if insecure else SwarmKeys.new()
+        identity = None
+        if self.keys is not None:
+            ring = KeyRing({n: self.keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
+            launchers = range(LAUNCHER_ID_BASE, LAUNCHER_ID_BASE + cfg.n_nodes)
+            ring.update({n: self.keys.public_key(n) for n in launchers})
+            identity = self.keys.identity(SUPERVISOR_ID, ring)
+        self.transport = Transport(
+            SUPERVISOR_ID,
+            bind_host=bind_host,
+            port=port,
+            heartbeat_interval=cfg.heartbeat_interval,
+            peer_timeout=cfg.peer_timeout,
+            identity=identity,
+            validate=schemas.check,
+        )
+        self.address = self.transport.address
+        if advertise_host:
+            self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
+        self.host = LocalHost(
+            self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=self.keys
+        )
+        self.results = Results(cfg, setting, iterations)
+        self.results.vocab_size = vocab_size
+        self.link = Link(self.transport, self.roster)
+        self.checkpoints = Checkpoints(cfg, self.roster, self.link)
+        self.processes = Processes(
+            cfg, self.roster, self.link, self.host, self.results, self.checkpoints, self.keys, self.address
+        )
+        self.attempts = Iterations(
+            cfg, self.strategy, schedule, self.roster, self.link, self.processes, self.results
+        )
+        self.peer_messages = PeerMessages(
+            cfg,
+            setting,
+            vocab_size,
+            self.keys,
+            self.roster,
+            self.link,
+            self.checkpoints,
+            self.processes,
+            self.results,
+            epoch=lambda: self.attempts.epoch,
+        )
+        self.link.handle = self.peer_messages.handle
+
+    # ------------------------------------------------------------------ state of the parts, by name
+
+    @property
+    def bad_messages(self) -> int:
+        """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
+        return self.peer_messages.bad_messages
+
+    @property
+    def slots(self) -> list[Slot]:
+        return self.roster.slots
+
+    @property
+    def storage(self) -> Slot | None:
+        return self.roster.storage
+
+    @property
+    def by_node(self) -> dict[int, Slot]:
+        return self.roster.by_node
+
+    @property
+    def launchers(self) -> set[int]:
+        return self.roster.launchers
+
+    @property
+    def next_id(self) -> int:
+        return self.roster.next_id
+
+    @property
+    def inbox(self) -> dict[str, dict[int, dict[str, Any]]]:
+        return self.link.inbox
+
+    @property
+    def epoch(self) -> int:
+        return self.attempts.epoch
+
+    @property
+    def stored(self) -> dict[int, set[int]]:
+        """Stage → versions the storage node holds (checkfree.swarm.supervisor.checkpoints)."""
+        return self.checkpoints.stored
+
+    @stored.setter
+    def stored(self, value: dict[int, set[int]]) -> None:
+        self.checkpoints.stored = value
+
+    @property
+    def storage_lost_at(self) -> int | None:
+        """The iteration during which the storage node died (its checkpoints went with it), or None."""
+        return self.checkpoints.lost_at
+
+    @property
+    def token_path(self) -> Path:
+        """The join token other machines' launchers need (written by :meth:`run`; absent with ``insecure``)."""
+        return self.run_dir / "join_token.json"
+
+    # ------------------------------------------------------------------ public
+
+    def run(self) -> dict[str, Any]:
+        """Start, train, shut down; returns (and writes) the throughput results.
+
+        Raises:
+            SwarmError: a retry limit was exceeded, or an internal error (a bug) stopped the run: its
+                traceback is appended to ``<run_dir>/supervisor.log``. Every node is reaped either way.
+        """
+        try:
+            return self._run()
+        except SwarmError:
+            raise
+        except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
+            with open(self.run_dir / "supervisor.log", "a") as f:
+                f.write(f"internal error of the supervisor:\n{traceback.format_exc()}")
+            raise SwarmError(
+                f"internal error of the supervisor ({type(exc).__name__}: {exc}); traceback in "
+                f"{self.run_dir / 'supervisor.log'}."
+            ) from exc
+        finally:
+            self.host.reap_all()
+            self.transport.close()
+
+    def _run(self) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.keys is not None:
+            self.keys.write_token(self.token_path, self.address)
+        for slot in self.roster.all():
+            if slot.local:
+                self.processes.spawn(slot, replacement=False)
+        self.processes.wait_serving(initial=True)
+        if self.storage is not None:
+            self.checkpoints.store_initial()
+        self.results.start()
+        it = 0
+        while it < self.iterations:
+            it = self._ensure_serving(it)
+            if self.attempts.attempt(it):
+                it += 1
+        self._shutdown()
+        return self.results.finish(self.run_dir)
+
+    def fetch_weights(self, node: int, stage: int, timeout: float = 30.0, part: str | None = None) -> Message:
+        """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
+        the CheckFree+ copy of stage 0's "embedding" or "head" it holds; for tests."""
+        rid = secrets.token_hex(16)
+        self.link.send(
+            node,
+            MessageType.WEIGHTS_REQUEST,
+            {"stage": stage, "request": rid} | ({"part": part} if part else {}),
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self.transport.recv(0.05)
+            if msg is None:
+                continue
+            if msg.type == MessageType.WEIGHTS_RESPONSE and msg.meta.get("request") == rid:
+                return msg
+            self.peer_messages.handle(msg)
+        raise SwarmError(f"node {node} did not answer a weights request within {timeout:.0f} s.")
+
+    def node_address(self, node: int) -> str | None:
+        slot = self.by_node.get(node)
+        return slot.address if slot is not None else None
+
+    def write_config(self) -> None:
+        (self.run_dir / "swarm_config.json").write_text(json.dumps(self.cfg.to_json(), indent=1))
+
+    # ------------------------------------------------------------------ the parts, as tests drive them
+
+    def _all_slots(self) -> list[Slot]:
+        return self.roster.all()
+
+    def _members(self) -> dict[int, list[int]]:
+        return self.roster.members()
+
+    def _mark_dead(self, slot: Slot, why: str) -> None:
+        self.processes.mark_dead(slot, why)
+
+    # ------------------------------------------------------------------ loss events
+
+    def _plan_event(self) -> set[int]:
+        """Plan, once for this loss event, how every slot without a serving node is rebuilt; returns the lost
+        stages (no serving replica). Replacements execute these plans and never re-plan, so replicas of one
+        stage lost together are rebuilt alike, whatever order they join in.
+
+        Raises:
+            SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
+        """
+        lost = self.roster.lost_stages()
+        for slot in self.slots:
+            if slot.serving:
+                continue
+            try:
+                slot.plan = self.strategy.plan(slot.stage, lost, self.cfg.n_stages)
+            except RecoveryImpossible as exc:
+                raise SwarmError(str(exc)) from None
+        return lost
+
+    def _ensure_serving(self, it: int) -> int:
+        """Recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
+        if self.roster.all_serving():
+            return it
+        lost = self._plan_event()
+        rollback = bool(lost) and self.strategy.rollback_on_stage_loss
+        if rollback and not self.checkpoints.has_complete():
+            cause = self.checkpoints.missing_cause()
+            raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
+        pending = [dict(s.crash) for s in self.slots if s.crash is not None]
+        self.processes.wait_serving(on_loss=self._plan_event)
+        if rollback:
+            version = self.checkpoints.newest_complete()
+            self.results.rollback_bytes += self.checkpoints.rollback(version, self.processes.check_deaths)
+            self.results.rollbacks.append(
+                {
+                    "at_iteration": it,
+                    "to_iteration": version,
+                    "lost_stages": sorted(lost),
+                    "t": self.results.now(),
+                }
+            )
+            it = version
+        for slot in self.slots:
+            slot.tries = 0
+        if self.on_recovered is not None:
+            self.on_recovered(
+                self, [c for c in self.results.crashes if c["node"] in {p["node"] for p in pending}]
+            )
+        return it
+
+    def _shutdown(self) -> None:
+        self.inbox.clear()
+        self.link.broadcast("shutdown")
+        expected = {s.occupant for s in self.roster.all() if not s.dead}
+        deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
+        while not expected <= set(self.inbox.get("final", {})) and time.monotonic() < deadline:
+            self.link.poll(0.02)
+        missing = expected - set(self.inbox.get("final", {}))
+        if missing:
+            log.warning("supervisor: no final stats from nodes %s", sorted(missing))
+        self.results.finals = self.inbox.get("final", {})
+        for launcher in self.launchers:
+            self.link.command(launcher, "shutdown")
+        self.host.wait_all(timeout=10.0)

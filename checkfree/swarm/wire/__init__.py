@@ -1,0 +1,1 @@
+"""The swarm's wire: messages, control schemas, authentication, transport and WAN emulation."""

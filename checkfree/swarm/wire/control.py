@@ -1,0 +1,251 @@
+"""The swarm's typed control plane: one schema per message type and per CONTROL command.
+
+Every swarm process (supervisor, node, storage node, launcher) hands :func:`check` to its transport, which
+runs it on every message right after the wire-format decode (checkfree.swarm.wire.protocol): a message whose meta
+has an unknown CONTROL command, an unknown field, a missing required field or a value of the wrong type or
+range raises :class:`~checkfree.swarm.wire.protocol.ProtocolError` and is dropped and counted like any malformed
+message (``stats['dropped_malformed']``). Handlers then read fields without further type checks; they still
+check what only they can know (is this epoch current, does this node hold that stage).
+
+A schema maps a field name to a kind (below); a name ending in ``?`` is optional. Kinds:
+
+=========  ==============================================================================================
+``int``    an integer in int64 (not a bool)
+``nat``    an integer in [0, 2**62]
+``stage``  an integer in [-2, 4096] (-1 = the storage node, -2 = a launcher)
+``node``   an integer in [-1, 2**62] (a node id, -1 = the supervisor)
+``num``    a finite number (int or float)
+``real``   a number, NaN and inf allowed (a diverging run's loss and gradient norm must still be reported)
+``str``    a string of at most 4096 characters
+``bool``   true / false
+``addr``   ``tcp://HOST:PORT``, at most 256 characters
+``nodes``  a list of at most 4096 node ids
+``obj``    any JSON object (nested content is the wire format's concern: depth and size are bounded)
+``peers``  a list of ``[node, stage, location, address]`` rows
+``members`` an object ``{"<stage>": [node, ...]}``
+``counts`` an object ``{name: nat}``
+``nums``   an object ``{name: num}``
+``keys``   an object ``{"<node>": CURVE public key (40 Z85 characters)}``
+=========  ==============================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
+
+_INT64 = (-(2**63), 2**63 - 1)
+_NAT_MAX = 2**62
+_MAX_LIST = 4096
+_MAX_STR = 4096
+_Z85_KEY = re.compile(r"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z")
+
+
+def _int(v: Any, low: int, high: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+
+
+def _num(v: Any) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+def _peer_row(v: Any) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) == 4
+        and _int(v[0], -1, _NAT_MAX)
+        and _int(v[1], -2, _MAX_LIST)
+        and isinstance(v[2], str)
+        and _KINDS["addr"](v[3])
+    )
+
+
+_KINDS: dict[str, Any] = {
+    "int": lambda v: _int(v, *_INT64),
+    "nat": lambda v: _int(v, 0, _NAT_MAX),
+    "stage": lambda v: _int(v, -2, _MAX_LIST),
+    "node": lambda v: _int(v, -1, _NAT_MAX),
+    "num": _num,
+    "real": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "str": lambda v: isinstance(v, str) and len(v) <= _MAX_STR,
+    "bool": lambda v: isinstance(v, bool),
+    "addr": lambda v: isinstance(v, str) and v.startswith("tcp://") and len(v) <= 256,
+    "nodes": lambda v: isinstance(v, list) and len(v) <= _MAX_LIST and all(_int(x, -1, _NAT_MAX) for x in v),
+    "obj": lambda v: isinstance(v, dict),
+    "peers": lambda v: isinstance(v, list) and len(v) <= _MAX_LIST and all(_peer_row(r) for r in v),
+    "members": lambda v: (
+        isinstance(v, dict)
+        and all(
+            k.isdigit() and isinstance(ids, list) and all(_int(x, 0, _NAT_MAX) for x in ids)
+            for k, ids in v.items()
+        )
+    ),
+    "counts": lambda v: isinstance(v, dict) and all(_int(x, 0, _NAT_MAX) for x in v.values()),
+    "nums": lambda v: isinstance(v, dict) and all(_num(x) for x in v.values()),
+    "keys": lambda v: (
+        isinstance(v, dict)
+        and len(v) <= _MAX_LIST
+        and all(
+            re.fullmatch(r"-?\d{1,19}", k) and isinstance(x, str) and _Z85_KEY.match(x) for k, x in v.items()
+        )
+    ),
+}
+
+_REPORT = {
+    "sent_bytes": "counts",
+    "sent_messages": "counts",
+    "dropped_malformed": "nat",
+    "dropped_spoofed?": "nat",
+    "bad_messages": "nat",
+    "compute": "nums",
+    "version": "nat",
+}
+"""The cumulative statistics a node reports with ``committed`` and ``final``."""
+
+COMMANDS: dict[str, dict[str, str]] = {
+    # supervisor -> node / storage
+    "welcome": {
+        "config": "obj",
+        "setting": "str",
+        "peers": "peers",
+        "members": "members",
+        "vocab_size": "nat",
+        "rank": "nat",
+        "checkpoint_version": "nat",
+        "iteration": "nat",
+        "epoch": "nat",
+        "keys?": "keys",
+        "plan?": "obj",
+    },
+    "peers": {"peers": "peers", "keys?": "keys"},
+    "begin": {"epoch": "nat", "iteration": "nat", "members": "members"},
+    "sync": {"epoch": "nat"},
+    "commit": {"epoch": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
+    "abort": {"epoch": "nat"},
+    "checkpoint": {"checkpoint_senders": "nodes"},
+    "rollback": {"version": "nat"},
+    "shutdown": {},
+    # supervisor -> launcher
+    "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
+    "kill": {"node": "nat"},
+    # node / storage / launcher -> supervisor
+    "serving": {"stage": "stage", "version": "nat", "record": "obj"},
+    "stored": {"stage": "stage", "version": "nat", "bytes": "nat", "bad_messages?": "nat"},
+    "committed": {"epoch": "nat", **_REPORT},
+    "final": {
+        **{k if k.endswith("?") else k + "?": v for k, v in _REPORT.items()},
+        "stored_versions?": "obj",
+    },
+    "ready": {"epoch": "nat", "grad_norm": "real", "pipelines": "num"},
+    "stalled": {"epoch": "nat", "reason": "str"},
+    "restored": {"version": "nat", "bytes": "nat", "record": "obj"},
+    "recovery_failed": {"reason": "str"},
+    "exited": {"node": "nat", "code": "int"},
+}
+"""CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
+
+_EPOCH_ROUTE = {"stage": "stage", "epoch": "nat", "route": "nodes", "pos": "nat", "pipeline": "nat"}
+
+SCHEMAS: dict[MessageType, dict[str, str]] = {
+    MessageType.FORWARD: _EPOCH_ROUTE,
+    MessageType.BACKWARD: _EPOCH_ROUTE,
+    MessageType.ITERATION_END: {
+        "stage": "stage",
+        "epoch": "nat",
+        "loss": "real",
+        "tokens": "nat",
+        "seconds": "num",
+    },
+    MessageType.GRADIENTS: {"stage": "stage", "epoch": "nat", "microbatches": "nat"},
+    MessageType.WEIGHTS_REQUEST: {
+        "stage": "stage",
+        "request": "str",
+        "optimizer?": "bool",
+        "version?": "nat",
+        "part?": "str",
+    },
+    MessageType.WEIGHTS_RESPONSE: {
+        "stage": "stage",
+        "request": "str",
+        "version?": "nat",
+        "grad_norm?": "num",
+        "lr?": "num",
+        "step?": "nat",
+        "part?": "str",
+        "error?": "str",
+    },
+    MessageType.JOIN: {
+        "stage": "stage",
+        "location": "str",
+        "address": "addr",
+        "replacement?": "bool",
+        "slots?": "nodes",
+    },
+    MessageType.HEARTBEAT: {},
+    MessageType.LEAVE: {},
+    MessageType.STAGE0_COPY: {"stage": "stage", "part": "str", "version": "nat"},
+    MessageType.CHECKPOINT: {
+        "stage": "stage",
+        "version": "nat",
+        "grad_norm": "num",
+        "lr": "num",
+        "step": "nat",
+    },
+}
+"""Message type → schema of its meta (CONTROL: see :data:`COMMANDS`)."""
+
+
+def _check_fields(meta: dict[str, Any], schema: dict[str, str], what: str) -> None:
+    allowed = {k.rstrip("?") for k in schema}
+    for key in meta:
+        if key not in allowed:
+            raise ProtocolError(f"{what} has unknown field {key!r}; expected only {sorted(allowed)}.")
+    for name, kind in schema.items():
+        key = name.rstrip("?")
+        if key not in meta:
+            if name.endswith("?"):
+                continue
+            raise ProtocolError(f"{what} lacks field {key!r}; expected a {kind}.")
+        if not _KINDS[kind](meta[key]):
+            raise ProtocolError(f"{what} field {key!r} is {str(meta[key])[:80]!r}; expected a {kind}.")
+
+
+def check(msg: Message) -> None:
+    """Validate ``msg.meta`` against its schema (the transport's ``validate`` hook).
+
+    Raises:
+        ProtocolError: an unknown command or field, a missing field, or a wrong type or range; the text
+            names the message, the field, the value seen and the kind expected.
+    """
+    if msg.type == MessageType.CONTROL:
+        command = msg.meta.get("command")
+        if command not in COMMANDS:
+            raise ProtocolError(
+                f"CONTROL command is {str(command)[:40]!r}; expected one of {sorted(COMMANDS)}."
+            )
+        rest = {k: v for k, v in msg.meta.items() if k != "command"}
+        _check_fields(rest, COMMANDS[command], f"CONTROL {command!r}")
+        return
+    _check_fields(msg.meta, SCHEMAS[msg.type], f"{msg.type.name} meta")
+
+
+class SchemaBug(RuntimeError):
+    """This process built a message that does not fit its own schema: a bug, never a peer's fault."""
+
+
+def control(command: str, **fields: Any) -> dict[str, Any]:
+    """The meta of a CONTROL ``command``, checked against its schema before it is sent.
+
+    Raises:
+        SchemaBug: the command or a field does not fit its schema (a bug in the sender: not a
+            ProtocolError, so no dispatcher mistakes it for a peer's bad message).
+    """
+    meta = {"command": command, **fields}
+    try:
+        check(Message(MessageType.CONTROL, -1, meta=meta))
+    except ProtocolError as exc:
+        raise SchemaBug(f"outgoing {exc}") from None
+    return meta

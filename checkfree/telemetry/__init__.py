@@ -1,0 +1,1 @@
+"""What a run measures and writes: metrics, monitoring, throughput and recovery accounting."""
