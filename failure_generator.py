@@ -1,4 +1,4 @@
-"""Generate a swarm crash schedule (the authors' failure_p_configs/RATE.json format, SPEC §8).
+"""Generate a swarm crash schedule (the authors' failure_p_configs/RATE.json format, docs/paper.md §8).
 
     python failure_generator.py --rate 16 --stages 6 --replicas 3 --iterations 500 --seed 33 \
         --out failure_p_configs/16.json

@@ -4,7 +4,7 @@ Prints (targets from the brief; STACK.md measured raw pyzmq at 1590 MB/s and 0.1
   * throughput of 4 MiB float32 FORWARD messages, parent -> spawned child, MB/s   (target >= 700)
   * round-trip time of an 8-byte tensor message, median ms                       (target <= 1)
   * netem: arrival times of two concurrent 1 MB sends over one emulated link (Australia -> Belgium,
-    SPEC §8) against the FIFO model, and what the authors' per-send-sleep model would have said.
+    docs/paper.md §8) against the FIFO model, and what the authors' per-send-sleep model would have said.
 
 Processes, not threads: one Python process per node is how the swarm runs, and threads in one process
 would share the GIL and flatter or distort the numbers. Every blocking call has a timeout. Both targets are

@@ -1,6 +1,6 @@
 """The authors' JSON config format as typed, validated dataclasses.
 
-A config file of the paper's release (SPEC: paper §5 and the release's ``*_config.json``) is accepted unchanged:
+A config file of the paper's release (paper §5 and the release's ``*_config.json``) is accepted unchanged:
 
     {"dataset": "OpenWebText", "architecture": "LLaMa", "validation": 10, "dmodel": 1024, "num_heads": 16,
      "n_layers_per_stage": 4, "n_stages": 6, "seq_l": 1024, "batch_size": 16, "mb_count": 4, "lr_scale": 1.2,
@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 class Config:
     """One training run's configuration (paper keys first, then ours)."""
 
-    # --- the authors' keys (SPEC §6) ---
+    # --- the authors' keys (docs/paper.md §6) ---
     dataset: str = "Shakespeare"
     """Corpus: "TinyStories" | "OpenWebText" | "RedPajama" (HF streaming), "Shakespeare" (offline), or a path/glob."""
     architecture: str = "LLaMa"
@@ -100,7 +100,7 @@ class Config:
     """Standard deviation of the N(0, std) initialisation."""
     checkpoint_every: int = 0
     """K of the checkpoint baselines (``checkpoint``/``one``): iterations between their checkpoints; 0 = by model
-    size as in the paper (SPEC §5): 50 below 200 M parameters, 100 below 1 B, 40 above."""
+    size as in the paper (docs/paper.md §5): 50 below 200 M parameters, 100 below 1 B, 40 above."""
     save_mode: str = "async"
     """How the checkpoint baselines save: "sync" (blocking write to disk), "async" (snapshot during
     forward/backward, background flush, DataStates-LLM) or "memory" (RAM only, Gemini)."""

@@ -79,7 +79,7 @@ def scale_grads(module: nn.Module, factor: float) -> None:
 
 
 def checkfree_weight(norm: float, max_norm: float, mode: str) -> float:
-    """The CheckFree weight ω of a stage from its last gradient norm (paper §4.1, SPEC §2).
+    """The CheckFree weight ω of a stage from its last gradient norm (paper §4.1, docs/paper.md §2).
 
     mode "paper": ω = ‖∇‖ (unclipped). mode "clipped": the release's ω = ‖∇‖ after per-stage clipping + 1e-4.
     """

@@ -1,7 +1,7 @@
 """The one table of setting names shared by the simulator, the swarm and the report (no torch import).
 
 Canonical names are the simulator's strategy names (``checkfree``, ``checkfree_plus``, ``copy``, …). The authors'
-names are aliases (SPEC §4, §8); ``ours-grad-avg`` (and ``-regularize``) and ``ours`` depend on whether CheckFree+
+names are aliases (docs/paper.md §4, §8); ``ours-grad-avg`` (and ``-regularize``) and ``ours`` depend on whether CheckFree+
 swaps are on: ``run.sh`` trains with swaps, ``run_2.sh`` without, and the swarm resolves with swaps off, so its
 ``ours`` is CheckFree and ``ours-plus`` is CheckFree+.
 """

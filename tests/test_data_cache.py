@@ -41,7 +41,8 @@ def test_a_build_killed_mid_way_resumes_at_its_next_shard_and_verifies(tmp_path,
         f"""
         import sys, time
         from pathlib import Path
-        from checkfree.data import DataSpec, build, prepare_corpus, shards
+        from checkfree.data import build, shards
+        from checkfree.data.corpus import DataSpec, prepare_corpus
         build.SHARD_TEXT_BYTES = {SMALL_SHARDS}
         write = shards.write_ids
         def slow_write(*args, **kwargs):  # widen the window in which the kill lands between shards

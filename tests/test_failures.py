@@ -25,7 +25,7 @@ from checkfree.failures.schedules import (
     save_stage_schedule,
 )
 
-# ---------------------------------------------------------------- %/h ↔ per-iteration probability (SPEC §1)
+# ---------------------------------------------------------------- %/h ↔ per-iteration probability (docs/paper.md §1)
 
 
 def test_formula_matches_hand_computation():
@@ -83,7 +83,7 @@ def test_resolve_without_key_or_time_names_the_problem():
         resolve_failure_probability({"16": 1.5}, 16)
 
 
-# ---------------------------------------------------------------- the seeded injector (SPEC §1)
+# ---------------------------------------------------------------- the seeded injector (docs/paper.md §1)
 
 
 def test_injector_is_identical_across_instances_and_call_order():
@@ -244,7 +244,7 @@ def test_missing_schedule_file(tmp_path):
         load_node_schedule(tmp_path / "nope.json")
 
 
-# ---------------------------------------------------------------- swarm node schedules (SPEC §8)
+# ---------------------------------------------------------------- swarm node schedules (docs/paper.md §8)
 
 _QUIET = "[501]"
 # The authors' shipped failure_p_configs/*.json, written out literally (7 stages × 3 replicas = 21 nodes).

@@ -1,4 +1,4 @@
-"""The swarm's data-parallel gradient exchange (SPEC §8) between three replicas of one stage, over the real wire
+"""The swarm's data-parallel gradient exchange (docs/paper.md §8) between three replicas of one stage, over the real wire
 format: every replica ends with the bit-identical *average* of the replicas' gradients, records ω before
 clipping, steps with the clipped gradient and reports both to the supervisor."""
 

@@ -1,4 +1,4 @@
-"""WAN model: FIFO link arithmetic checked against hand-computed times, and the SPEC §8 location table."""
+"""WAN model: FIFO link arithmetic checked against hand-computed times, and the docs/paper.md §8 location table."""
 
 from __future__ import annotations
 

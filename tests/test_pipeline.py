@@ -1,4 +1,4 @@
-"""CheckFree+ stage order (paper §4.2) and the CheckFree weights ω (§4.1, SPEC §2)."""
+"""CheckFree+ stage order (paper §4.2) and the CheckFree weights ω (§4.1, docs/paper.md §2)."""
 
 import math
 

@@ -120,7 +120,7 @@ class Killed(Exception):
 def test_a_killed_probe_resumes_from_its_finished_cells(checkpoint, tmp_path, monkeypatch):
     """A probe stopped after 3 cells (a preempted machine) recomputes only the rest when run again, and ends with
     exactly the cells of an uninterrupted probe; other step counts start over."""
-    from checkfree.probe.run import run as probe_mod
+    from checkfree.probe import run as probe_mod
 
     run, data = checkpoint
     opts = ProbeOptions(run, tmp_path / "out", ["random", "copy"], stages=[2], seeds=2, steps=1)
@@ -202,7 +202,7 @@ def test_swaps_for_a_base_trained_with_swaps(checkpoint, tmp_path):
 def test_shards_share_one_probe_and_the_last_writes_the_report(checkpoint, tmp_path, monkeypatch):
     """--shard K/N: two processes into one --out each compute their half of the cells, once; the first to finish
     writes no report, the second writes the report of an unsharded probe; a bad K/N is refused."""
-    from checkfree.probe.run import run as probe_mod
+    from checkfree.probe import run as probe_mod
 
     run, data = checkpoint
     whole = run_probe(ProbeOptions(run, tmp_path / "whole", ["random", "copy"], [2], 2, 1), data)

@@ -33,7 +33,9 @@ def test_paper_and_tiny_topologies() -> None:
         3,
     )
     assert [paper.stage_of(n) for n in (0, 2, 3, 20)] == [0, 0, 1, 6]
-    assert paper.location_of(0) == "Australia" and paper.location_of(8) == "Belgium"  # id mod 7 (SPEC §8)
+    assert (
+        paper.location_of(0) == "Australia" and paper.location_of(8) == "Belgium"
+    )  # id mod 7 (docs/paper.md §8)
     assert paper.storage_id == 21 and paper.first_replacement_id == 22
     tiny = load_swarm_config(ROOT / "configs" / "swarm_tiny.json")
     assert (tiny.n_stages, tiny.replicas, tiny.n_nodes) == (4, 2, 10)

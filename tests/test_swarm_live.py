@@ -142,7 +142,9 @@ def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(t
             assert embedding.meta["version"] == head.meta["version"] == new.meta["version"] == 3
             fresh = build_stage(sup.cfg.model, 0, 300, sup.cfg.init_seed).state_dict()
             assert all(not torch.equal(got[k], fresh[k]) for k in ("embed_tokens.weight", "lm_head.weight"))
-            assert new.meta["lr"] == pytest.approx(MODEL["lr"] * MODEL["lr_scale"])  # fresh Adam (SPEC §3)
+            assert new.meta["lr"] == pytest.approx(
+                MODEL["lr"] * MODEL["lr_scale"]
+            )  # fresh Adam (docs/paper.md §3)
             checks.append(crash)
 
     sup = Supervisor(

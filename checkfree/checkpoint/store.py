@@ -438,7 +438,7 @@ def restore(snapshot: Snapshot, state: TrainingState, n_layers_per_stage: int) -
 def restore_stage(snapshot: Snapshot, state: TrainingState, stage: int, n_layers_per_stage: int) -> None:
     """Load only stage ``stage`` (weights, Adam state, LR multiplier) from a snapshot of the same layout.
 
-    The other stages, the positions and the RNG are left alone (the ``one`` baseline, SPEC §4).
+    The other stages, the positions and the RNG are left alone (the ``one`` baseline, docs/paper.md §4).
 
     Raises:
         CheckpointError: the snapshot has another layout or the stage's tensors do not fit.

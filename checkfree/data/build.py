@@ -2,7 +2,7 @@
 
     1. hold-out: the documents are counted (sizes only), a seeded permutation picks the validation candidates (the
        first documents of the order holding 8 × the validation tokens in bytes); a hub stream, already shuffled
-       (SPEC §6: buffer 10,000, seed 42), gives its first documents instead.
+       (docs/paper.md §6: buffer 10,000, seed 42), gives its first documents instead.
     2. tokenizer: "bpe" trains a byte-level BPE on at most BPE_TRAIN_MAX_BYTES of the other documents; hub or
        local tokenizers are loaded. val.bin and meta.json are written.
     3. shards: the remaining documents stream in corpus order; every SHARD_TEXT_BYTES of text are tokenized with

@@ -1,5 +1,5 @@
 """Where documents come from: the bundled Shakespeare corpus, local .txt/.jsonl/.parquet files, or a Hugging
-Face hub dataset streamed as in the paper (SPEC §6: ``shuffle(buffer_size=10_000, seed=42)``).
+Face hub dataset streamed as in the paper (docs/paper.md §6: ``shuffle(buffer_size=10_000, seed=42)``).
 
 A *document* is one string; the tokenizer later appends EOS to each and packs them into one token stream.
 Nothing here tokenizes or writes token caches.
@@ -26,7 +26,7 @@ TXT_DOCUMENT_CHARS = 16_384
 """A .txt file longer than this is cut at blank lines into documents of about this many characters
 (a Shakespeare play → ~20 documents), which gives finer validation hold-out and better shuffling."""
 HUB_CONNECT_TIMEOUT_S = 3.0
-HUB_SHUFFLE_BUFFER = 10_000  # SPEC §6
+HUB_SHUFFLE_BUFFER = 10_000  # docs/paper.md §6
 
 LOCAL_HINT = 'set "dataset" to a path or glob of local .txt/.jsonl/.parquet files, or "Shakespeare" for the bundled corpus'
 
@@ -37,7 +37,7 @@ class DataUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class HubDataset:
-    """A hub dataset of SPEC §6: repository id, optional config name, and the column holding the text."""
+    """A hub dataset of docs/paper.md §6: repository id, optional config name, and the column holding the text."""
 
     name: str
     repo: str

@@ -1,4 +1,4 @@
-"""What to train on and how to tokenize it: the :class:`DataSpec` every data module takes (SPEC §6 "Data")."""
+"""What to train on and how to tokenize it: the :class:`DataSpec` every data module takes (docs/paper.md §6 "Data")."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class DataSpec:
-    """What to train on and how to tokenize it (SPEC §6 "Data")."""
+    """What to train on and how to tokenize it (docs/paper.md §6 "Data")."""
 
     dataset: str
     """"Shakespeare" (bundled, offline default), "TinyStories", "OpenWebText", "RedPajama" (hub streaming),

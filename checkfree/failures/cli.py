@@ -1,6 +1,6 @@
 """``python -m checkfree schedule``: generate a swarm crash schedule (the authors' failure_p_configs/RATE.json).
 
-The same generator as the root-level ``failure_generator.py`` (SPEC §8, paper §6 failure rates), with one
+The same generator as the root-level ``failure_generator.py`` (docs/paper.md §8, paper §6 failure rates), with one
 argument parser shared by both (:func:`add_arguments`), so their options cannot drift apart. Defaults reproduce
 the authors' shipped files; without ``--out`` the JSON goes to stdout. It writes nothing except ``--out``.
 """

@@ -29,7 +29,7 @@ class StageFailureSource(Protocol):
 
 
 class StageFailureInjector:
-    """Seeded random stage failures, identical on every DP rank and for every recovery strategy (SPEC §1).
+    """Seeded random stage failures, identical on every DP rank and for every recovery strategy (docs/paper.md §1).
 
     Each transformer stage 1..n_stages (and stage 0 when ``include_stage0``) fails independently with
     ``probability`` per iteration. The draw is a pure function of (seed, iteration): no state is kept and no

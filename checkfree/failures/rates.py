@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-# Paper's measured iteration time of the 500M model (s), SPEC §5; used when a rate is not in a table.
+# Paper's measured iteration time of the 500M model (s), docs/paper.md §5; used when a rate is not in a table.
 PAPER_ITERATION_SECONDS = 91.32
 # Per-iteration failure probabilities of the authors' throughput schedules, keyed like their configs
-# (SPEC §1 and §8). The authors' generator has no entry for 5 %/h; 0.0009 is the 500M config's value.
+# (docs/paper.md §1 and §8). The authors' generator has no entry for 5 %/h; 0.0009 is the 500M config's value.
 SWARM_FAILURE_PROBABILITIES: dict[str, float] = {"5": 0.0009, "10": 0.002, "16": 0.004, "33": 0.01}
 
 
@@ -49,7 +49,7 @@ def _check_iteration_seconds(iteration_seconds: float) -> None:
 
 
 def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: float) -> float:
-    """Probability that one stage fails during one iteration (SPEC §1).
+    """Probability that one stage fails during one iteration (docs/paper.md §1).
 
     ``p_iter = 1 − (1 − h/100) ** (T_iter / 3600)`` with h the stage failure rate in %/h and T_iter the
     iteration time in seconds. Raises ValueError unless 0 ≤ h < 100 and T_iter > 0.
@@ -60,7 +60,7 @@ def per_iteration_probability(rate_percent_per_hour: float, iteration_seconds: f
 
 
 def hourly_rate(p_iter: float, iteration_seconds: float) -> float:
-    """Inverse of :func:`per_iteration_probability`: the stage failure rate in %/h (SPEC §1).
+    """Inverse of :func:`per_iteration_probability`: the stage failure rate in %/h (docs/paper.md §1).
 
     ``h = 100 · (1 − (1 − p_iter) ** (3600 / T_iter))``. Raises ValueError unless 0 ≤ p_iter < 1 and T_iter > 0.
     """
@@ -70,7 +70,7 @@ def hourly_rate(p_iter: float, iteration_seconds: float) -> float:
 
 
 def rate_key(rate_percent_per_hour: float) -> str:
-    """The authors' config key of a failure rate: 16 and 16.0 → "16", 2.5 → "2.5" (SPEC §1, §6)."""
+    """The authors' config key of a failure rate: 16 and 16.0 → "16", 2.5 → "2.5" (docs/paper.md §1, §6)."""
     _check_rate(rate_percent_per_hour)
     rate = float(rate_percent_per_hour)
     return str(int(rate)) if rate.is_integer() else repr(rate)
@@ -85,7 +85,7 @@ def resolve_failure_probability(
     """Per-iteration stage failure probability for a rate in %/h, and where it came from.
 
     Order: ``override`` (the CLI's ``--failure-probability``) → "override"; the authors' config key
-    (:func:`rate_key`, e.g. "16") → ``config["16"]``; otherwise the SPEC §1 formula with
+    (:func:`rate_key`, e.g. "16") → ``config["16"]``; otherwise the docs/paper.md §1 formula with
     ``iteration_seconds`` → "formula". ``config_probabilities`` may be a whole config dict (other keys are
     ignored). Raises ValueError for an invalid value, or when the formula is needed and iteration_seconds is None.
     """

@@ -70,7 +70,7 @@ def _parse_node_schedule(data: Any, path: str | Path) -> dict[int, list[int]]:
 
 
 def load_node_schedule(path: str | Path) -> dict[int, list[int]]:
-    """Read the authors' swarm schedule ``{"node id": [crash iterations ascending..., sentinel]}`` (SPEC §8).
+    """Read the authors' swarm schedule ``{"node id": [crash iterations ascending..., sentinel]}`` (docs/paper.md §8).
 
     Returns {node id: crash iterations} with the sentinel (the last value of each list) dropped.
     Raises FileNotFoundError or ValueError (one sentence naming the file and the bad value).
@@ -81,7 +81,7 @@ def load_node_schedule(path: str | Path) -> dict[int, list[int]]:
 def node_to_stage_failures(nodes: Mapping[int, list[int]], replicas: int) -> list[tuple[int, int]]:
     """(iteration, stage) pairs where every replica of a stage crashes in the same iteration.
 
-    Node n holds stage n // replicas (SPEC §8). A crash of only some replicas is a partial failure (recovered
+    Node n holds stage n // replicas (docs/paper.md §8). A crash of only some replicas is a partial failure (recovered
     by copying from a live replica) and is logged, not returned. Nodes missing from ``nodes`` never crash.
     """
     crashes: dict[tuple[int, int], int] = {}
@@ -176,11 +176,11 @@ def generate_node_schedule(
     probability: float | None = None,
     iteration_seconds: float = PAPER_ITERATION_SECONDS,
 ) -> dict[str, list[int]]:
-    """Crash schedule of the swarm's nodes in the authors' format (SPEC §8); defaults reproduce their files.
+    """Crash schedule of the swarm's nodes in the authors' format (docs/paper.md §8); defaults reproduce their files.
 
     Per iteration 0..iterations−1 (except checkpoint-send iterations ``itr % checkpoint_interval == 1``, which
     neither fail nor consume a draw), ``random.Random(seed)`` decides whether a stage fails with the
-    per-iteration probability (``probability``, else :data:`SWARM_FAILURE_PROBABILITIES`, else the SPEC §1
+    per-iteration probability (``probability``, else :data:`SWARM_FAILURE_PROBABILITIES`, else the docs/paper.md §1
     formula at ``iteration_seconds``); only then does ``random.Random(stage_seed)`` (default rate·5) pick the
     stage uniformly in 1..n_stages. Every replica of that stage (nodes stage·replicas … stage·replicas+replicas−1)
     gets the iteration. Every node 0..(n_stages+1)·replicas−1 is listed (stage 0 never fails), each list ending

@@ -349,7 +349,7 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
         FileNotFoundError / CheckpointError: the checkpoint is missing or corrupt.
         ValueError: a bad option (see :func:`validate`), or ``out`` holds something that is not a probe's output.
     """
-    from checkfree.probe.run import report
+    from checkfree.probe import report
 
     path = resolve_checkpoint(opts.checkpoint)
     meta = store.read_checkpoint(path).meta

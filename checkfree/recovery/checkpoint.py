@@ -1,4 +1,4 @@
-"""Checkpoint baselines (SPEC §4–§5): ``checkpoint`` (the paper's; alias ``whole_model``) and ``one``.
+"""Checkpoint baselines (docs/paper.md §4–§5): ``checkpoint`` (the paper's; alias ``whole_model``) and ``one``.
 
 Both take a universal checkpoint (:mod:`checkfree.checkpoint.store`) every K effective iterations, at the start of
 the iteration (before that iteration's failures), with K = ``checkpoint_every`` or, when 0, the paper's value by
@@ -24,7 +24,7 @@ from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
 
-# Paper §5 / SPEC §5: checkpoint interval by model size (parameters below the bound → K).
+# Paper §5 / docs/paper.md §5: checkpoint interval by model size (parameters below the bound → K).
 PAPER_CHECKPOINT_EVERY = ((200_000_000, 50), (1_000_000_000, 100), (float("inf"), 40))
 
 

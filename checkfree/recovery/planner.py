@@ -21,7 +21,7 @@ Rules (paper §4.1–4.2; the README's settings table):
 Neighbours are the nearest stages on each side that still serve (stage 0 never is one: its shapes differ). When
 a rule cannot apply, the fallback is: one live neighbour → a copy of it; none → a random init; for stage 0, a part
 whose holder is lost too → a random init of that part. A stage that still has a live replica is copied from it
-(``replica``, Adam state included): a partial failure loses nothing (SPEC §1).
+(``replica``, Adam state included): a partial failure loses nothing (docs/paper.md §1).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class RecoveryPlan:
         sources: source stages, in combination order (left, right for "average" and "checkfree").
         parts: for "stage0_copy", the part each source holds ("embedding" or "head").
         with_optimizer: the source's Adam state and lr multiplier come along (exact copies only).
-        fresh_lr_scale: a fresh Adam at lr × lr_scale (every neighbour rule, SPEC §2).
+        fresh_lr_scale: a fresh Adam at lr × lr_scale (every neighbour rule, docs/paper.md §2).
         fallback: why a simpler rule than the setting's own was used, or None.
         rung: the ladder rung (:func:`plan_ladder`) or None.
     """
@@ -117,7 +117,7 @@ def live_neighbours(stage: int, lost: Iterable[int], n_stages: int) -> tuple[int
 
 
 def stage0_copy_holders(n_stages: int) -> dict[str, int]:
-    """CheckFree+ (paper §4.2, SPEC §3): stage 1 keeps a copy of E, stage S keeps a copy of E⁻¹."""
+    """CheckFree+ (paper §4.2, docs/paper.md §3): stage 1 keeps a copy of E, stage S keeps a copy of E⁻¹."""
     return {"embedding": 1, "head": n_stages}
 
 

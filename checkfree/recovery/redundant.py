@@ -1,4 +1,4 @@
-"""``redundant``: redundant computation (Bamboo, Thorpe et al., NSDI'23; paper §5, SPEC §5).
+"""``redundant``: redundant computation (Bamboo, Thorpe et al., NSDI'23; paper §5, docs/paper.md §5).
 
 Every stage j holds an exact replica of its successor — weights, Adam state and LR multiplier — refreshed after
 every optimizer step. Stages form a ring over 0..S: stage j−1 holds stage j's replica for j ≥ 1 and stage S holds

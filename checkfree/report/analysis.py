@@ -1,7 +1,7 @@
 """From loaded runs to numbers: comparison groups, the timing model per config, time to target, verdicts.
 
 A *comparison group* holds the runs that saw the same failures: same config, per-iteration failure probability,
-failure seed and world size (SPEC §1: the injector draws identical failures for every strategy of a seed).
+failure seed and world size (docs/paper.md §1: the injector draws identical failures for every strategy of a seed).
 """
 
 from __future__ import annotations
@@ -235,7 +235,7 @@ STRATEGY_ORDER = {
 
 
 def rate_context(group: Group, model: TimingModel) -> str:
-    """The nominal %/h next to what p_iter means at the modelled iteration time (SPEC §1 conversion)."""
+    """The nominal %/h next to what p_iter means at the modelled iteration time (docs/paper.md §1 conversion)."""
     p = group.p_iter
     if not (isinstance(p, float) and 0 < p < 1):
         return ""

@@ -163,7 +163,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--iteration-seconds",
         type=_positive,
-        help="T_iter (s) for every strategy (default: swarm measured, else the SPEC §5 formula)",
+        help="T_iter (s) for every strategy (default: swarm measured, else the docs/paper.md §5 formula)",
     )
     p.add_argument(
         "--forward-seconds",

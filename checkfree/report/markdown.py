@@ -167,7 +167,7 @@ def timing_section(models: dict[str, TimingModel], swarms: list[SwarmRun] | None
         ]
     lines += [
         "",
-        f"Formula constants (SPEC §5, the authors' estimate): backward factor {f.backward_factor}, waves "
+        f"Formula constants (docs/paper.md §5, the authors' estimate): backward factor {f.backward_factor}, waves "
         f"{f.waves}, {f.bytes_per_element:g} bytes per element, activations {f.activation_bandwidth_gib_s} "
         f"GiB/s, data parallel {f.dp_bandwidth_gib_s} GiB/s. Paper: {PAPER_ITERATION_SECONDS} s per iteration "
         f"(500M), {PAPER_RECOVERY_SECONDS:g} s per stage recovery (geo-distributed testbed).",

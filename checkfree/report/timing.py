@@ -1,6 +1,6 @@
 """The wall-clock model: from a run's metrics to simulated hours, and the time to a target validation loss.
 
-The paper's claims are about wall-clock time to a target loss (SPEC §5, §7: Table 2 = iterations to loss 2.85 ×
+The paper's claims are about wall-clock time to a target loss (docs/paper.md §5, §7: Table 2 = iterations to loss 2.85 ×
 the measured iteration time). A simulator run on a CPU measures convergence per iteration, not the time a
 geo-distributed deployment would take, so this module turns a run into simulated hours:
 
@@ -10,15 +10,15 @@ geo-distributed deployment would take, so this module turns a run into simulated
   iterations too, so rollback costs its redone time naturally.
 * ``T_strategy = T_iter`` for every strategy except redundant computation (Bamboo), which costs
   ``T_iter × ratio``: the measured ``redundant_forward_seconds_per_microbatch`` relative to the measured compute
-  seconds when the run recorded it, else the paper's 151.04 s / 91.32 s (SPEC §5).
+  seconds when the run recorded it, else the paper's 151.04 s / 91.32 s (docs/paper.md §5).
 * ``T_iter`` is one of (highest priority first): an explicit number; the mean iteration time a swarm experiment
-  measured; the authors' formula (SPEC §5, :class:`IterationTimeFormula`) on the run's config with ``T_fwd``
+  measured; the authors' formula (docs/paper.md §5, :class:`IterationTimeFormula`) on the run's config with ``T_fwd``
   estimated from the run's measured compute seconds.
 * Recovery seconds per recovered stage: explicit; a swarm's measured crash → serving latency; else the paper's
   ≈30 s at its 91.32 s iteration, as a ratio (30 / 91.32 of T_iter) so the cost keeps the paper's proportion at
   any model scale.
 
-The failure-rate conversion (%/h ↔ per-iteration probability, SPEC §1) lives in :mod:`checkfree.failures.rates`;
+The failure-rate conversion (%/h ↔ per-iteration probability, docs/paper.md §1) lives in :mod:`checkfree.failures.rates`;
 it is re-exported here, as is everything of :mod:`checkfree.report.timing` (the authors' formula and the
 paper's measured times).
 """
@@ -35,19 +35,19 @@ from checkfree.failures.rates import PAPER_ITERATION_SECONDS, hourly_rate, per_i
 
 GIB = 2**30
 PAPER_CHECKPOINT_ITERATION_SECONDS = 91.35
-"""Iteration time (s) of the 500M model with asynchronous checkpoint sends (paper §5 / SPEC §5)."""
+"""Iteration time (s) of the 500M model with asynchronous checkpoint sends (paper §5 / docs/paper.md §5)."""
 PAPER_REDUNDANT_ITERATION_SECONDS = 151.04
-"""Iteration time (s) of redundant computation on the 500M model (paper §5 / SPEC §5)."""
+"""Iteration time (s) of redundant computation on the 500M model (paper §5 / docs/paper.md §5)."""
 PAPER_REDUNDANT_RATIO = PAPER_REDUNDANT_ITERATION_SECONDS / PAPER_ITERATION_SECONDS
 """≈ 1.654: redundant computation's iteration time relative to plain pipeline training (paper)."""
 PAPER_RECOVERY_SECONDS = 30.0
-"""Seconds to recover one stage in the authors' geo-distributed testbed (paper §5.3 / SPEC §7)."""
+"""Seconds to recover one stage in the authors' geo-distributed testbed (paper §5.3 / docs/paper.md §7)."""
 
 
 # ---------------------------------------------------------------------------------------------- the formula
 @dataclass(frozen=True)
 class IterationTimeFormula:
-    """The authors' iteration-time estimate (SPEC §5, printed by their convergence simulator):
+    """The authors' iteration-time estimate (docs/paper.md §5, printed by their convergence simulator):
 
     ``T_iter = backward_factor · waves · (T_fwd + (S+1)·B·d·L·bytes / (activation_bandwidth·2³⁰))
               + (2W−1)·P_stage·bytes / (dp_bandwidth·2³⁰)``
@@ -146,7 +146,7 @@ def stage_parameter_count(architecture: str, dmodel: int, n_layers_per_stage: in
 
 
 def implied_iteration_seconds(rate_percent_per_hour: float, p_iter: float) -> float:
-    """The iteration time (s) at which ``p_iter`` per iteration equals ``rate_percent_per_hour`` (SPEC §1).
+    """The iteration time (s) at which ``p_iter`` per iteration equals ``rate_percent_per_hour`` (docs/paper.md §1).
 
     Solves ``p_iter = 1 − (1 − h/100) ** (T/3600)`` for T; ``inf`` when p_iter = 0 and h > 0.
     Raises ValueError when the rate is not in (0, 100) or p_iter not in [0, 1).
@@ -401,7 +401,7 @@ class TimingModel:
             parts = formula.components(fwd, **inputs)
             t = parts["total"]
             src = (
-                f"formula (SPEC §5): T_fwd {fwd:.4g} s ({how}); compute {parts['compute']:.4g} s + activations "
+                f"formula (docs/paper.md §5): T_fwd {fwd:.4g} s ({how}); compute {parts['compute']:.4g} s + activations "
                 f"{parts['activations']:.4g} s + data parallel {parts['data_parallel']:.4g} s = {t:.4g} s"
             )
         else:

@@ -1,6 +1,6 @@
 """The convergence simulator: a pipeline-staged model trained with DP replicas while whole stages fail.
 
-Each data-parallel rank (a torchrun process) holds one replica of every stage. Per iteration (SPEC §1, §6):
+Each data-parallel rank (a torchrun process) holds one replica of every stage. Per iteration (docs/paper.md §1, §6):
 
     failures = source.draw(iteration)             identical on every rank and for every strategy
     strategy.recover(state, failures)             stages are destroyed first, then rebuilt

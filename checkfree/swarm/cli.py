@@ -1,4 +1,4 @@
-"""``python -m checkfree swarm run | table``: the decentralized throughput experiment (SPEC §8).
+"""``python -m checkfree swarm run | table``: the decentralized throughput experiment (docs/paper.md §8).
 
     python -m checkfree swarm run --setting ours --rate 16 --config configs/swarm_paper.json
     python -m checkfree swarm run --setting checkpoint --rate 16 --config configs/swarm_tiny.json \\
@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     cmds = p.add_subparsers(dest="swarm_command", required=True)
     r = cmds.add_parser(
         "run",
-        help="start the swarm's nodes on this machine and train (SPEC §8)",
+        help="start the swarm's nodes on this machine and train (docs/paper.md §8)",
         description="Start nodes START..END-1 (one stage replica each) plus, for checkpoint, the "
         "storage node; replay the crash schedule; write runs/<name>/throughput.json.",
     )

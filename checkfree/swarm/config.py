@@ -1,11 +1,11 @@
-"""The swarm's topology config: stages, replicas, microbatches, WAN, timeouts (SPEC §8).
+"""The swarm's topology config: stages, replicas, microbatches, WAN, timeouts (docs/paper.md §8).
 
 A swarm config is a small JSON file (``configs/swarm_tiny.json``, ``configs/swarm_paper.json``)::
 
     {"model_config": "tiny_config.json", "replicas": 2, "microbatches": 4, "in_flight": 2,
      "locations": null, "storage_location": "Iowa", "checkpoint_interval": 10, "time_scale": 1.0}
 
-Node ids (SPEC §8): the swarm has ``S + 1`` stages (stage 0 = embedding, head, data and loss; transformer
+Node ids (docs/paper.md §8): the swarm has ``S + 1`` stages (stage 0 = embedding, head, data and loss; transformer
 stages 1..S from the model config's ``n_stages``) and ``replicas`` nodes per stage, ids ``0 ..
 (S+1)·R − 1``; node ``n`` holds stage ``n // R`` and is replica ``n % R`` of it. Each stage-0 node drives
 one pipeline (pipeline ``p`` = replica index ``p``). The storage node of the ``checkpoint`` setting has id
@@ -27,7 +27,7 @@ from checkfree.config import Config, ConfigError, config_from_dict, load_config,
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
 SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder")
-"""The ``SETTING`` argument of run_throughput.sh (SPEC §8, issue)."""
+"""The ``SETTING`` argument of run_throughput.sh (docs/paper.md §8, issue)."""
 DATA_SOURCES = ("corpus", "synthetic")
 
 
@@ -44,7 +44,7 @@ class SwarmConfig:
     in_flight: int = 2
     """At most this many microbatches of one pipeline between embed and its last backward."""
     locations: list[str] | None = None
-    """Geo set: node n sits at locations[n % len]; None = the table's default_geo (SPEC §8)."""
+    """Geo set: node n sits at locations[n % len]; None = the table's default_geo (docs/paper.md §8)."""
     locations_file: str | None = None
     """Latency/bandwidth table (JSON); None = the one shipped in checkfree/swarm/locations.json."""
     storage_location: str = "Iowa"
@@ -123,7 +123,7 @@ class SwarmConfig:
         return tuple(self.locations) if self.locations else table.default_geo
 
     def location_of(self, node: int, table: LocationTable | None = None) -> str:
-        """Location of an initial node id (SPEC §8: id mod number of locations)."""
+        """Location of an initial node id (docs/paper.md §8: id mod number of locations)."""
         return location_of(node, self.geo(table))
 
     def location_table(self) -> LocationTable:

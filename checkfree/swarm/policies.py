@@ -1,4 +1,4 @@
-"""How a swarm node recovers its stage, per ``SETTING`` (SPEC §2, §3, §8); a registry, not an if-chain.
+"""How a swarm node recovers its stage, per ``SETTING`` (docs/paper.md §2, §3, §8); a registry, not an if-chain.
 
 A replacement node learns which stages have no serving replica (``lost``) and asks its setting for a
 :class:`~checkfree.recovery.planner.RecoveryPlan`: which stages to fetch weights from and how to combine them.
@@ -13,8 +13,8 @@ the math is ``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_stat
 | ``ours-plus`` (CheckFree+) | copy the replica | stage 1 copies stage 2, stage S copies S−1, others as ``ours``; stage 0 loads the copies of E (held by stage 1) and E⁻¹ (held by stage S); odd microbatches run swapped |
 
 Copying a live replica brings its Adam moments and learning rate along, so the replicas stay bit-identical
-(a partial failure is lossless, SPEC §1). Under ``ours-plus`` one stage-0 node pushes E to every stage-1 node
-and E⁻¹ to every stage-S node after each optimizer step (STAGE0_COPY, O(|E|) traffic, SPEC §3), so a lost
+(a partial failure is lossless, docs/paper.md §1). Under ``ours-plus`` one stage-0 node pushes E to every stage-1 node
+and E⁻¹ to every stage-S node after each optimizer step (STAGE0_COPY, O(|E|) traffic, docs/paper.md §3), so a lost
 stage 0 comes back exactly as of the last committed iteration; a part whose holder stage is lost too gets the
 simulator's seeded random init (``random_init``: run seed, iteration of the loss event, stage 0; recorded as the
 plan's fallback). A stage with no live transformer stage left gets the planner's "random" rule, seeded the same
@@ -42,9 +42,9 @@ class SwarmRecovery:
     swaps = False
     """CheckFree+ out-of-order execution on odd microbatches (checkfree.pipeline.stage_order)."""
     rollback_on_stage_loss = False
-    """A lost stage rolls every node back to the last checkpoint (the checkpoint baseline, SPEC §5)."""
+    """A lost stage rolls every node back to the last checkpoint (the checkpoint baseline, docs/paper.md §5)."""
     keeps_stage0_copy = False
-    """Stage 1 and stage S hold copies of E and E⁻¹, refreshed after every step (CheckFree+, SPEC §3)."""
+    """Stage 1 and stage S hold copies of E and E⁻¹, refreshed after every step (CheckFree+, docs/paper.md §3)."""
 
     def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``).
@@ -74,7 +74,7 @@ class Checkpoint(SwarmRecovery):
 
 
 class CheckFree(SwarmRecovery):
-    """CheckFree (SPEC §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
+    """CheckFree (docs/paper.md §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
     name = "checkfree"
 
@@ -84,7 +84,7 @@ class CheckFree(SwarmRecovery):
 
 
 class CheckFreePlus(CheckFree):
-    """CheckFree+ (SPEC §3): swaps on odd microbatches; first/last stages copy their swap partner; stage 0 from
+    """CheckFree+ (docs/paper.md §3): swaps on odd microbatches; first/last stages copy their swap partner; stage 0 from
     the copies of E and E⁻¹ that stages 1 and S hold."""
 
     name = "checkfree_plus"

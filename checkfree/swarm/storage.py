@@ -1,4 +1,4 @@
-"""The checkpoint storage node of the ``checkpoint`` setting (SPEC §5, §8).
+"""The checkpoint storage node of the ``checkpoint`` setting (docs/paper.md §5, §8).
 
 Every ``checkpoint_interval`` iterations one replica of each stage pushes its weights and Adam state here
 (a CHECKPOINT message, meta ``version`` = iterations completed). The node keeps the two newest versions per

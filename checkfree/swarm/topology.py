@@ -1,6 +1,6 @@
 """The WAN topology of the swarm: a table of links between locations, and which node sits where.
 
-The table (SPEC §8, measured by the CheckFree authors on Google Cloud) gives a one-way latency in
+The table (docs/paper.md §8, measured by the CheckFree authors on Google Cloud) gives a one-way latency in
 milliseconds and a bandwidth in GiB/s for each unordered pair of locations. Pairs not in the table and
 same-location pairs use the table's default (10 ms, 0.5 GiB/s, as in the authors' trainer).
 
@@ -73,7 +73,7 @@ class LocationTable:
 
 
 def location_of(node_id: int, locations: list[str] | tuple[str, ...]) -> str:
-    """Location of node ``node_id``: ``locations[node_id % len(locations)]`` (SPEC §8).
+    """Location of node ``node_id``: ``locations[node_id % len(locations)]`` (docs/paper.md §8).
 
     Raises:
         TopologyError: if ``locations`` is empty or ``node_id`` is negative.

@@ -6,7 +6,7 @@ Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B):
 
 N = parameters that a token's forward and backward multiply through: every parameter except the input embedding
 tables (token embedding, and GPT's learned positions: lookups, not matmuls), so the untied LM head counts (our
-stage 0 keeps it untied, SPEC §6; PaLM's is tied, hence its "non-embedding" N). 6·N = 2 FLOPs per multiply-add
+stage 0 keeps it untied, docs/paper.md §6; PaLM's is tied, hence its "non-embedding" N). 6·N = 2 FLOPs per multiply-add
 × (forward + 2 × backward). 12·L·d·T = the attention score and value matmuls (QKᵀ and AV), forward and backward,
 for L layers of width d over a sequence of T tokens (no causal-mask discount, as in PaLM).
 

@@ -1,11 +1,11 @@
 """A node's stage computation: building the stage, the microbatch forward/backward, stage 0's pipeline driver.
 
-Microbatch flow (ARCHITECTURE.md, SPEC §8). A stage-0 node drives one pipeline. For microbatch ``mb`` of
+Microbatch flow (ARCHITECTURE.md, docs/paper.md §8). A stage-0 node drives one pipeline. For microbatch ``mb`` of
 the iteration it computes ``route = [itself, node of order[0], …, node of order[S−1]]`` with ``order =
 stage_order(mb, S, swaps)`` (CheckFree+ swaps on odd microbatches), embeds the batch and sends FORWARD to
 ``route[1]`` with ``pos = 1``. The node at ``pos = k`` runs its stage and forwards to ``route[k+1]``; the
 last one sends the output back to ``route[0]`` (``pos = len(route)``), which applies the head, the loss
-(token-mean cross entropy / mb_count, SPEC §6) and sends BACKWARD to ``route[-1]``. BACKWARD walks the route
+(token-mean cross entropy / mb_count, docs/paper.md §6) and sends BACKWARD to ``route[-1]``. BACKWARD walks the route
 back to stage 0, which finishes the embedding's backward. At most ``in_flight`` microbatches of a pipeline
 are between embed and their last backward. Gradients accumulate in ``.grad`` until the iteration's
 exchange. Every message carries the ``epoch`` (one per attempt of an iteration, increasing): anything from

@@ -1,10 +1,10 @@
-"""Data-parallel gradient averaging between the serving replicas of one stage (SPEC §8).
+"""Data-parallel gradient averaging between the serving replicas of one stage (docs/paper.md §8).
 
 At ``sync`` each replica sends its accumulated gradients (GRADIENTS, ``g.<param>``) to the other serving
 replicas of its stage. Once every one has arrived it sums all of them in node-id order, so every replica gets
 bit-identical gradients, and divides by the number of pipelines that contributed (total microbatches /
 ``mb_count``; = the number of replicas when each serves one pipeline): **averaged, not summed**. It then records
-the unclipped norm (CheckFree's ω, SPEC §2), clips to ``grad_clip`` and reports ``ready`` to the supervisor.
+the unclipped norm (CheckFree's ω, docs/paper.md §2), clips to ``grad_clip`` and reports ``ready`` to the supervisor.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``begin`` (stage 0 starts its pipeline, checkfree.swarm.node.driver) → every node forwards/backwards what
 arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
-(checkfree.swarm.node.gradient_sync), record the unclipped norm ω (SPEC §2), clip and report ``ready`` →
+(checkfree.swarm.node.gradient_sync), record the unclipped norm ω (docs/paper.md §2), clip and report ``ready`` →
 ``commit``: Adam step (and, on checkpoint iterations, the designated replica ships weights + Adam state to
 storage) → ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
 """

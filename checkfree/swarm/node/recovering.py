@@ -9,9 +9,9 @@ source that leaves the peer table, moves the request to the next candidate at on
 ``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
 and starts another replacement). The answers are combined with the shared recovery math
 (checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
-with ω = checkfree_weight(last gradient norm) for the CheckFree rule (SPEC §2), ``stage0_from_copies`` for a
+with ω = checkfree_weight(last gradient norm) for the CheckFree rule (docs/paper.md §2), ``stage0_from_copies`` for a
 lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
-SPEC §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
+docs/paper.md §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
 (no transformer stage survives): the seed, iteration and stage that the simulator uses give the same numbers.
 Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies load the
 source's Adam moments, step and lr.
@@ -287,7 +287,7 @@ class Recovery:
             grad_norm = float(src.meta["grad_norm"])
         else:
             opt = W.make_optimizer(module, cfg.lr * cfg.lr_scale)
-            grad_norm = 1.0  # ω of a stage with no completed iteration yet (SPEC §2)
+            grad_norm = 1.0  # ω of a stage with no completed iteration yet (docs/paper.md §2)
         version = max((int(m.meta["version"]) for m in answers), default=self.state.version)
         record = {
             "rule": plan.rule,

@@ -1,4 +1,4 @@
-"""CheckFree+'s copies of stage 0 on its neighbours (paper §4.2, SPEC §3): E on stage 1, E⁻¹ on stage S.
+"""CheckFree+'s copies of stage 0 on its neighbours (paper §4.2, docs/paper.md §3): E on stage 1, E⁻¹ on stage S.
 
 Pusher (a stage-0 node): after each optimizer step, the serving stage-0 replica with the lowest node id sends
 one STAGE0_COPY per holder: the embedding entries (``w.<key>``) to every stage-1 node and the head entries to

@@ -1,4 +1,4 @@
-"""What a swarm run measured, written to ``runs/<name>/throughput.json`` (issue "Results", SPEC §8).
+"""What a swarm run measured, written to ``runs/<name>/throughput.json`` (issue "Results", docs/paper.md §8).
 
 * ``iterations``: one row per committed iteration in execution order — iteration index, epoch, attempts,
   ``t_commit`` (seconds since the first ``begin``; the aggregation timestamp: every node has averaged its

@@ -1,4 +1,4 @@
-"""The supervisor: bootstrap/rendezvous, iteration coordinator, crash replayer, result collector (SPEC §8).
+"""The supervisor: bootstrap/rendezvous, iteration coordinator, crash replayer, result collector (docs/paper.md §8).
 
 It starts one process per *slot* (initial node ids START..END−1; a slot = a stage replica at a location),
 plus the storage node for ``checkpoint``. Each node JOINs at the supervisor's address (the bootstrap), gets

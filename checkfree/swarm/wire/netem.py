@@ -1,4 +1,4 @@
-"""WAN emulation: per-link one-way latency and bandwidth with FIFO queueing (SPEC §8).
+"""WAN emulation: per-link one-way latency and bandwidth with FIFO queueing (docs/paper.md §8).
 
 The authors' emulator sleeps ``latency + n / bandwidth`` per send, so two concurrent sends over one link
 each get the full bandwidth. Here a link is a FIFO queue: a message starts transmitting when the link is

@@ -14,11 +14,11 @@ from checkfree.swarm.wire.protocol import ProtocolError
 from checkfree.training_state import StateDict
 
 BETAS = (0.9, 0.999)
-"""Adam betas (SPEC §6)."""
+"""Adam betas (docs/paper.md §6)."""
 
 
 def make_optimizer(module: nn.Module, lr: float) -> torch.optim.Adam:
-    """A fresh Adam (0.9, 0.999), no weight decay (SPEC §6)."""
+    """A fresh Adam (0.9, 0.999), no weight decay (docs/paper.md §6)."""
     return torch.optim.Adam(module.parameters(), lr=lr, betas=BETAS)
 
 
