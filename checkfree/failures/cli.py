@@ -1,19 +1,27 @@
-"""``python -m checkfree schedule``: generate a swarm crash schedule (the authors' failure_p_configs/RATE.json).
+"""``python -m checkfree schedule``: crash schedules, drawn at a rate or mapped from a real preemption trace.
 
 The same generator as the root-level ``failure_generator.py`` (docs/paper.md §8, paper §6 failure rates), with one
-argument parser shared by both (:func:`add_arguments`), so their options cannot drift apart. Defaults reproduce
-the authors' shipped files; without ``--out`` the JSON goes to stdout. It writes nothing except ``--out``.
+argument parser shared by both (:func:`add_arguments`), so their options cannot drift apart.
+
+- ``--rate R``: the authors' node format (``failure_p_configs/RATE.json``); defaults reproduce their files.
+- ``--trace FILE``: a Bamboo or Parcae preemption trace mapped to slot down intervals
+  (``checkfree-slot-downtime-v1``, :mod:`checkfree.failures.traces`).
+- ``--describe FILE``: per stage, the iterations a down-interval schedule runs short of replicas and is lost.
+
+Without ``--out`` the JSON goes to stdout. It writes nothing except ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
 
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS
 from checkfree.failures.schedules import format_node_schedule, generate_node_schedule
+from checkfree.failures.traces import TRACE_FORMATS, load_downtime, save_downtime, schedule_from_trace
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +29,28 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The generator's options (shared by ``python -m checkfree schedule`` and ``failure_generator.py``)."""
     parser.add_argument(
-        "--rate", type=float, required=True, help="stage failure rate in %%/h (5, 10, 16, 33, ...)"
+        "--rate", type=float, default=None, help="stage failure rate in %%/h (5, 10, 16, 33, ...)"
+    )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="map a real preemption trace (Bamboo CSV or Parcae JSON lines) to slot down intervals",
+    )
+    parser.add_argument(
+        "--trace-format", choices=TRACE_FORMATS, default=None, help="the trace's format (default: detected)"
+    )
+    parser.add_argument(
+        "--start-hours", type=float, default=0.0, help="with --trace: where in the trace iteration 0 begins"
+    )
+    parser.add_argument(
+        "--hours", type=float, default=None, help="with --trace: hours of the trace to map (default: all)"
+    )
+    parser.add_argument(
+        "--describe",
+        type=Path,
+        default=None,
+        help="print, per stage, when a down-interval schedule runs short of replicas and when it is lost",
     )
     parser.add_argument(
         "--stages", type=int, default=6, help="transformer stages S (stage 0 extra, never fails)"
@@ -91,8 +120,31 @@ def cmd_schedule(args: argparse.Namespace) -> int:
         ValueError: an option is out of range, or --out is a directory or lies in a missing one; nothing is
             written.
     """
+    if args.describe is not None:
+        print(load_downtime(args.describe).describe())
+        return 0
     if args.out is not None:
         check_out(args.out)
+    if args.trace is not None:
+        if args.rate is not None:
+            raise ValueError("--trace and --rate were both given; expected one of them.")
+        schedule = schedule_from_trace(
+            args.trace,
+            args.stages,
+            args.replicas,
+            args.iteration_seconds,
+            args.start_hours,
+            args.hours,
+            args.trace_format,
+        )
+        if args.out is None:
+            sys.stdout.write(json.dumps(schedule.to_json()) + "\n")
+        else:
+            save_downtime(args.out, schedule)
+            log.info("wrote %s: %s", args.out, schedule.describe().splitlines()[0])
+        return 0
+    if args.rate is None:
+        raise ValueError("no --rate, --trace or --describe given; expected one of them (e.g. --rate 16).")
     text = schedule_text(args)
     if args.out is None:
         sys.stdout.write(text + "\n")
@@ -106,7 +158,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     """Register the ``schedule`` sub-command."""
     p = sub.add_parser(
         "schedule",
-        help="generate a swarm crash schedule (failure_p_configs/RATE.json format)",
+        help="generate a crash schedule: at a rate (failure_p_configs/RATE.json format) or from a preemption trace",
         description=__doc__.splitlines()[0],
     )
     add_arguments(p)

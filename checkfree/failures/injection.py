@@ -65,10 +65,24 @@ class StageFailureInjector:
 
 
 class StageSchedule:
-    """A fixed list of (iteration, stage) failures, e.g. from ``--failure-schedule FILE``."""
+    """A fixed list of (iteration, stage) failures, e.g. from ``--failure-schedule FILE``.
 
-    def __init__(self, failures: Iterable[tuple[int, int]], n_stages: int) -> None:
+    Attributes:
+        short_iterations: for a schedule replayed from slot down intervals (a real preemption trace), stage →
+            the iterations it ran on fewer than all of its replicas (empty otherwise); the trainer records them.
+        lost_iterations: the same for the iterations in which every replica of the stage was down.
+    """
+
+    def __init__(
+        self,
+        failures: Iterable[tuple[int, int]],
+        n_stages: int,
+        short_iterations: dict[int, list[int]] | None = None,
+        lost_iterations: dict[int, list[int]] | None = None,
+    ) -> None:
         self.n_stages = n_stages
+        self.short_iterations = short_iterations or {}
+        self.lost_iterations = lost_iterations or {}
         self._by_iteration: dict[int, list[int]] = {}
         for iteration, stage in sorted(set(failures)):
             self._by_iteration.setdefault(iteration, []).append(stage)

@@ -17,10 +17,14 @@ from checkfree.failures.rates import (
     SWARM_FAILURE_PROBABILITIES,
     resolve_failure_probability,
 )
+from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
 
 log = logging.getLogger(__name__)
 
 STAGE_SCHEDULE_FORMAT = "checkfree-stage-failures-v1"
+MAX_SCHEDULE_ITERATIONS = 10_000_000
+"""The longest schedule the generator writes (the paper's longest run is 100,001 iterations)."""
+MAX_SCHEDULE_NODES = 100_000
 
 
 def _is_int(value: Any) -> bool:
@@ -121,16 +125,32 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
     """Read a stage-failure schedule for the simulator's ``--failure-schedule FILE``.
 
     Accepts our format ``{"format": "checkfree-stage-failures-v1", "failures": [{"iteration": 12, "stage": 2}]}``
-    (entries in any order) or the authors' node format (see :func:`load_node_schedule`), which needs
-    ``replicas`` to map node → stage. Stages must lie in 0..n_stages, iterations must be ≥ 0, and a pair may
-    appear only once. Raises FileNotFoundError or ValueError (one sentence naming the file and the bad value).
+    (entries in any order), slot down intervals mapped from a preemption trace (``checkfree-slot-downtime-v1``,
+    :mod:`checkfree.failures.traces`: a stage fails at the iteration its last replica goes down; its stages must
+    equal ``n_stages``), or the authors' node format (see :func:`load_node_schedule`), which needs ``replicas`` to
+    map node → stage. Stages must lie in 0..n_stages, iterations must be ≥ 0, and a pair may appear only once.
+    Raises FileNotFoundError or ValueError (one sentence naming the file and the bad value).
     """
     data = _read_json(path)
+    if isinstance(data, dict) and data.get("format") == DOWNTIME_FORMAT:
+        down = parse_downtime(data, f"failure schedule {str(path)!r}")
+        if down.stages != n_stages:
+            raise ValueError(
+                f"failure schedule {str(path)!r} maps {down.stages} transformer stages; the config has "
+                f"{n_stages}: expected the same (e.g. --set n_stages={down.stages})."
+            )
+        stages = range(1, n_stages + 1)
+        return StageSchedule(
+            down.stage_losses(),
+            n_stages,
+            short_iterations={s: down.short_iterations(s) for s in stages},
+            lost_iterations={s: down.lost_iterations(s) for s in stages},
+        )
     if isinstance(data, dict) and "format" in data:
         if data["format"] != STAGE_SCHEDULE_FORMAT:
             raise ValueError(
                 f"failure schedule {str(path)!r} has format {data['format']!r}: "
-                f"expected {STAGE_SCHEDULE_FORMAT!r}."
+                f"expected {STAGE_SCHEDULE_FORMAT!r} or {DOWNTIME_FORMAT!r}."
             )
         failures = _parse_stage_failures(data, path)
     else:
@@ -186,13 +206,18 @@ def generate_node_schedule(
     gets the iteration. Every node 0..(n_stages+1)·replicas−1 is listed (stage 0 never fails), each list ending
     with the sentinel iterations+1. ``checkpoint_interval=None`` lets every iteration fail.
     """
-    for name, value, low in (
-        ("n_stages", n_stages, 1),
-        ("replicas", replicas, 1),
-        ("iterations", iterations, 1),
+    for name, value, low, high in (
+        ("n_stages", n_stages, 1, MAX_SCHEDULE_NODES),
+        ("replicas", replicas, 1, MAX_SCHEDULE_NODES),
+        ("iterations", iterations, 1, MAX_SCHEDULE_ITERATIONS),
     ):
-        if not _is_int(value) or value < low:
-            raise ValueError(f"{name} {value!r} is invalid: expected an integer ≥ {low}.")
+        if not _is_int(value) or not low <= value <= high:
+            raise ValueError(f"{name} {value!r} is invalid: expected an integer in {low}..{high}.")
+    if (n_stages + 1) * replicas > MAX_SCHEDULE_NODES:
+        raise ValueError(
+            f"{n_stages} stages × {replicas} replicas is {(n_stages + 1) * replicas} nodes with stage 0; "
+            f"expected at most {MAX_SCHEDULE_NODES}."
+        )
     if checkpoint_interval is not None and (not _is_int(checkpoint_interval) or checkpoint_interval < 2):
         raise ValueError(
             f"checkpoint_interval {checkpoint_interval!r} is invalid: expected an integer ≥ 2 or None."
