@@ -177,6 +177,14 @@ def test_node_format_becomes_stage_failures_only_when_all_replicas_crash(tmp_pat
     assert schedule.all() == [(39, 1)]
 
 
+def test_a_node_schedule_naming_a_node_outside_the_topology_is_refused(tmp_path):
+    # 4 transformer stages + stage 0, 2 replicas each: nodes 0..9. Node 999 would be "stage 499".
+    path = _write(tmp_path, {"2": [3, 10], "999": [5, 10]})
+    with pytest.raises(ValueError, match=r"names node 999, but .* are nodes 0\.\.9: expected node ids"):
+        load_stage_schedule(path, n_stages=4, replicas=2)
+    assert load_stage_schedule(_write(tmp_path, {"9": [5, 10]}), n_stages=4, replicas=2).all() == []
+
+
 def test_shipped_33_schedule_as_stage_failures():
     nodes = {int(k): v[:-1] for k, v in generate_node_schedule(33).items()}
     assert node_to_stage_failures(nodes, replicas=3) == [

@@ -159,7 +159,15 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
                 f"failure schedule {str(path)!r} is in the node format, which needs replicas "
                 f"(got {replicas!r}): expected a positive replicas count per stage."
             )
-        failures = node_to_stage_failures(_parse_node_schedule(data, path), replicas)
+        nodes = _parse_node_schedule(data, path)
+        n_nodes = (n_stages + 1) * replicas
+        outside = sorted(n for n in nodes if n >= n_nodes)
+        if outside:
+            raise ValueError(
+                f"failure schedule {str(path)!r} names node {outside[0]}, but {n_stages} transformer stages + "
+                f"stage 0 × {replicas} replicas are nodes 0..{n_nodes - 1}: expected node ids in that range."
+            )
+        failures = node_to_stage_failures(nodes, replicas)
     seen: set[tuple[int, int]] = set()
     for iteration, stage in failures:
         if iteration < 0:
