@@ -234,7 +234,7 @@ def test_shipped_33_schedule_as_stage_failures():
         (
             {str(n): [5, 501] for n in (21, 22, 23)},
             {"replicas": 3},
-            r"stage 7 at iteration 5: expected a stage in 0..6",
+            r"names node 21, but 6 transformer stages \+ stage 0 × 3 replicas are nodes 0\.\.20",
         ),
     ],
 )
