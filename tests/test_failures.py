@@ -122,6 +122,18 @@ def test_injector_output_is_sorted_and_in_range():
     assert all(0 not in StageFailureInjector(4, 0.5, seed=5).draw(it) for it in range(100))
 
 
+def test_stage0_fails_independently_of_stage1():
+    """With --fail-stage0, stages 0 and 1 fail in the same iteration at about p², not p (separate streams)."""
+    p, n = 0.2, 20_000
+    injector = StageFailureInjector(4, p, seed=11, include_stage0=True)
+    draws = [injector.draw(it) for it in range(n)]
+    zero = sum(0 in d for d in draws) / n
+    one = sum(1 in d for d in draws) / n
+    both = sum(0 in d and 1 in d for d in draws) / n
+    assert abs(zero - p) < 0.015 and abs(one - p) < 0.015
+    assert abs(both - p * p) < 0.01  # p² = 0.04; a shared draw would give p = 0.2
+
+
 def test_include_stage0_does_not_change_transformer_draws():
     without = StageFailureInjector(6, 0.3, seed=9)
     with_0 = StageFailureInjector(6, 0.3, seed=9, include_stage0=True)
