@@ -18,6 +18,7 @@ import dataclasses
 import json
 import math
 import re
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,12 @@ CONFIG_DIR = REPO_ROOT / "configs"
 
 class ConfigError(ValueError):
     """A config value a user wrote is invalid; the message is one sentence naming it."""
+
+
+NON_NEGATIVE = {"range": "non-negative"}
+"""Field metadata of an integer key that may be 0 (every other integer key must be positive)."""
+SEED = {"range": "seed"}
+"""Field metadata of a seed: an integer in [0, 2^63)."""
 
 
 @dataclass
@@ -63,7 +70,7 @@ class Config:
     """Microbatches per iteration; each microbatch's loss is divided by mb_count."""
     lr_scale: float = 1.1
     """Learning-rate multiplier of a freshly recovered stage (paper §4: 1.1)."""
-    max_iterations: int = 500
+    max_iterations: int = field(default=500, metadata=NON_NEGATIVE)
     """Iterations (optimizer steps) to train."""
     lr: float = 1e-3
     """Base learning rate (Adam)."""
@@ -75,13 +82,13 @@ class Config:
     """Iterations between validations (paper: 500)."""
     log_interval: int = 10
     """Iterations between console lines."""
-    checkpoint_interval: int = 500
+    checkpoint_interval: int = field(default=500, metadata=NON_NEGATIVE)
     """Iterations between run checkpoints used to resume (START_ITER > 0); 0 = only at the end."""
     keep_checkpoints: int = 2
     """How many run checkpoints to keep."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=SEED)
     """Seed for model init and failure draws (failures use their own generator)."""
-    data_seed: int = 42
+    data_seed: int = field(default=42, metadata=SEED)
     """Seed of the data order (paper: shuffle seed 42)."""
     tokenizer: str = "auto"
     """"bpe" (byte-level BPE trained on the corpus, offline), "llama2", "gpt2", a tokenizer path, or "auto"
@@ -94,23 +101,23 @@ class Config:
     """Per-stage gradient-norm clipping threshold (paper: 1.0)."""
     grad_norm_mode: str = "paper"
     """CheckFree weights ω: "paper" = unclipped gradient norm; "clipped" = the release's post-clip norm + 1e-4."""
-    warmup_iterations: int = 500
+    warmup_iterations: int = field(default=500, metadata=NON_NEGATIVE)
     """GPT only: linear warm-up iterations before cosine decay to 0.1·lr (paper §6)."""
     init_std: float = 0.02
     """Standard deviation of the N(0, std) initialisation."""
-    checkpoint_every: int = 0
+    checkpoint_every: int = field(default=0, metadata=NON_NEGATIVE)
     """K of the checkpoint baselines (``checkpoint``/``one``): iterations between their checkpoints; 0 = by model
     size as in the paper (docs/paper.md §5): 50 below 200 M parameters, 100 below 1 B, 40 above."""
     save_mode: str = "async"
     """How the checkpoint baselines save: "sync" (blocking write to disk), "async" (snapshot during
     forward/backward, background flush, DataStates-LLM) or "memory" (RAM only, Gemini)."""
-    snapshot_every: int = 0
+    snapshot_every: int = field(default=0, metadata=NON_NEGATIVE)
     """``ec_snapshot``: iterations between in-memory snapshots (REFT); 0 = the same default as checkpoint_every."""
-    redundant_measure_every: int = 10
+    redundant_measure_every: int = field(default=10, metadata=NON_NEGATIVE)
     """``redundant``: iterations between timings of the extra forward of the next stage (Bamboo); 0 = never."""
     ladder_rungs: str = "ec_snapshot,neighbour,random"
     """``ladder``: the rungs kept, comma-separated, from redundant, ec_snapshot, neighbour, random."""
-    ladder_max_stale: int = 0
+    ladder_max_stale: int = field(default=0, metadata=NON_NEGATIVE)
     """``ladder``: oldest usable erasure-coded snapshot, in iterations; 0 = any (it is ≤ snapshot_every old)."""
 
     @property
@@ -138,31 +145,31 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-_INT_KEYS = {
-    "validation",
-    "dmodel",
-    "num_heads",
-    "n_layers_per_stage",
-    "n_stages",
-    "seq_l",
-    "batch_size",
-    "mb_count",
-    "max_iterations",
-    "eval_interval",
-    "log_interval",
-    "checkpoint_interval",
-    "keep_checkpoints",
-    "seed",
-    "data_seed",
-    "vocab_size",
-    "warmup_iterations",
-    "checkpoint_every",
-    "snapshot_every",
-    "redundant_measure_every",
-    "ladder_max_stale",
-}
-_FLOAT_KEYS = {"lr_scale", "lr", "grad_clip", "init_std"}
-_STR_KEYS = {"dataset", "architecture", "tokenizer", "grad_norm_mode", "save_mode", "ladder_rungs"}
+_TYPES = typing.get_type_hints(Config)
+"""Key → its declared type: the key lists below are derived from the dataclass, never written out."""
+
+
+def _keys(kind: Any, value_range: str | None = None) -> tuple[str, ...]:
+    """The keys of type ``kind`` (in field order), only those of ``value_range`` when given ("positive" = no
+    range metadata)."""
+    return tuple(
+        name
+        for name, f in _FIELDS.items()
+        if _TYPES[name] == kind
+        and (value_range is None or f.metadata.get("range", "positive") == value_range)
+    )
+
+
+_INT_KEYS = frozenset(_keys(int))
+_FLOAT_KEYS = frozenset(_keys(float))
+_STR_KEYS = frozenset(_keys(str))
+_OPTIONAL_INT_KEYS = frozenset(_keys(int | None))
+"""Positive integer or null (``max_train_tokens``)."""
+_POSITIVE_INT_KEYS = _keys(int, "positive")
+_NON_NEGATIVE_INT_KEYS = _keys(int, "non-negative")
+_SEED_KEYS = _keys(int, "seed")
+_POSITIVE_FLOAT_KEYS = _keys(float)
+"""Every float key is a positive number."""
 SAVE_MODES = ("sync", "async", "memory")
 LADDER_RUNGS = ("redundant", "ec_snapshot", "neighbour", "random")
 """The simulator's rungs of the ``ladder`` strategy, most exact first."""
@@ -207,47 +214,23 @@ def _check_type(key: str, value: Any, source: str) -> Any:
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{source}: {key!r} is {value!r}; expected a non-empty string.")
         return value
-    if key == "max_train_tokens":
+    if key in _OPTIONAL_INT_KEYS:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(
-                f"{source}: 'max_train_tokens' is {value!r}; expected a positive integer or null."
-            )
+            raise ConfigError(f"{source}: {key!r} is {value!r}; expected a positive integer or null.")
         return value
     raise AssertionError(key)
 
 
 def _validate(cfg: Config, source: str) -> None:
-    positive = (
-        "validation",
-        "dmodel",
-        "num_heads",
-        "n_layers_per_stage",
-        "n_stages",
-        "seq_l",
-        "batch_size",
-        "mb_count",
-        "eval_interval",
-        "log_interval",
-        "keep_checkpoints",
-        "vocab_size",
-    )
-    for key in positive:
+    for key in _POSITIVE_INT_KEYS:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive integer.")
-    for key in (
-        "max_iterations",
-        "checkpoint_interval",
-        "warmup_iterations",
-        "checkpoint_every",
-        "snapshot_every",
-        "redundant_measure_every",
-        "ladder_max_stale",
-    ):
+    for key in _NON_NEGATIVE_INT_KEYS:
         if getattr(cfg, key) < 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
-    for key in ("lr", "lr_scale", "grad_clip", "init_std"):
+    for key in _POSITIVE_FLOAT_KEYS:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive number.")
     if cfg.architecture not in ARCHITECTURES:
@@ -276,7 +259,7 @@ def _validate(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
-    for key in ("seed", "data_seed"):
+    for key in _SEED_KEYS:
         if not 0 <= getattr(cfg, key) < MAX_SEED:
             raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer in [0, 2^63).")
     for key, p in cfg.failure_probabilities.items():

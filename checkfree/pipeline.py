@@ -78,18 +78,6 @@ def scale_grads(module: nn.Module, factor: float) -> None:
             p.grad.mul_(factor)
 
 
-def checkfree_weight(norm: float, max_norm: float, mode: str) -> float:
-    """The CheckFree weight ω of a stage from its last gradient norm (paper §4.1, docs/paper.md §2).
-
-    mode "paper": ω = ‖∇‖ (unclipped). mode "clipped": the release's ω = ‖∇‖ after per-stage clipping + 1e-4.
-    """
-    if mode == "paper":
-        return norm
-    if mode == "clipped":
-        return norm * clip_coefficient(norm, max_norm) + 1e-4
-    raise ValueError(f"grad_norm_mode is {mode!r}; expected 'paper' or 'clipped'.")
-
-
 def perplexity(loss_nats: float) -> float:
     """exp(loss) with overflow mapped to inf."""
     return math.exp(loss_nats) if loss_nats < 700 else math.inf

@@ -9,7 +9,8 @@ only afterwards (:func:`apply_run_dir`, :func:`claim_output_dir`):
 - a resumed run may write into the run directory that holds its checkpoint (it appends to metrics.jsonl);
 - ``export --out`` and ``report --out`` write into a new or empty directory, or into their own previous output,
   recognised by its marker file; never into a run directory or another non-empty directory;
-- a path that is a file (or lies under a file) is refused wherever a directory is expected.
+- a path that is a file (or lies under a file) is refused wherever a directory is expected, and so is one that
+  cannot be written (its nearest existing directory refuses a new entry).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import datetime
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,11 +31,39 @@ class DirectoryConflictError(ValueError):
     """A directory cannot be used as asked; the message is one sentence naming it and the way out."""
 
 
-def check_directory_path(path: Path, option: str) -> None:
-    """Refuse a path that is a file, or lies under a file, where a directory is expected.
+def check_writable(path: Path, option: str) -> None:
+    """Refuse ``path`` when its nearest existing directory cannot take a new entry (read-only, no permission).
+
+    The check creates and removes an empty probe directory there (``os.access`` alone says yes to root on a
+    read-only location such as /proc), so nothing is left behind.
 
     Raises:
-        DirectoryConflictError: ``path`` or one of its ancestors exists and is not a directory.
+        DirectoryConflictError: one sentence naming ``path`` and the directory that refused.
+    """
+    path = Path(path)
+    base = next((p for p in (path, *path.parents) if p.is_dir()), Path("."))
+    error: str | None = None
+    if not os.access(base, os.W_OK | os.X_OK):
+        error = "permission denied"
+    else:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".checkfree-write-check-", dir=base))
+        except OSError as err:
+            error = err.strerror or type(err).__name__
+    if error is not None:
+        where = "" if base == path else f" (its nearest existing directory {base})"
+        raise DirectoryConflictError(
+            f"{option} {path} cannot be written{where}: {error}; expected a location you can write to."
+        )
+
+
+def check_directory_path(path: Path, option: str, writable: bool = True) -> None:
+    """Refuse a path that is a file, or lies under a file, where a directory is expected; and, with
+    ``writable``, one that cannot be written (:func:`check_writable`).
+
+    Raises:
+        DirectoryConflictError: ``path`` or one of its ancestors exists and is not a directory, or it cannot be
+            written.
     """
     path = Path(path)
     for p in (path, *path.parents):
@@ -43,7 +73,9 @@ def check_directory_path(path: Path, option: str) -> None:
                 raise DirectoryConflictError(
                     f"{option} {path} {where}; expected a directory (or a new path)."
                 )
-            return
+            break
+    if writable:
+        check_writable(path, option)
 
 
 def _is_empty_dir(path: Path) -> bool:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The swarm throughput experiment (SPEC section 8): start nodes START..END-1 of the swarm on this machine.
+# The swarm throughput experiment (docs/paper.md §8): start nodes START..END-1 of the swarm on this machine.
 # usage: communication/run_throughput.sh START END SETTING RATE [--option value ...]
 #   SETTING: no_failure | checkpoint | ours | ours-plus          RATE: failure rate in %/h (16 -> failure_p_configs/16.json)
 #   e.g. communication/run_throughput.sh 0 21 ours 16                              # the paper's 7 x 3 topology

@@ -20,7 +20,7 @@ SCHEDULE = [(1, 2), (2, 1), (3, 2), (3, 3), (4, 4)]
 def _settings() -> list[str]:
     out = []
     for name, cls in sorted(REGISTRY.items()):
-        out.append(f"{name}:swaps" if cls.requires_swaps else f"{name}:no-swaps")
+        out.append(f"{name}:swaps" if cls.swaps else f"{name}:no-swaps")
     return out
 
 

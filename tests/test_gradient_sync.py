@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from checkfree.pipeline import clip_coefficient
-from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
 from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
@@ -34,10 +34,8 @@ class FakeNode:
         cfg = SimpleNamespace(
             mb_count=MB_COUNT, replicas=len(REPLICAS), model=SimpleNamespace(grad_clip=grad_clip)
         )
-        progress = Progress(epoch=self.epoch, iteration=17)
-        self.sync = GradientSync(
-            node_id, STAGE, state, progress, membership, cfg, lambda: microbatches, self.send
-        )
+        ctx = NodeContext(node_id, STAGE, EpochClock(epoch=self.epoch, iteration=17), membership, self.send)
+        self.sync = GradientSync(ctx, state, cfg, lambda: microbatches)
 
     def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
         meta = {"stage": STAGE, **(meta or {})}

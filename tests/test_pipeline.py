@@ -4,7 +4,8 @@ import math
 
 import pytest
 
-from checkfree.pipeline import checkfree_weight, clip_coefficient, stage_order
+from checkfree.pipeline import clip_coefficient, stage_order
+from checkfree.recovery.math import checkfree_weight
 
 
 def test_in_order_without_swaps():

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from checkfree.model import build_stages
-from checkfree.recovery.neighbours import stage0_part
+from checkfree.recovery.math import stage0_part
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan, plan, plan_ladder
 from checkfree.recovery.registry import make_strategy
 from checkfree.swarm.node.compute import build_stage
-from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.recovering import FetchContext, Recovery
 from checkfree.swarm.policies import make_recovery
@@ -186,15 +186,14 @@ def _swarm_rebuild(stage: int, lost: set[int], copies: dict) -> tuple[StageState
     sent: list[tuple[int, dict]] = []
     done: list[tuple[StageState, dict]] = []
     membership = Membership(50, peers={11: {"stage": 1}, 14: {"stage": 4}}, members={1: [11], 4: [14]})
-    ctx = FetchContext(
-        50,
-        stage,
-        cfg,
-        membership,
-        Progress(max_version=ITERATION + 1),
-        lambda p, t, *a, meta=None, **k: sent.append((p, meta)),
-        lambda m, w: None,
+    node = NodeContext(
+        node_id=50,
+        stage=stage,
+        clock=EpochClock(max_version=ITERATION + 1),
+        membership=membership,
+        send=lambda p, t, *a, meta=None, **k: sent.append((p, meta)),
     )
+    ctx = FetchContext(node=node, cfg=cfg, reject=lambda m, w: None)
     ctx.iteration = max((ITERATION + 1) - 1, 0)  # as Node.run derives it from the WELCOME
     plan = make_recovery("ours-plus").plan(stage, lost, 4)
     rec = Recovery(ctx, plan, state, lambda *d: done.append(d), pytest.fail)

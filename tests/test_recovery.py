@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch import nn
 
-from checkfree.recovery.neighbours import (
+from checkfree.recovery.math import (
     average,
     checkfree_shares,
-    live_neighbours,
     random_state,
     weighted_average,
     zero_mlp_output,
 )
+from checkfree.recovery.planner import live_neighbours
 from checkfree.recovery.registry import REGISTRY, make_strategy, resolve_setting
 from checkfree.training_state import TrainingState, make_adam
 
@@ -241,7 +241,7 @@ def test_contract_every_strategy_rebuilds_every_failed_stage(name):
     from helpers import make_trainer
 
     cfg = tiny_config()
-    swaps = REGISTRY[name].requires_swaps
+    swaps = REGISTRY[name].swaps
     trainer = make_trainer(cfg, name, swaps=swaps)
     trainer.strategy.setup(trainer.state)
     trainer.step()

@@ -129,6 +129,42 @@ def test_export_and_report_refuse_to_write_into_a_run(run_dir, tmp_path, capsys)
     assert a_file.read_text() == "mine"
 
 
+READ_ONLY = Path("/proc/checkfree-cannot-write-here")
+"""A location no process can create anything in, not even root (procfs refuses new entries)."""
+
+
+def test_a_location_that_cannot_be_written_is_refused_before_anything_starts(run_dir, capsys):
+    """Each was an OSError traceback once the command tried to write."""
+    swarm = ["swarm", "run", "--setting", "ours", "--config", "swarm_tiny.json", "--no-schedule", "--dry-run"]
+    for argv, option in (
+        (simulate_argv(READ_ONLY / "run"), "--run-dir"),
+        ([*swarm, "--run-dir", str(READ_ONLY / "run")], "--run-dir"),
+        (["export", str(run_dir), "--out", str(READ_ONLY / "hf")], "--out"),
+        (["report", str(run_dir), "--target-loss", "5", "--out", str(READ_ONLY / "rep")], "--out"),
+        (["schedule", "--rate", "16", "--out", str(READ_ONLY / "16.json")], "--out"),
+    ):
+        rc, _, err = run_cli(argv, capsys)
+        assert_user_error(
+            rc, err, f"{option} {READ_ONLY}", "cannot be written", "expected a location you can write"
+        )
+
+
+def test_the_write_check_leaves_nothing_behind_and_reports_the_refusal(tmp_path, monkeypatch):
+    from checkfree import rundir
+
+    rundir.check_writable(tmp_path / "new" / "run", "--run-dir")
+    assert list(tmp_path.iterdir()) == []
+
+    def refuse(**kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(rundir.tempfile, "mkdtemp", refuse)
+    with pytest.raises(
+        rundir.DirectoryConflictError, match=r"--out .* \(its nearest existing directory .*\): Perm"
+    ):
+        rundir.check_writable(tmp_path / "out", "--out")
+
+
 def test_export_and_report_replace_their_own_earlier_output(run_dir, tmp_path, capsys):
     hf, rep = tmp_path / "hf", tmp_path / "report"
     for _ in range(2):

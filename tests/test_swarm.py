@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from checkfree.config import ConfigError
+from checkfree.recovery.planner import RecoveryImpossible
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
-from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.stage0_copies import Stage0Copies
-from checkfree.swarm.policies import RecoveryImpossible, make_recovery
-from checkfree.swarm.supervisor.results import Results, summary_table
+from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.supervisor.results import CrashRecord, Results, summary_table
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType
 
@@ -91,7 +92,7 @@ def test_recovery_plans(setting: str, stage: int, lost: set[int], rule: str, sta
 
 
 def test_settings_flags_and_impossible_recoveries() -> None:
-    assert not make_recovery("no_failure").kills and make_recovery("ours").kills
+    assert not make_recovery("no_failure").loses_state and make_recovery("ours").loses_state
     assert make_recovery("ours-plus").swaps and not make_recovery("ours").swaps
     assert make_recovery("checkpoint").rollback_on_stage_loss
     with pytest.raises(RecoveryImpossible, match="stage 0"):
@@ -116,14 +117,15 @@ class _Sent(list):
 
 def _copies(stage: int, setting: str = "ours-plus", node_id: int | None = None) -> Stage0Copies:
     """A Stage0Copies of node 10 + stage, in a tiny swarm (4 transformer stages) whose supervisor has begun
-    iteration 4; its sends are recorded in ``.send``."""
+    iteration 4; its sends are recorded in ``.ctx.send``."""
     module = torch.nn.ModuleDict({"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)})
     state = StageState(module, W.make_optimizer(module, 1e-3))
     membership = Membership(10 + stage, peers={0: {"stage": 0}}, members={0: [0], 1: [11], 4: [14]})
     n_stages = SwarmConfig(model_config="tiny_config.json").n_stages
     active = make_recovery(setting).keeps_stage0_copy
     node = 10 + stage if node_id is None else node_id
-    return Stage0Copies(node, stage, n_stages, active, state, Progress(max_version=5), membership, _Sent())
+    ctx = NodeContext(node, stage, EpochClock(max_version=5), membership, _Sent())
+    return Stage0Copies(ctx, n_stages, active, state)
 
 
 def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
@@ -161,18 +163,18 @@ def test_stage0_copy_holders_keep_the_newest_valid_copy_and_reject_the_rest() ->
     # serving: the held copy, or an error when none is held
     request = Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "embedding"})
     holder.answer(request, {"request": "r"})
-    assert holder.send[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.send[-1][2]
+    assert holder.ctx.send[-1][1]["version"] == 3 and "w.embed_tokens.weight" in holder.ctx.send[-1][2]
     empty = _copies(4)
     empty.answer(
         Message(MessageType.WEIGHTS_REQUEST, 20, meta={"stage": 0, "part": "head"}), {"request": "r"}
     )
-    assert "holds no copy of the stage-0 'head'" in empty.send[-1][1]["error"]
+    assert "holds no copy of the stage-0 'head'" in empty.ctx.send[-1][1]["error"]
 
 
 def test_the_lowest_stage0_replica_pushes_each_version_once_per_holder() -> None:
     copies = _copies(0, node_id=0)
-    copies.membership.members[0], copies.state.version, copies.progress.iteration = [0, 5], 7, 6
-    sent = copies.send
+    copies.ctx.membership.members[0], copies.state.version, copies.ctx.clock.iteration = [0, 5], 7, 6
+    sent = copies.ctx.send
     copies.push()
     assert {(peer, meta["part"], meta["version"], tuple(sorted(t))) for peer, meta, t in sent} == {
         (11, "embedding", 7, ("w.embed_tokens.weight",)),
@@ -180,13 +182,13 @@ def test_the_lowest_stage0_replica_pushes_each_version_once_per_holder() -> None
     }
     copies.push()
     assert len(sent) == 2  # this version is already there
-    copies.membership.members[1].append(12)  # a replacement joined stage 1
+    copies.ctx.membership.members[1].append(12)  # a replacement joined stage 1
     copies.push()
     assert [peer for peer, _, _ in sent[2:]] == [12]
     other = _copies(0, node_id=5)  # not the lowest-id replica of stage 0: it never pushes
-    other.membership.members[0] = [0, 5]
+    other.ctx.membership.members[0] = [0, 5]
     other.push()
-    assert not other.send
+    assert not other.ctx.send
 
 
 def test_results_file_and_table(tmp_path: Path) -> None:
@@ -202,7 +204,11 @@ def test_results_file_and_table(tmp_path: Path) -> None:
             {n: {"grad_norm": 0.5} for n in (0, 1, 2, 3)},
             members,
         )
-    res.crashes.append({"node": 3, "stage": 1, "iteration": 1, "t_crash": 0.0, "latency_s": 1.5})
+    res.crashes.append(
+        CrashRecord(
+            slot=3, node=3, stage=1, iteration=1, cause="scheduled SIGKILL", t_crash=0.0, t_serving=1.5
+        )
+    )
     res.node_report(2, {"sent_bytes": {"FORWARD": 100, "GRADIENTS": 7}, "compute": {"forward_s": 0.1}})
     out = res.finish(tmp_path)
     saved = json.loads((tmp_path / "throughput.json").read_text())

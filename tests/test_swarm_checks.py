@@ -12,14 +12,14 @@ import pytest
 import torch
 import zmq
 
+from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
 from checkfree.swarm.node.recovering import FetchContext, Recovery
-from checkfree.swarm.policies import RecoveryPlan
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire import weights as W
@@ -75,7 +75,7 @@ class _FakeNode:
         self.module = torch.nn.Linear(2, 2)
         self.state = StageState(self.module, W.make_optimizer(self.module, 1e-3))
         self.membership = Membership(20, peers={3: {"stage": 1}, 5: {"stage": 1}}, members={1: [3, 5]})
-        self.progress = Progress(epoch=4, iteration=3)
+        self.clock = EpochClock(epoch=4, iteration=3)
         model = SimpleNamespace(grad_clip=1.0, grad_norm_mode="paper", lr=1e-3, lr_scale=1.1, init_std=0.02)
         self.cfg = SimpleNamespace(
             request_timeout=60.0,
@@ -90,7 +90,8 @@ class _FakeNode:
         self.rejected: list[str] = []
         self.gave_up: list[str] = []
         self.done: list[tuple[StageState, dict]] = []
-        self.fetch = FetchContext(20, 1, self.cfg, self.membership, self.progress, self.send, self.reject)
+        self.ctx = NodeContext(20, 1, self.clock, self.membership, self.send)
+        self.fetch = FetchContext(self.ctx, self.cfg, self.reject)
 
     def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
         self.sent.append((peer, meta))
@@ -104,8 +105,7 @@ class _FakeNode:
         )
 
     def gradient_sync(self) -> GradientSync:
-        state, progress, members = self.state, self.progress, self.membership
-        return GradientSync(20, 1, state, progress, members, self.cfg, lambda: 4, self.send)
+        return GradientSync(self.ctx, self.state, self.cfg, lambda: 4)
 
 
 def _answer(node: _FakeNode, sender: int, request: str, **change) -> Message:
@@ -204,13 +204,13 @@ def test_a_dead_storage_node_is_forgotten_and_a_later_stage_loss_names_the_cause
     cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
     sup = Supervisor(cfg, "checkpoint", {}, iterations=1, run_dir=tmp_path, vocab_size=300)
     try:
-        for slot in sup._all_slots():
+        for slot in sup.roster.all():
             slot.serving = True
-        sup.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
+        sup.checkpoints.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
         sup.results.current_iteration = 6
-        sup._mark_dead(sup.storage, "process exited with code -9")
-        assert sup.stored == {} and sup.storage_lost_at == 6
-        sup.slots[2].serving = False  # stage 2's only replica is lost
+        sup.processes.mark_dead(sup.roster.storage, "process exited with code -9")
+        assert sup.checkpoints.stored == {} and sup.checkpoints.lost_at == 6
+        sup.roster.slots[2].serving = False  # stage 2's only replica is lost
         with pytest.raises(SwarmError, match="storage node restarted during iteration 6"):
             sup._ensure_serving(7)
     finally:

@@ -17,8 +17,7 @@ import pytest
 import torch
 import zmq
 
-from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.neighbours import weighted_average
+from checkfree.recovery.math import checkfree_weight, weighted_average
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.node.compute import build_stage
 from checkfree.swarm.supervisor.supervisor import Supervisor

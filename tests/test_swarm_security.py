@@ -73,7 +73,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     thread.join(timeout=60)
     assert not thread.is_alive() and result, "the attacked swarm did not finish"
     assert all(math.isfinite(loss) for _, loss in result["loss_curve"])
-    assert 10**6 not in {v for versions in sup.stored.values() for v in versions}
+    assert 10**6 not in {v for versions in sup.checkpoints.stored.values() for v in versions}
     assert result["finals"] if "finals" in result else True
 
 
@@ -120,7 +120,7 @@ def test_a_peer_without_the_swarm_key_cannot_reach_the_application(swarm: Superv
             attacker.close()
     _after_commits(swarm)
     assert _counts(swarm, 3) == before  # not one byte reached node 3's application: nothing to count
-    assert 3 in swarm._members()[3]  # the forged shutdown did nothing
+    assert 3 in swarm.roster.members()[3]  # the forged shutdown did nothing
 
 
 @pytest.mark.slow
@@ -131,14 +131,16 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
     try:
         attacker.send(
             Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "shutdown"}),
-            Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "epoch": swarm.epoch}),
+            Message(
+                MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "epoch": swarm.attempts.epoch}
+            ),
             Message(MessageType.LEAVE, 3),
         )
     finally:
         attacker.close()
     _after_commits(swarm)
     assert _counts(swarm, 2)[2] == spoofed + 3
-    assert 2 in swarm._members()[2]
+    assert 2 in swarm.roster.members()[2]
 
 
 @pytest.mark.slow
@@ -146,7 +148,7 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
 def test_forged_commands_from_a_node_do_not_stop_or_stall_another(swarm: Supervisor) -> None:
     bad = _counts(swarm, 2)[0]
     attacker = Attacker(swarm, 2, as_id=1)  # a compromised node 1 commands node 2
-    epoch = swarm.epoch
+    epoch = swarm.attempts.epoch
     try:
         attacker.send(
             Message(MessageType.CONTROL, 1, meta={"command": "shutdown"}),
@@ -165,7 +167,7 @@ def test_forged_commands_from_a_node_do_not_stop_or_stall_another(swarm: Supervi
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_malformed_and_lying_messages_to_the_supervisor_are_dropped(swarm: Supervisor) -> None:
-    malformed, bad = swarm.transport.stats["dropped_malformed"], swarm.bad_messages
+    malformed, bad = swarm.transport.stats["dropped_malformed"], swarm.peer_messages.bad_messages
     address = swarm.node_address(1)
     lies = Attacker(swarm, SUPERVISOR_ID, as_id=1)
     launcher = Attacker(swarm, SUPERVISOR_ID, as_id=LAUNCHER_ID_BASE)
@@ -190,9 +192,9 @@ def test_malformed_and_lying_messages_to_the_supervisor_are_dropped(swarm: Super
         launcher.close()
     _after_commits(swarm)
     assert swarm.transport.stats["dropped_malformed"] == malformed + 1
-    assert swarm.bad_messages == bad + 3
+    assert swarm.peer_messages.bad_messages == bad + 3
     assert swarm.node_address(1) == address  # the slot was not re-pointed to the attacker
-    assert all(10**6 not in v for v in swarm.stored.values())
+    assert all(10**6 not in v for v in swarm.checkpoints.stored.values())
 
 
 @pytest.mark.slow
@@ -280,7 +282,7 @@ def test_forged_checkpoints_never_reach_a_rollback(swarm: Supervisor) -> None:
     finally:
         attacker.close()
     _after_commits(swarm, 3)
-    assert all(10**6 not in v for v in swarm.stored.values())
+    assert all(10**6 not in v for v in swarm.checkpoints.stored.values())
     assert _report(swarm, storage)["bad_messages"] == bad + 3
 
 
@@ -290,7 +292,7 @@ def test_a_flood_of_weight_requests_opens_no_sockets_and_leaks_no_weights(swarm:
     target = 2
     pid = swarm.host.procs[target].pid
     fds = len(os.listdir(f"/proc/{pid}/fd"))
-    stranger = swarm.next_id + 5  # admitted ahead (a future replacement), but no member of the swarm
+    stranger = swarm.roster.next_id + 5  # admitted ahead (a future replacement), but no member of the swarm
     attacker = Attacker(swarm, target, as_id=stranger)
     sent = _report(swarm, target).get("sent_messages", {}).get("WEIGHTS_RESPONSE", 0)
     try:
@@ -320,7 +322,7 @@ def test_a_flood_of_weight_requests_opens_no_sockets_and_leaks_no_weights(swarm:
 def test_a_storage_restart_is_forgotten_and_refilled(swarm: Supervisor) -> None:
     storage = swarm.cfg.storage_id
     swarm.host.kill(storage)
-    _wait(lambda: swarm.storage_lost_at is not None, swarm)
+    _wait(lambda: swarm.checkpoints.lost_at is not None, swarm)
     # the respawned storage node is empty; the supervisor asks every stage for a fresh checkpoint
-    _wait(lambda: swarm.checkpoints.has_complete() and swarm.storage.serving, swarm, timeout=120)
+    _wait(lambda: swarm.checkpoints.has_complete() and swarm.roster.storage.serving, swarm, timeout=120)
     _after_commits(swarm)

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from checkfree.config import Config
+
+
+def default_cache_dir() -> Path:
+    """Token and tokenizer cache of the simulator and the swarm: $CHECKFREE_CACHE, else ~/.cache/checkfree."""
+    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,29 @@ class DataSpec:
     """Where caches go (pass an absolute path); nothing is written elsewhere."""
     num_proc: int | None = None
     """Tokenizer worker processes (``datasets`` ``map(num_proc=…)``); None = the CPU count (at most 8)."""
+
+    @classmethod
+    def from_config(
+        cls, cfg: Config, *, max_train_tokens: int | None, cache_dir: Path | None = None
+    ) -> DataSpec:
+        """The spec of a run config (docs/paper.md §6 "Data"): its dataset, tokenizer, vocabulary, sequence length,
+        ``validation`` × ``batch_size`` held-out sequences and ``data_seed``.
+
+        Args:
+            max_train_tokens: the training tokens to cache (the simulator's token budget, checkfree/sim/launch.py;
+                the swarm passes the config's ``max_train_tokens``); None: the whole local corpus.
+            cache_dir: where caches go, as given; None: :func:`default_cache_dir`.
+        """
+        return cls(
+            dataset=cfg.dataset,
+            tokenizer=cfg.tokenizer_name,
+            vocab_size=cfg.vocab_size,
+            seq_len=cfg.seq_l,
+            validation_sequences=cfg.validation * cfg.batch_size,
+            max_train_tokens=max_train_tokens,
+            seed=cfg.data_seed,
+            cache_dir=default_cache_dir() if cache_dir is None else cache_dir,
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())

@@ -22,6 +22,7 @@ from pathlib import Path
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS
 from checkfree.failures.schedules import format_node_schedule, generate_node_schedule
 from checkfree.failures.traces import TRACE_FORMATS, load_downtime, save_downtime, schedule_from_trace
+from checkfree.rundir import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ def check_out(out: Path) -> None:
         )
     if not out.parent.is_dir():
         raise ValueError(f"--out {out}: the directory {out.parent} does not exist; create it first.")
+    check_writable(out, "--out")
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:

@@ -217,7 +217,7 @@ def validate(opts: ProbeOptions, cfg: Config) -> list[int]:
         raise ValueError(f"--seeds {opts.seeds} and --steps {opts.steps} must both be ≥ 1.")
     if opts.shard is not None and not 1 <= opts.shard[0] <= opts.shard[1]:
         raise ValueError(f"--shard {opts.shard[0]}/{opts.shard[1]}; expected K/N with 1 ≤ K ≤ N.")
-    if (opts.swaps or any(REGISTRY[n].requires_swaps for n in opts.strategies)) and (
+    if (opts.swaps or any(REGISTRY[n].swaps for n in opts.strategies)) and (
         cfg.n_stages < MIN_STAGES_FOR_SWAPS
     ):
         raise ValueError(
@@ -323,7 +323,7 @@ class _Records:
 def probe_jobs(opts: ProbeOptions, stages: list[int]) -> list[CellKey]:
     """Every (stage, strategy, seed, swaps) to measure: the no-failure references first (stage None), with swaps
     too when a strategy needs them; stage 0 only under strategies that can rebuild it."""
-    swapped = [opts.swaps or REGISTRY[n].requires_swaps for n in opts.strategies]
+    swapped = [opts.swaps or REGISTRY[n].swaps for n in opts.strategies]
     seeds = range(opts.seeds)
     references = [True] if opts.swaps else sorted({False, *swapped})
     jobs = [(None, "no_failure", s, swaps) for swaps in references for s in seeds]

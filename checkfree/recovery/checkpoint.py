@@ -43,13 +43,10 @@ def resolve_interval(configured: int, state: TrainingState) -> int:
 class _CheckpointStrategy(RecoveryStrategy):
     """Shared part: a checkpoint every K effective iterations through a :class:`SnapshotWriter`."""
 
-    recovers_stage0 = True
     checkpoint_subdir = "strategy"
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
-        self.ctx: Any = None
-        self.every = 0
         self.writer: SnapshotWriter | None = None
         self.iterations_lost = 0
         self.rollbacks = 0
@@ -62,7 +59,7 @@ class _CheckpointStrategy(RecoveryStrategy):
         self.every = resolve_interval(self.cfg.checkpoint_every, state)
         root = None if ctx.checkpoint_dir is None else ctx.checkpoint_dir / self.checkpoint_subdir
         self.writer = SnapshotWriter(
-            self.cfg.save_mode, root, self.cfg.keep_checkpoints, ctx.sink, writes=ctx.rank == 0
+            self.cfg.save_mode, root, self.cfg.keep_checkpoints, self.outbox, writes=ctx.rank == 0
         )
         log.info(
             "%s: a checkpoint every %d iterations, save mode %s", self.name, self.every, self.cfg.save_mode
@@ -113,14 +110,12 @@ class Checkpoint(_CheckpointStrategy):
 
     Every stage, optimizer, LR multiplier, gradient norm, the RNG and the data position (``effective_iteration``)
     return to the checkpoint; the wall-clock ``iteration`` keeps growing, so failures keep being drawn by it and
-    the iterations since the checkpoint are lost and redone. One "rollback" line records them. Stage 0 is
-    recovered like any other. Several stages failing at once cost one rollback (no fallback is ever needed).
+    the iterations since the checkpoint are lost and redone. One "rollback" line (queued in the outbox, written
+    by the trainer before the recovery records) records them. Stage 0 is recovered like any other. Several
+    stages failing at once cost one rollback (no fallback is ever needed).
     """
 
     name = "checkpoint"
-    rolls_back = (
-        True  # checkfree.sim.progress estimates the run's wall-clock length from K and the failure rate
-    )
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         t0 = time.perf_counter()
@@ -131,7 +126,7 @@ class Checkpoint(_CheckpointStrategy):
         lost = from_eff - state.effective_iteration
         self.iterations_lost += lost
         self.rollbacks += 1
-        self.ctx.sink.write(
+        self.outbox.add(
             "rollback",
             iteration=wall,
             from_effective_iteration=from_eff,

@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
 from checkfree.recovery.checkpoint import resolve_interval
-from checkfree.recovery.neighbours import checkfree_shares, live_neighbours, weighted_average
+from checkfree.recovery.math import checkfree_shares, checkfree_weight, is_consecutive, weighted_average
+from checkfree.recovery.planner import live_neighbours
 from checkfree.recovery.stage_copy import flatten, restore_copy, unflatten
 from checkfree.training_state import TrainingState
 
@@ -64,12 +64,9 @@ class ECSnapshot(RecoveryStrategy):
     """``ec_snapshot`` (REFT-style): decode a lost stage from the others' snapshots and the parity; see module."""
 
     name = "ec_snapshot"
-    recovers_stage0 = False
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
-        self.ctx: Any = None
-        self.every = 0
         self.snapshots: dict[
             int, torch.Tensor
         ] = {}  # transformer stage → its snapshot vector (its own memory)
@@ -93,7 +90,8 @@ class ECSnapshot(RecoveryStrategy):
         self.snapshot_round(state)
 
     def snapshot_round(self, state: TrainingState) -> None:
-        """Every transformer stage snapshots itself; the parity block is re-encoded from all of them."""
+        """Every transformer stage snapshots itself; the parity block is re-encoded from all of them (one
+        "snapshot" line in the outbox)."""
         e = state.effective_iteration
         t0 = time.perf_counter()
         for s in range(1, state.n_stages + 1):
@@ -107,16 +105,15 @@ class ECSnapshot(RecoveryStrategy):
         self.rounds += 1
         self.stall_seconds += stall
         self.parity_bytes += sent
-        if self.ctx is not None:
-            self.ctx.sink.write(
-                "snapshot",
-                iteration=state.iteration,
-                effective_iteration=e,
-                bytes=vec_bytes * state.n_stages,
-                memory_bytes=vec_bytes * (state.n_stages + 1),
-                parity_bytes=sent,
-                stall_seconds=round(stall, 6),
-            )
+        self.outbox.add(
+            "snapshot",
+            iteration=state.iteration,
+            effective_iteration=e,
+            bytes=vec_bytes * state.n_stages,
+            memory_bytes=vec_bytes * (state.n_stages + 1),
+            parity_bytes=sent,
+            stall_seconds=round(stall, 6),
+        )
 
     def recover(self, state: TrainingState, failed: list[int]) -> list[RecoveryRecord]:
         if 0 in failed:
@@ -187,7 +184,7 @@ class ECSnapshot(RecoveryStrategy):
             sources,
             weights,
             rule=rule,
-            consecutive=(j - 1) in lost or (j + 1) in lost,
+            consecutive=is_consecutive(j, lost),
             fallback=f"{len(lost)} stages lost at once (parity decodes one): {rule} rule from "
             f"stages {sources}",
         )

@@ -28,8 +28,9 @@ from typing import Any
 
 from checkfree.config import parse_ladder_rungs
 from checkfree.recovery import planner
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
+from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, StrategyContext
 from checkfree.recovery.ec_snapshot import ECSnapshot
+from checkfree.recovery.math import is_consecutive
 from checkfree.recovery.neighbours import CheckFreePlus
 from checkfree.recovery.redundant import Redundant
 from checkfree.recovery.stage_copy import restore_copy
@@ -40,8 +41,6 @@ class Ladder(RecoveryStrategy):
     """``ladder``: per lost stage, the most exact rung available; see the module docstring."""
 
     name = "ladder"
-    recovers_stage0 = True
-    requires_swaps = True
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
@@ -51,13 +50,15 @@ class Ladder(RecoveryStrategy):
         self.neighbour = CheckFreePlus(cfg, seed) if "neighbour" in self.rungs else None
         self.executor = self.neighbour or CheckFreePlus(cfg, seed)  # runs the neighbour/random plans
         self.used: Counter[str] = Counter()
+        for part in self._parts:  # one outbox: the rungs' lines keep the order they were produced in
+            part.outbox = self.outbox
 
     @property
     def _parts(self) -> list[RecoveryStrategy]:
         return [s for s in (self.redundant, self.ec, self.neighbour) if s is not None]
 
     # ------------------------------------------------------------------ hooks: every rung kept keeps its state
-    def bind(self, ctx: Any) -> None:
+    def bind(self, ctx: StrategyContext) -> None:
         super().bind(ctx)
         for part in self._parts:
             part.bind(ctx)
@@ -112,7 +113,7 @@ class Ladder(RecoveryStrategy):
     def _finish(self, record: RecoveryRecord, rung: str, t0: float, lost: set[int]) -> None:
         record.strategy = self.name
         record.extra["rung"] = rung
-        record.consecutive = (record.stage - 1) in lost or (record.stage + 1) in lost
+        record.consecutive = is_consecutive(record.stage, lost)
         record.seconds = time.perf_counter() - t0
         self.used[rung] += 1
 

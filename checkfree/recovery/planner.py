@@ -4,8 +4,8 @@
 to a :class:`RecoveryPlan` per stage: the rule, the source stages and the documented fallback. The simulator's
 neighbour strategies (:mod:`checkfree.recovery.neighbours`) execute the plans against local stages; the swarm
 (:mod:`checkfree.swarm.policies`) executes the same plans against weights fetched from peers. The arithmetic is
-elsewhere (``weighted_average`` & co.); ω shares are computed when a plan is executed, from the sources' last
-gradient norms.
+in checkfree/recovery/math.py (``weighted_average`` & co.); ω shares are computed when a plan is executed, from
+the sources' last gradient norms.
 
 Rules (paper §4.1–4.2; the README's settings table):
 

@@ -26,15 +26,16 @@ from typing import Any
 
 import torch
 
-from checkfree.pipeline import checkfree_weight
 from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
-from checkfree.recovery.neighbours import (
+from checkfree.recovery.math import (
     checkfree_shares,
-    live_neighbours,
+    checkfree_weight,
+    is_consecutive,
     random_state,
     recovery_seed,
     weighted_average,
 )
+from checkfree.recovery.planner import live_neighbours
 from checkfree.recovery.stage_copy import StageCopy, refresh_copy, restore_copy, take_copy
 from checkfree.training_state import TrainingState
 
@@ -50,7 +51,6 @@ class Redundant(RecoveryStrategy):
     """``redundant`` (Bamboo): exact restore from the predecessor's replica; see the module docstring."""
 
     name = "redundant"
-    recovers_stage0 = True
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
@@ -127,7 +127,7 @@ class Redundant(RecoveryStrategy):
                 [holder],
                 [1.0],
                 rule="replica",
-                consecutive=(j + 1) in lost or (j - 1) in lost,
+                consecutive=is_consecutive(j, lost),
                 seconds=time.perf_counter() - t0,
             )
         still_lost = set(orphans)

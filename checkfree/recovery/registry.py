@@ -1,7 +1,8 @@
 """The registry of the simulator's recovery strategies: every strategy class, by canonical name.
 
 The authors' setting names (``ours-grad-avg``, ``ours-naive``, …) are aliases (:mod:`checkfree.settings`).
-Adding a strategy = one class in its module + one entry in :data:`REGISTRY` + its tests.
+Adding a strategy = one class in its module + one entry in :data:`REGISTRY` + its traits in
+:data:`checkfree.settings.TRAITS` + its tests.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from checkfree.recovery.ec_snapshot import ECSnapshot
 from checkfree.recovery.ladder import Ladder
 from checkfree.recovery.neighbours import Average, CheckFree, CheckFreePlus, Copy, NoFailure, RandomInit, Zero
 from checkfree.recovery.redundant import Redundant
-from checkfree.settings import ALIASES, SWAP_DEPENDENT, canonical_name
+from checkfree.settings import ALIASES, SWAP_DEPENDENT, TRAITS, canonical_name
 
 STRATEGY_CLASSES: tuple[type[RecoveryStrategy], ...] = (
     NoFailure,
@@ -31,6 +32,10 @@ STRATEGY_CLASSES: tuple[type[RecoveryStrategy], ...] = (
 )
 REGISTRY: dict[str, type[RecoveryStrategy]] = {cls.name: cls for cls in STRATEGY_CLASSES}
 """Canonical name → strategy class."""
+if set(REGISTRY) != set(TRAITS):
+    raise RuntimeError(
+        f"checkfree.settings.TRAITS and REGISTRY name different settings: {sorted(set(REGISTRY) ^ set(TRAITS))}."
+    )
 
 
 def resolve_setting(setting: str, swaps: bool) -> str:
@@ -57,7 +62,7 @@ def make_strategy(setting: str, cfg: Config, swaps: bool, seed: int = 0) -> Reco
     """
     name = resolve_setting(setting, swaps)
     cls = REGISTRY[name]
-    if cls.requires_swaps and not swaps:
+    if cls.swaps and not swaps:
         raise ValueError(
             f"strategy {name!r} needs CheckFree+ swaps; run it with run.sh (or --swaps), not run_2.sh."
         )

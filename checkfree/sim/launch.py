@@ -103,32 +103,19 @@ def _close_logging() -> None:
         h.close()
 
 
-def default_cache_dir() -> Path:
-    """Token and tokenizer cache: $CHECKFREE_CACHE, else ~/.cache/checkfree."""
-    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
-
-
 def data_spec(cfg: Config, world_size: int = 1, cache_dir: Path | None = None):
-    """The :class:`checkfree.data.corpus.DataSpec` of a config. A hub dataset streams and caches the run's token budget
+    """The :class:`checkfree.data.spec.DataSpec` of a config. A hub dataset streams and caches the run's token budget
     (``train_token_budget``: max_iterations × tokens per iteration × W); a local corpus is cached whole. The
     config's ``max_train_tokens`` (``--max-train-tokens``) caps either."""
     from checkfree.data.batches import train_token_budget
-    from checkfree.data.corpus import DataSpec
+    from checkfree.data.spec import DataSpec
 
     budget = train_token_budget(cfg.max_iterations, cfg.mb_count, cfg.batch_size, cfg.seq_l, world_size)
     wanted = budget if cfg.dataset in HUB_DATASET_NAMES else None
     if cfg.max_train_tokens is not None:
         wanted = min(wanted or cfg.max_train_tokens, cfg.max_train_tokens)
-    return DataSpec(
-        dataset=cfg.dataset,
-        tokenizer=cfg.tokenizer_name,
-        vocab_size=cfg.vocab_size,
-        seq_len=cfg.seq_l,
-        validation_sequences=cfg.validation * cfg.batch_size,
-        max_train_tokens=wanted,
-        seed=cfg.data_seed,
-        cache_dir=Path(cache_dir or default_cache_dir()).resolve(),
-    )
+    resolved = Path(cache_dir).resolve() if cache_dir else None
+    return DataSpec.from_config(cfg, max_train_tokens=wanted, cache_dir=resolved)
 
 
 def data_budget_line(cfg: Config, world_size: int, stream_tokens: int) -> tuple[str, float]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 
+from checkfree.recovery.base import RecoveryStrategy
+
 WARN_FACTOR = 10
 """Warn when the expected wall-clock length exceeds this many times max_iterations."""
 DEFAULT_LIMIT_FACTOR = 20
@@ -86,12 +88,12 @@ class WallClockGuard:
         )
 
 
-def expected_run_length(strategy, failures, max_iterations: int) -> float | None:
-    """Expected wall-clock iterations of a strategy that rolls back (``rolls_back`` and ``every`` set) under a
-    random injector (``probability``, ``n_stages``, ``include_stage0``); None when it does not apply."""
-    every = getattr(strategy, "every", 0)
+def expected_run_length(strategy: RecoveryStrategy, failures, max_iterations: int) -> float | None:
+    """Expected wall-clock iterations of a strategy that rolls back (``rollback_on_stage_loss``, with ``every``
+    set by its setup) under a random injector (``probability``, ``n_stages``, ``include_stage0``); None when it
+    does not apply."""
     p, n = getattr(failures, "probability", None), getattr(failures, "n_stages", None)
-    if not getattr(strategy, "rolls_back", False) or p is None or n is None:
+    if not strategy.rollback_on_stage_loss or p is None or n is None:
         return None
     stages = n + bool(getattr(failures, "include_stage0", False))
-    return expected_wall_iterations(any_failure_probability(p, stages), every, max_iterations)
+    return expected_wall_iterations(any_failure_probability(p, stages), strategy.every, max_iterations)

@@ -10,7 +10,9 @@ Each data-parallel rank (a torchrun process) holds one replica of every stage. P
     strategy.after_step(state) ; metrics ; validation every eval_interval ; run checkpoint every N
 
 Strategies that keep state also get ``begin_iteration`` (before failed stages are lost) and
-``before_optimizer_step`` (after backward, before any parameter changes) to take snapshots.
+``before_optimizer_step`` (after backward, before any parameter changes) to take snapshots. The trainer writes
+every metrics line: its own, the recovery records ``recover`` returns, and the lines a strategy queued during a
+hook ("rollback", "checkpoint", "snapshot"; ``RecoveryStrategy.take_records``), right after that hook.
 
 ``iteration`` (wall clock) only grows; ``effective_iteration`` (data position and LR schedule) can roll back when a
 checkpoint strategy restores an old state, and the run ends when it reaches max_iterations.
@@ -167,6 +169,7 @@ class Trainer:
         loss_value = self._reduce_and_step(total)
         self.strategy.after_step(st)
         seconds = time.perf_counter() - t0
+        self._write_strategy_records()
         tokens = cfg.tokens_per_iteration * self.ctx.world_size
         self.last_rate = self.meter.record(tokens, seconds)
         self.ctx.sink.write(
@@ -184,7 +187,13 @@ class Trainer:
         st.effective_iteration += 1
         return loss_value
 
+    def _write_strategy_records(self) -> None:
+        """Write the lines the strategy queued since the last call, in the order it produced them."""
+        for record in self.strategy.take_records():
+            self.ctx.sink.write(**record)
+
     def _handle_failures(self, failed: list[int]) -> None:
+        self._write_strategy_records()  # lines of begin_iteration come before the failure lines
         if not failed:
             return
         st = self.state
@@ -203,6 +212,7 @@ class Trainer:
         for s in failed:
             st.destroy(s)
         records = self.strategy.recover(st, list(failed))
+        self._write_strategy_records()  # a rollback (and a save committed meanwhile) before the recovery lines
         if lost is not None:
             self.accounting.annotate(lost, st, records)
         del lost
@@ -237,6 +247,7 @@ class Trainer:
             dist.all_reduce(loss_sum, group=ctx.group)
             loss_sum /= ctx.world_size
         self.strategy.before_optimizer_step(st)
+        self._write_strategy_records()
         for s, (stage, opt) in enumerate(zip(st.stages, st.optimizers, strict=True)):
             norm = grad_norm(stage)  # ω of the DP-averaged gradient, before clipping (paper §4.1)
             st.grad_norms[s] = norm
@@ -335,6 +346,7 @@ class Trainer:
         """Train until effective_iteration reaches max_iterations; returns the summary."""
         cfg, st = self.cfg, self.state
         self.strategy.setup(st)
+        self._write_strategy_records()
         t_start = time.perf_counter()
         self.evaluate()
         last_loss = float("nan")
@@ -374,6 +386,7 @@ class Trainer:
             if cfg.checkpoint_interval and it % cfg.checkpoint_interval == 0 and it != cfg.max_iterations:
                 self.save_checkpoint()
         self.strategy.finish(st)
+        self._write_strategy_records()
         self.save_checkpoint()
         return {
             "replicas_consistent": self.replicas_consistent(),

@@ -168,19 +168,9 @@ def _vocab_size(cfg, cache_dir: Path | None) -> int:
     if cfg.data == "synthetic":
         return cfg.model.vocab_size
     from checkfree.data.corpus import DataSpec, prepare_corpus
-    from checkfree.swarm.node.driver import default_cache_dir
 
     m = cfg.model
-    spec = DataSpec(
-        dataset=m.dataset,
-        tokenizer=m.tokenizer_name,
-        vocab_size=m.vocab_size,
-        seq_len=m.seq_l,
-        validation_sequences=m.validation * m.batch_size,
-        max_train_tokens=m.max_train_tokens,
-        seed=m.data_seed,
-        cache_dir=cache_dir or default_cache_dir(),
-    )
+    spec = DataSpec.from_config(m, max_train_tokens=m.max_train_tokens, cache_dir=cache_dir)
     corpus = prepare_corpus(spec)
     log.info("data: %s", corpus.describe())
     return corpus.vocab_size
@@ -194,14 +184,11 @@ def _check_run(
     Raises:
         ValueError: iterations, node range or schedule do not fit the swarm (one sentence with the way out).
     """
-    end = cfg.n_nodes if args.end is None else args.end
+    from checkfree.swarm.config import node_range
+
     if args.iterations < 1:
         raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
-    if not 0 <= args.start < end <= cfg.n_nodes:
-        raise ValueError(
-            f"node range START {args.start} .. END {end} does not fit the swarm's nodes 0..{cfg.n_nodes - 1} "
-            f"({args.config}); expected 0 <= START < END <= {cfg.n_nodes}."
-        )
+    end = node_range(cfg.n_nodes, args.start, args.end, args.config)
     bad = sorted(n for n in schedule if n >= cfg.n_nodes)
     if bad:
         raise ValueError(

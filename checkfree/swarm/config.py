@@ -27,7 +27,7 @@ from checkfree.config import Config, ConfigError, config_from_dict, load_config,
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
 SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder")
-"""The ``SETTING`` argument of run_throughput.sh (docs/paper.md §8, issue)."""
+"""The ``SETTING`` argument of run_throughput.sh (docs/paper.md §8)."""
 DATA_SOURCES = ("corpus", "synthetic")
 
 
@@ -218,6 +218,22 @@ def load_swarm_config(path: str | Path, overrides: dict[str, Any] | None = None)
     raw.pop("model", None)
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return swarm_config_from_dict(raw, str(resolved))
+
+
+def node_range(n_nodes: int, start: int, end: int | None, config: str | Path | None = None) -> int:
+    """END of the initial node ids START..END−1 that one machine starts (None: up to the last node, ``n_nodes``).
+
+    Raises:
+        ValueError: the range is empty or outside the swarm's nodes (naming the ``config`` file when given).
+    """
+    end = n_nodes if end is None else end
+    if not 0 <= start < end <= n_nodes:
+        source = f" ({config})" if config is not None else ""
+        raise ValueError(
+            f"node range START {start} .. END {end} does not fit the swarm's nodes 0..{n_nodes - 1}{source}; "
+            f"expected 0 <= START < END <= {n_nodes}."
+        )
+    return end
 
 
 def route(pipeline: int, members: dict[int, list[int]], n_stages: int, order: list[int]) -> list[int] | None:

@@ -3,7 +3,9 @@
 A replacement node learns which stages have no serving replica (``lost``) and asks its setting for a
 :class:`~checkfree.recovery.planner.RecoveryPlan`: which stages to fetch weights from and how to combine them.
 The neighbour rules come from :func:`checkfree.recovery.planner.plan`, the one planner the simulator uses too;
-the math is ``checkfree.recovery.neighbours`` (``weighted_average``, ``copy_state``), shared as well.
+the math is checkfree/recovery/math.py (``weighted_average``, ``copy_state``), shared as well. Each policy's flags
+(``loses_state``, ``swaps``, ``keeps_stage0_copy``, ``rollback_on_stage_loss``) come from the one table of settings,
+:data:`checkfree.settings.TRAITS`, that the simulator's strategies read too.
 
 | setting | a replica of my stage serves | my whole stage is lost |
 |---|---|---|
@@ -26,25 +28,20 @@ from __future__ import annotations
 from checkfree.recovery import planner
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 from checkfree.recovery.registry import resolve_setting
+from checkfree.settings import HasSettingTraits
 
-__all__ = ["STRATEGIES", "RecoveryImpossible", "RecoveryPlan", "SwarmRecovery", "make_recovery"]
+__all__ = ["STRATEGIES", "SwarmRecovery", "make_recovery"]
 
 
-class SwarmRecovery:
+class SwarmRecovery(HasSettingTraits):
     """Base: a partial failure copies a live replica; subclasses decide what a lost stage does.
 
-    ``name`` is the canonical setting (the simulator's name; ``ours`` / ``ours-plus`` are aliases).
+    ``name`` is the canonical setting (the simulator's name; ``ours`` / ``ours-plus`` are aliases); its traits
+    (:class:`checkfree.settings.SettingTraits`) are class attributes: with ``loses_state`` False (``no_failure``)
+    scheduled crashes are logged but no process is killed; ``swaps``: CheckFree+ out-of-order execution on odd
+    microbatches; ``rollback_on_stage_loss``: a lost stage rolls every node back to the storage checkpoint;
+    ``keeps_stage0_copy``: stages 1 and S hold copies of E and E⁻¹ (docs/paper.md §3).
     """
-
-    name = ""
-    kills = True
-    """False: scheduled crashes are logged but no process is killed (``no_failure``)."""
-    swaps = False
-    """CheckFree+ out-of-order execution on odd microbatches (checkfree.pipeline.stage_order)."""
-    rollback_on_stage_loss = False
-    """A lost stage rolls every node back to the last checkpoint (the checkpoint baseline, docs/paper.md §5)."""
-    keeps_stage0_copy = False
-    """Stage 1 and stage S hold copies of E and E⁻¹, refreshed after every step (CheckFree+, docs/paper.md §3)."""
 
     def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``).
@@ -60,20 +57,18 @@ class SwarmRecovery:
         raise RecoveryImpossible(f"setting {self.name!r} cannot recover a lost stage {stage}.")
 
 
-class NoFailure(SwarmRecovery):
+class NoFailurePolicy(SwarmRecovery):
     name = "no_failure"
-    kills = False
 
 
-class Checkpoint(SwarmRecovery):
+class CheckpointPolicy(SwarmRecovery):
     name = "checkpoint"
-    rollback_on_stage_loss = True
 
     def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
         return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
-class CheckFree(SwarmRecovery):
+class CheckFreePolicy(SwarmRecovery):
     """CheckFree (docs/paper.md §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
     name = "checkfree"
@@ -83,16 +78,14 @@ class CheckFree(SwarmRecovery):
         return planner.plan([stage], n_stages, self.name, live=live)[stage]
 
 
-class CheckFreePlus(CheckFree):
+class CheckFreePlusPolicy(CheckFreePolicy):
     """CheckFree+ (docs/paper.md §3): swaps on odd microbatches; first/last stages copy their swap partner; stage 0 from
     the copies of E and E⁻¹ that stages 1 and S hold."""
 
     name = "checkfree_plus"
-    swaps = True
-    keeps_stage0_copy = True
 
 
-class Ladder(CheckFreePlus):
+class LadderPolicy(CheckFreePlusPolicy):
     """The exactness ladder (:func:`checkfree.recovery.planner.plan_ladder`) with the rungs the swarm keeps: a
     live replica, then the CheckFree+ neighbour rule (stage 0 from the copies on stages 1 and S)."""
 
@@ -105,7 +98,8 @@ class Ladder(CheckFreePlus):
 
 
 STRATEGIES: dict[str, type[SwarmRecovery]] = {
-    cls.name: cls for cls in (NoFailure, Checkpoint, CheckFree, CheckFreePlus, Ladder)
+    cls.name: cls
+    for cls in (NoFailurePolicy, CheckpointPolicy, CheckFreePolicy, CheckFreePlusPolicy, LadderPolicy)
 }
 
 

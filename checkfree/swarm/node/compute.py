@@ -1,7 +1,8 @@
-"""A node's stage computation: building the stage, the microbatch forward/backward, stage 0's pipeline driver.
+"""A node's stage computation: building the stage, its batches, the microbatch forward/backward.
 
-Microbatch flow (ARCHITECTURE.md, docs/paper.md §8). A stage-0 node drives one pipeline. For microbatch ``mb`` of
-the iteration it computes ``route = [itself, node of order[0], …, node of order[S−1]]`` with ``order =
+Microbatch flow (docs/paper.md §8). A stage-0 node drives one pipeline (checkfree.swarm.node.driver), the others
+relay (checkfree.swarm.node.relay); both compute with :class:`StageWorker`. For microbatch ``mb`` of
+the iteration stage 0 computes ``route = [itself, node of order[0], …, node of order[S−1]]`` with ``order =
 stage_order(mb, S, swaps)`` (CheckFree+ swaps on odd microbatches), embeds the batch and sends FORWARD to
 ``route[1]`` with ``pos = 1``. The node at ``pos = k`` runs its stage and forwards to ``route[k+1]``; the
 last one sends the output back to ``route[0]`` (``pos = len(route)``), which applies the head, the loss
@@ -67,16 +68,7 @@ def make_batches(cfg: Config, data: str, rank: int, world: int, vocab_size: int,
     from checkfree.data.batches import BatchSource
     from checkfree.data.corpus import DataSpec, prepare_corpus
 
-    spec = DataSpec(
-        dataset=cfg.dataset,
-        tokenizer=cfg.tokenizer_name,
-        vocab_size=cfg.vocab_size,
-        seq_len=cfg.seq_l,
-        validation_sequences=cfg.validation * cfg.batch_size,
-        max_train_tokens=cfg.max_train_tokens,
-        seed=cfg.data_seed,
-        cache_dir=cache_dir,
-    )
+    spec = DataSpec.from_config(cfg, max_train_tokens=cfg.max_train_tokens, cache_dir=cache_dir)
     corpus = prepare_corpus(spec)
     if corpus.vocab_size != vocab_size:
         raise ValueError(f"the local corpus has vocabulary {corpus.vocab_size}; the swarm uses {vocab_size}.")

@@ -1,11 +1,14 @@
-"""The small state objects a swarm node's parts share, passed to each part explicitly.
+"""The small state objects a swarm node's parts share, and the one :class:`NodeContext` that hands them over.
 
-A node (checkfree.swarm.node.node) is these objects plus handlers that receive them: :class:`StageState` (the stage
-replica it trains: module, Adam, weights version, last gradient norm ω), :class:`Progress` (where the swarm is:
-epoch, iteration, the highest plausible weights version, early messages of a later epoch), the peer table
-(checkfree.swarm.node.membership) and a :class:`Send` callable. The parts (gradient_sync, stage0_copies,
-pipeline_driver, relay, weights_server, recovering) never hold the node itself, so each can be built and tested
-alone.
+A node (checkfree.swarm.node.node) is these objects plus parts that receive them: :class:`StageState` (the stage
+replica it trains: module, Adam, weights version, last gradient norm ω), :class:`EpochClock` (where the swarm
+is: epoch, iteration, the highest plausible weights version, early messages of a later epoch), the peer table
+(checkfree.swarm.node.membership) and a :class:`Send` callable. :class:`NodeContext` bundles the node's id and
+stage with its clock, peer table and ``send``; every part gets that one object. The parts (the gradient
+exchange of checkfree.swarm.node.gradient_sync, the stage-0 copies of checkfree.swarm.node.stage0_copies, stage
+0's checkfree.swarm.node.driver, a transformer stage's checkfree.swarm.node.relay, the iteration commands of
+checkfree.swarm.node.iteration and the weights fetch of checkfree.swarm.node.recovering) never hold the node
+itself, so each can be built and tested alone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, Protocol
 import torch
 
 from checkfree.swarm.node.early import FutureBuffer
+from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
@@ -76,8 +80,8 @@ class StageState:
 
 
 @dataclass
-class Progress:
-    """Where the swarm is, as this node knows it from the supervisor's commands.
+class EpochClock:
+    """Where the swarm is, as this node knows it from the supervisor's commands: its epoch and iteration.
 
     Attributes:
         epoch: the last ``begin``'s epoch (one per attempt of an iteration); -1 before any.
@@ -109,3 +113,22 @@ class Progress:
             self.future.add(msg)
             return None
         return epoch if epoch == self.epoch else None
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """What every part of a node needs: who it is, where the swarm is, who serves what, and how to send.
+
+    Attributes:
+        node_id: this node.
+        stage: the stage it holds.
+        clock: its epoch, iteration and highest plausible weights version (updated by ``begin`` / ``commit``).
+        membership: the peer table and the serving replicas of each stage.
+        send: sends one message to a peer or the supervisor.
+    """
+
+    node_id: int
+    stage: int
+    clock: EpochClock
+    membership: Membership
+    send: Send

@@ -8,26 +8,20 @@ A microbatch that has not come back within ``microbatch_timeout`` seconds is rep
 from __future__ import annotations
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from checkfree.data.spec import default_cache_dir
 from checkfree.pipeline import stage_order
 from checkfree.swarm.config import SwarmConfig, route
 from checkfree.swarm.node.compute import StageWorker, make_batches
-from checkfree.swarm.node.context import Progress, Send
-from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 
 log = logging.getLogger(__name__)
-
-
-def default_cache_dir() -> Path:
-    """$CHECKFREE_CACHE, else ~/.cache/checkfree (as the simulator)."""
-    return Path(os.environ.get("CHECKFREE_CACHE", Path.home() / ".cache" / "checkfree")).resolve()
 
 
 def stage0_batches(cfg: SwarmConfig, welcome: dict[str, Any], cache_dir: Path | None) -> Any:
@@ -46,29 +40,18 @@ class PipelineDriver:
     """Runs the microbatches of one pipeline per iteration with at most ``in_flight`` outstanding.
 
     Args:
-        node_id: this stage-0 node.
+        ctx: this stage-0 node, its epoch and iteration, the serving replicas of every stage (a route takes
+            one of each), and the ``send`` of FORWARD / BACKWARD, ITERATION_END and ``stalled``.
         cfg: the swarm config (microbatches, in-flight limit, timeouts, model batch shape).
         swaps: CheckFree+ stage order on odd microbatches.
         batches: its pipeline's batches (:func:`stage0_batches`): ``batch(i)`` → (B, T+1) int64 token ids.
         worker: embeds, runs the head and loss, and back-propagates into stage 0.
-        progress: the node's epoch and iteration.
-        membership: the serving replicas of every stage (a route takes one of each).
-        send: sends FORWARD / BACKWARD, ITERATION_END and ``stalled``.
     """
 
     def __init__(
-        self,
-        node_id: int,
-        cfg: SwarmConfig,
-        swaps: bool,
-        batches: Any,
-        worker: StageWorker,
-        progress: Progress,
-        membership: Membership,
-        send: Send,
+        self, ctx: NodeContext, cfg: SwarmConfig, swaps: bool, batches: Any, worker: StageWorker
     ) -> None:
-        self.node_id, self.cfg, self.swaps, self.batches, self.worker = node_id, cfg, swaps, batches, worker
-        self.progress, self.membership, self.send = progress, membership, send
+        self.ctx, self.cfg, self.swaps, self.batches, self.worker = ctx, cfg, swaps, batches, worker
         self.active = False
         self.pipeline = -1
         self._clear()
@@ -85,10 +68,10 @@ class PipelineDriver:
     def begin(self) -> None:
         """A new epoch: start the first ``in_flight`` microbatches."""
         self._clear()
-        stage0 = self.membership.serving(0)
-        self.active = self.node_id in stage0
+        stage0 = self.ctx.membership.serving(0)
+        self.active = self.ctx.node_id in stage0
         if self.active:
-            self.pipeline = stage0.index(self.node_id)
+            self.pipeline = stage0.index(self.ctx.node_id)
             self._pump()
 
     def abort(self) -> None:
@@ -96,12 +79,12 @@ class PipelineDriver:
         self.active = False
 
     def _pump(self) -> None:
-        cfg, iteration = self.cfg, self.progress.iteration
+        ctx, cfg, iteration = self.ctx, self.cfg, self.ctx.clock.iteration
         while self.active and self.next_mb < cfg.mb_count and len(self.inflight) < cfg.in_flight:
             mb = self.next_mb
             self.next_mb += 1
             order = stage_order(mb, cfg.n_stages, self.swaps)
-            path = route(self.pipeline, self.membership.members, cfg.n_stages, order)
+            path = route(self.pipeline, ctx.membership.members, cfg.n_stages, order)
             if path is None:
                 self._stalled(f"no route for microbatch {mb}: a stage has no serving node")
                 return
@@ -109,12 +92,12 @@ class PipelineDriver:
             self.labels[mb], self.routes[mb] = batch[:, 1:], path
             self.inflight[mb] = time.monotonic()
             h = self.worker.embed((self.pipeline, mb), batch[:, :-1])
-            self.send(
+            ctx.send(
                 path[1],
                 MessageType.FORWARD,
                 iteration,
                 mb,
-                {"epoch": self.progress.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {"epoch": ctx.clock.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
                 {"activations": h},
             )
 
@@ -122,16 +105,16 @@ class PipelineDriver:
         self, msg: Message, path: list[int], pos: int, key: tuple[int, int], tensor: torch.Tensor
     ) -> None:
         """A microbatch returning: final activations (head + loss) or the first stage's input gradient."""
-        mb, iteration = msg.microbatch, self.progress.iteration
+        ctx, mb, iteration = self.ctx, msg.microbatch, self.ctx.clock.iteration
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
             raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
-        meta = {"epoch": self.progress.epoch, "route": path, "pipeline": self.pipeline}
+        meta = {"epoch": ctx.clock.epoch, "route": path, "pipeline": self.pipeline}
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
             loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
             self.losses[mb] = loss
-            self.send(
+            ctx.send(
                 path[-1],
                 MessageType.BACKWARD,
                 iteration,
@@ -151,14 +134,14 @@ class PipelineDriver:
 
     def _finish(self) -> None:
         losses = [self.losses[mb] for mb in sorted(self.losses)]
-        b, t = self.cfg.model.batch_size, self.cfg.model.seq_l
-        self.send(
+        b, t, clock = self.cfg.model.batch_size, self.cfg.model.seq_l, self.ctx.clock
+        self.ctx.send(
             SUPERVISOR_ID,
             MessageType.ITERATION_END,
-            self.progress.iteration,
+            clock.iteration,
             -1,
             {
-                "epoch": self.progress.epoch,
+                "epoch": clock.epoch,
                 "loss": sum(losses) / len(losses),
                 "tokens": len(losses) * b * t,
                 "seconds": time.monotonic() - self.t_begin,
@@ -169,12 +152,12 @@ class PipelineDriver:
     def _stalled(self, reason: str) -> None:
         if not self.stall_reported:
             self.stall_reported = True
-            epoch = self.progress.epoch
-            log.warning("node %d: epoch %d stalled: %s", self.node_id, epoch, reason)
-            self.send(
+            epoch = self.ctx.clock.epoch
+            log.warning("node %d: epoch %d stalled: %s", self.ctx.node_id, epoch, reason)
+            self.ctx.send(
                 SUPERVISOR_ID,
                 MessageType.CONTROL,
-                self.progress.iteration,
+                self.ctx.clock.iteration,
                 meta={"command": "stalled", "epoch": epoch, "reason": reason},
             )
 

@@ -15,8 +15,7 @@ import torch
 
 from checkfree.pipeline import clip_coefficient, grad_norm, scale_grads
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.node.context import Progress, Send, StageState
-from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
@@ -26,28 +25,17 @@ class GradientSync:
     """One node's side of the gradient exchange of the current epoch.
 
     Args:
-        node_id, stage: this replica and its stage.
+        ctx: this replica and its stage, its epoch and iteration, who serves its stage (``members``), and the
+            ``send`` of GRADIENTS to the replicas and ``ready`` to the supervisor.
         state: the stage it trains (its module's ``.grad`` are averaged in place).
-        progress: the node's epoch and iteration.
-        membership: who serves this stage (``members``).
         cfg: the swarm config (``mb_count``, ``replicas``, ``model.grad_clip``).
         microbatches: how many microbatches this replica ran in the current epoch.
-        send: sends GRADIENTS to the replicas and ``ready`` to the supervisor.
     """
 
     def __init__(
-        self,
-        node_id: int,
-        stage: int,
-        state: StageState,
-        progress: Progress,
-        membership: Membership,
-        cfg: SwarmConfig,
-        microbatches: Callable[[], int],
-        send: Send,
+        self, ctx: NodeContext, state: StageState, cfg: SwarmConfig, microbatches: Callable[[], int]
     ) -> None:
-        self.node_id, self.stage, self.state, self.progress = node_id, stage, state, progress
-        self.membership, self.cfg, self.microbatches, self.send = membership, cfg, microbatches, send
+        self.ctx, self.state, self.cfg, self.microbatches = ctx, state, cfg, microbatches
         self.received: dict[int, tuple[dict[str, torch.Tensor], int]] = {}
         """replica node id → (gradients by parameter name, microbatches it ran)."""
         self.epoch = -1
@@ -65,20 +53,20 @@ class GradientSync:
 
     def replicas(self) -> list[int]:
         """The other serving replicas of this node's stage."""
-        return [n for n in self.membership.serving(self.stage) if n != self.node_id]
+        return [n for n in self.ctx.membership.serving(self.ctx.stage) if n != self.ctx.node_id]
 
     def start(self) -> None:
         """``sync``: send this replica's gradients to the others, then reduce if they are all in."""
-        progress = self.progress
-        self.epoch = progress.epoch
+        clock = self.ctx.clock
+        self.epoch = clock.epoch
         grads = W.grad_tensors(self.state.module)
         for peer in self.replicas():
-            self.send(
+            self.ctx.send(
                 peer,
                 MessageType.GRADIENTS,
-                progress.iteration,
+                clock.iteration,
                 -1,
-                {"epoch": progress.epoch, "microbatches": self.microbatches()},
+                {"epoch": clock.epoch, "microbatches": self.microbatches()},
                 grads,
             )
         self._try_reduce()
@@ -91,9 +79,9 @@ class GradientSync:
                 of the wrong shape or dtype, or not finite, or the microbatch count is implausible (the node
                 drops the message and counts it).
         """
-        if msg.meta["stage"] != self.stage or msg.sender not in self.replicas():
+        if msg.meta["stage"] != self.ctx.stage or msg.sender not in self.replicas():
             raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {msg.sender}, not a replica")
-        if self.progress.epoch_of(msg) is None:
+        if self.ctx.clock.epoch_of(msg) is None:
             return
         grads = W.split(msg.tensors, "g")
         params = dict(self.state.module.named_parameters())
@@ -112,12 +100,12 @@ class GradientSync:
 
     def _try_reduce(self) -> None:
         """Average the replicas' gradients once all arrived (node-id order), norm, clip, report ready."""
-        epoch, module = self.progress.epoch, self.state.module
+        epoch, module = self.ctx.clock.epoch, self.state.module
         if self.epoch != epoch or not set(self.replicas()) <= set(self.received):
             return
         params = dict(module.named_parameters())
         own = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
-        parts = dict(self.received) | {self.node_id: (own, self.microbatches())}
+        parts = dict(self.received) | {self.ctx.node_id: (own, self.microbatches())}
         total_mbs = sum(mbs for _, mbs in parts.values())
         pipelines = max(total_mbs / self.cfg.mb_count, 1e-12) if total_mbs else 1.0
         with torch.no_grad():
@@ -130,9 +118,9 @@ class GradientSync:
         scale_grads(module, clip_coefficient(self.norm, self.cfg.model.grad_clip))
         self.epoch = -1
         self.reduced = epoch
-        self.send(
+        self.ctx.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
-            self.progress.iteration,
+            self.ctx.clock.iteration,
             meta=control("ready", epoch=epoch, grad_norm=self.norm, pipelines=pipelines),
         )

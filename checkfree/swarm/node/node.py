@@ -5,7 +5,7 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
 
 1. **Join** (checkfree.swarm.node.membership): JOIN to the supervisor; its WELCOME carries the swarm config, the
    peer table and the checkpoint version; the node dials every peer (full mesh, WAN-emulated) and builds its
-   stage (checkfree.swarm.node.context).
+   stage and parts (checkfree.swarm.node.parts).
 2. **Recover** (replacements only, ``--replacement``): execute the plan the supervisor sent in the WELCOME
    (checkfree.recovery.planner; a replacement never re-plans), send WEIGHTS_REQUEST to a serving node of each
    source stage (or the storage node), combine the
@@ -25,7 +25,8 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
    been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
 
 The node is small state objects (checkfree.swarm.node.context, the peer table of checkfree.swarm.node.membership) and
-parts that receive them explicitly with its ``send``. Every message passes the wire format and its schema
+parts that each receive them in one :class:`~checkfree.swarm.node.context.NodeContext` (its id, stage, epoch clock,
+peer table and ``send``). Every message passes the wire format and its schema
 (checkfree.swarm.wire.control) in the transport; the dispatch tables (``handlers`` by message type, ``commands`` by
 CONTROL command, from the supervisor only) route it. A peer message that still makes no sense (a wrong stage, a
 bad shape, NaN weights, an implausible epoch or version) raises ``ProtocolError``, is logged and counted in
@@ -45,9 +46,10 @@ from typing import Any
 
 import torch
 
+from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
-from checkfree.swarm.node.context import Progress, StageState
+from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
@@ -55,7 +57,7 @@ from checkfree.swarm.node.membership import Membership, PeerSender, advertised, 
 from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node.recovering import Recovery, Rollback
 from checkfree.swarm.node.relay import check_pipeline_message
-from checkfree.swarm.policies import RecoveryPlan, make_recovery
+from checkfree.swarm.policies import make_recovery
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import Identity, read_key_file
@@ -99,9 +101,9 @@ class Node:
             node_id, bind_host=bind_host, netem=self.netem, identity=identity, validate=control.check
         )
         self.address = advertised(self.transport, advertise_host)
-        self.send = PeerSender(self.transport, node_id, stage, self.staging)
-        self.membership = Membership(node_id)
-        self.progress = Progress()
+        send = PeerSender(self.transport, node_id, stage, self.staging)
+        self.ctx = NodeContext(node_id, stage, EpochClock(), Membership(node_id), send)
+        """What every part of this node shares: its id and stage, epoch clock, peer table and ``send``."""
         self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
         """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
         self.state: StageState
@@ -174,7 +176,7 @@ class Node:
 
     def _keep_early(self, msg: Message) -> None:
         """A message before the WELCOME: kept for later (a weights request, or a FORWARD of the next epoch)."""
-        early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.progress.future
+        early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.ctx.clock.future
         try:
             early.add(msg)
         except ProtocolError as exc:
@@ -184,27 +186,26 @@ class Node:
         self.cfg = cfg = swarm_config_from_dict(meta["config"], "WELCOME config")
         self.strategy = make_recovery(meta["setting"])
         self.netem = configure_links(self.transport, cfg)
-        self.progress.max_version = meta["iteration"]
+        ctx = self.ctx
+        ctx.clock.max_version = meta["iteration"]
         # the supervisor's last begun epoch: a peer's FORWARD for the next one may arrive before our "begin"
-        self.progress.epoch = meta["epoch"]
+        ctx.clock.epoch = meta["epoch"]
         self._on_peers(meta)
-        self.membership.set_members(meta["members"])
-        shared = (self.progress, self.membership, self.send)
-        parts = build_parts(
-            self.id, self.stage, cfg, self.strategy, meta, self.cache_dir, *shared, self.reject, self.device
-        )
+        ctx.membership.set_members(meta["members"])
+        parts = build_parts(ctx, cfg, self.strategy, meta, self.cache_dir, self.reject, self.device)
         self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
-        hooks = (self.dispatch, lambda: self.serving, self.send_checkpoint, self.report)
-        self.steps = IterationCommands(self.id, parts, *shared, *hooks)
+        self.steps = IterationCommands(
+            ctx, parts, self.dispatch, lambda: self.serving, self.send_checkpoint, self.report
+        )
         self.commands |= self.steps.table()
-        where = f"stage {self.stage} at {self.location}, {self.address}, {len(self.membership.peers)} peers"
+        where = f"stage {self.stage} at {self.location}, {self.address}, {len(ctx.membership.peers)} peers"
         log.info("node %d: %s, setting %s", self.id, where, self.strategy.name)
 
     def _serve(self, record: dict[str, Any]) -> None:
         self.serving = True
         self.task = None
         meta = control.control("serving", stage=self.stage, version=self.state.version, record=record)
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
+        self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
         self._replay_requests()
 
     def _tick(self) -> bool:
@@ -224,14 +225,14 @@ class Node:
     def _on_peers(self, meta: dict[str, Any]) -> None:
         """Admit the listed keys and peers (checkfree.swarm.node.membership); then answer requests that were waiting
         for their sender to be listed, and move a fetch away from a source that left."""
-        self.membership.admit(meta, self.transport)
+        self.ctx.membership.admit(meta, self.transport)
         if self.serving:
             self._replay_requests()
         if self.task is not None:
             self.task.peers_changed()
 
     def _replay_requests(self) -> None:
-        for msg in self.waiting.take(lambda m: m.sender in self.membership.peers):
+        for msg in self.waiting.take(lambda m: m.sender in self.ctx.membership.peers):
             self.dispatch(msg)
 
     def dispatch(self, msg: Message) -> None:
@@ -255,13 +256,13 @@ class Node:
     # ------------------------------------------------------------------ iterations
 
     def _on_pipeline(self, msg: Message) -> None:
-        if not self.serving or self.progress.epoch_of(msg) is None:
+        if not self.serving or self.ctx.clock.epoch_of(msg) is None:
             return
         self.parts.pipeline.on_message(msg, *check_pipeline_message(msg, self.cfg))
 
     def _rollback(self, meta: dict[str, Any]) -> None:
-        if meta["version"] > self.progress.max_version:
-            raise ProtocolError(f"rollback to version {meta['version']}, beyond {self.progress.max_version}")
+        if meta["version"] > self.ctx.clock.max_version:
+            raise ProtocolError(f"rollback to version {meta['version']}, beyond {self.ctx.clock.max_version}")
         self.task = Rollback(self.fetch, meta["version"], self.state, self.restored, self.give_up)
         self.task.start()
 
@@ -282,16 +283,16 @@ class Node:
 
     def send_checkpoint(self) -> None:
         """Ship weights + Adam state to the storage node (asynchronous: the send never blocks)."""
-        send_checkpoint(self.state, self.cfg.storage_id, self.progress.iteration, self.send)
+        send_checkpoint(self.ctx, self.state, self.cfg.storage_id)
 
     def _on_weights_request(self, msg: Message) -> None:
-        """Answer a listed peer (checkfree.swarm.node.context); a request from a peer the supervisor has not
+        """Answer a listed peer (checkfree.swarm.node.parts); a request from a peer the supervisor has not
         listed yet, or before this node serves, waits (the next ``peers`` replays it): a node dials only the
         peers the supervisor lists."""
-        if not self.serving or msg.sender not in self.membership.peers and msg.sender != SUPERVISOR_ID:
+        if not self.serving or msg.sender not in self.ctx.membership.peers and msg.sender != SUPERVISOR_ID:
             self.waiting.add(msg)
             return
-        answer_weights_request(msg, self.stage, self.state, self.parts.stage0_copies, self.send)
+        answer_weights_request(self.ctx, msg, self.state, self.parts.stage0_copies)
 
     def _on_weights_response(self, msg: Message) -> None:
         if self.task is None:
@@ -308,11 +309,13 @@ class Node:
         self.state.adopt(rebuilt)
         self.task = None
         meta = control.control("restored", version=record["version"], bytes=record["bytes"], record=record)
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
+        self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
 
     def give_up(self, reason: str) -> None:
         log.error("node %d: %s", self.id, reason)
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("recovery_failed", reason=reason))
+        self.ctx.send(
+            SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("recovery_failed", reason=reason)
+        )
         self.task = None
 
     # ------------------------------------------------------------------ supervisor commands
@@ -327,7 +330,7 @@ class Node:
         handler(msg.meta)
 
     def _shutdown(self, meta: dict[str, Any]) -> None:
-        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("final", **self.report()))
+        self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("final", **self.report()))
         deadline = time.monotonic() + 3.0
         while self.transport.stats["sent_messages"]["CONTROL"] == 0 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -8,7 +8,7 @@ source that leaves the peer table, moves the request to the next candidate at on
 ``request_timeout``, and after
 ``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
 and starts another replacement). The answers are combined with the shared recovery math
-(checkfree.recovery.neighbours): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
+(checkfree.recovery.math): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
 with ω = checkfree_weight(last gradient norm) for the CheckFree rule (docs/paper.md §2), ``stage0_from_copies`` for a
 lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
 docs/paper.md §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
@@ -16,7 +16,7 @@ docs/paper.md §3; a part whose holder is lost too gets the seeded random init),
 Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies load the
 source's Adam moments, step and lr.
 
-A task never holds the node: it gets a :class:`FetchContext` (ids, config, peer table, progress, ``send``), the
+A task never holds the node: it gets a :class:`FetchContext` (the node's context, config and ``reject``), the
 :class:`~checkfree.swarm.node.context.StageState` to rebuild, and two callbacks. It returns what it rebuilt (a new
 ``StageState`` and the recovery record) through ``on_done``; ``on_fail`` gets the reason when it gives up.
 """
@@ -30,18 +30,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from checkfree.pipeline import checkfree_weight
-from checkfree.recovery.neighbours import (
+from checkfree.recovery.math import (
+    checkfree_weight,
     copy_state,
     random_init,
     stage0_from_copies,
     stage0_part,
     weighted_average,
 )
+from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.node.context import Progress, Send, StageState
-from checkfree.swarm.node.membership import Membership
-from checkfree.swarm.policies import RecoveryPlan
+from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
@@ -56,21 +55,16 @@ class FetchContext:
     """What a fetching task needs of its node.
 
     Attributes:
-        node_id, stage: the fetching node and its stage.
+        node: the fetching node and its stage, the highest plausible weights version (its clock), who serves
+            each stage (candidates) and the peer table (a source that left), and the ``send`` of the
+            WEIGHTS_REQUESTs.
         cfg: the swarm config (``request_timeout``, ``max_attempts``, ``storage_id``, ``init_seed``, ``model``).
-        membership: who serves each stage (candidates), and the peer table (a source that left).
-        progress: the highest plausible weights version.
-        send: sends the WEIGHTS_REQUESTs.
         reject: counts and logs a peer message that does not fit.
         iteration: the iteration of the loss event (seeds a random rule, as the simulator's).
     """
 
-    node_id: int
-    stage: int
+    node: NodeContext
     cfg: SwarmConfig
-    membership: Membership
-    progress: Progress
-    send: Send
     reject: Callable[[Message, str], None]
     iteration: int = 0
 
@@ -112,8 +106,8 @@ class Recovery:
         ctx = self.ctx
         log.info(
             "node %d: recovering stage %d by rule %s from stages %s%s",
-            ctx.node_id,
-            ctx.stage,
+            ctx.node.node_id,
+            ctx.node.stage,
             self.plan.rule,
             self.plan.sources,
             f" ({self.plan.fallback})" if self.plan.fallback else "",
@@ -122,7 +116,7 @@ class Recovery:
             if self.plan.rule == "storage":
                 candidates = [ctx.cfg.storage_id]
             else:
-                candidates = list(ctx.membership.serving(stage))
+                candidates = list(ctx.node.membership.serving(stage))
             if not candidates:
                 self._give_up(f"no serving node of stage {stage} to recover from")
                 return
@@ -150,7 +144,7 @@ class Recovery:
         }
         if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
             meta.update(stage=0, part=req["part"])
-        self.ctx.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
+        self.ctx.node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
 
     def _retry(self, i: int, why: str) -> None:
         """Ask the next candidate now (a rejected, failed or lost answer); give up after ``max_attempts``
@@ -163,7 +157,7 @@ class Recovery:
             return
         log.warning(
             "node %d: request to %d failed (%s); asking the next candidate",
-            self.ctx.node_id,
+            self.ctx.node.node_id,
             req["target"],
             why,
         )
@@ -180,7 +174,7 @@ class Recovery:
     def peers_changed(self) -> None:
         """A source that left the swarm will not answer: ask the next candidate at once."""
         for i, req in enumerate(self.requests):
-            if req["response"] is None and req["target"] not in self.ctx.membership.peers:
+            if req["response"] is None and req["target"] not in self.ctx.node.membership.peers:
                 self._retry(i, f"node {req['target']} left the swarm")
                 if self.failed:
                     return
@@ -226,7 +220,7 @@ class Recovery:
                 f"{source} answered for stage {meta['stage']} part {meta.get('part')}; asked for stage "
                 f"{want_stage} part {req['part']}"
             )
-        if "version" not in meta or not self.ctx.progress.plausible_version(meta["version"]):
+        if "version" not in meta or not self.ctx.node.clock.plausible_version(meta["version"]):
             raise ProtocolError(f"{source} claims version {meta.get('version')}, ahead of the swarm")
         if self.plan.rule == "storage" and meta["version"] != self.checkpoint_version:
             raise ProtocolError(f"checkpoint version {meta['version']}; asked for {self.checkpoint_version}")
@@ -270,7 +264,7 @@ class Recovery:
             copies = {k: v for state in states for k, v in state.items()}
             new = stage0_from_copies(module.state_dict(), copies, plan.parts, seed, ctx.iteration, std)
         elif plan.rule == "random":
-            new = random_init(module.state_dict(), seed, ctx.iteration, ctx.stage, std)
+            new = random_init(module.state_dict(), seed, ctx.iteration, ctx.node.stage, std)
         elif plan.rule == "checkfree":
             omegas = [
                 checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
@@ -307,7 +301,7 @@ class Recovery:
 
     def _finish(self) -> None:
         rebuilt, record = self._load()
-        log.info("node %d: recovered stage %d: %s", self.ctx.node_id, self.ctx.stage, record)
+        log.info("node %d: recovered stage %d: %s", self.ctx.node.node_id, self.ctx.node.stage, record)
         self.on_done(rebuilt, record)
 
 
@@ -322,7 +316,7 @@ class Rollback(Recovery):
         on_done: Done,
         on_fail: Callable[[str], None],
     ) -> None:
-        plan = RecoveryPlan("storage", (ctx.stage,), with_optimizer=True, fresh_lr_scale=False)
+        plan = RecoveryPlan("storage", (ctx.node.stage,), with_optimizer=True, fresh_lr_scale=False)
         super().__init__(ctx, plan, state, on_done, on_fail, version)
 
     def _finish(self) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.compute import StageWorker
-from checkfree.swarm.node.context import Progress, Send
+from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
 Key = tuple[int, int]
@@ -50,14 +50,13 @@ class StageRelay:
     """Runs a transformer stage's forward and backward for the microbatches routed through this node.
 
     Args:
-        node_id: this node (it must sit at the message's route position).
+        ctx: this node (it must sit at the message's route position), the epoch and iteration the outgoing
+            messages carry, and the ``send`` of the FORWARD / BACKWARD on.
         worker: the stage's forward/backward with saved activations per (pipeline, microbatch).
-        progress: the epoch and iteration the outgoing messages carry.
-        send: sends the FORWARD / BACKWARD on.
     """
 
-    def __init__(self, node_id: int, worker: StageWorker, progress: Progress, send: Send) -> None:
-        self.node_id, self.worker, self.progress, self.send = node_id, worker, progress, send
+    def __init__(self, ctx: NodeContext, worker: StageWorker) -> None:
+        self.ctx, self.worker = ctx, worker
 
     def on_message(self, msg: Message, route: list[int], pos: int, key: Key, tensor: torch.Tensor) -> None:
         """Forward or back-propagate one checked message (:func:`check_pipeline_message`).
@@ -65,14 +64,15 @@ class StageRelay:
         Raises:
             ProtocolError: this node is not at the route position, or a BACKWARD has no saved forward.
         """
-        if pos >= len(route) or route[pos] != self.node_id or pos == 0:
+        ctx = self.ctx
+        if pos >= len(route) or route[pos] != ctx.node_id or pos == 0:
             raise ProtocolError(f"route position {pos} of {route[:8]} is not this node")
-        meta = {"epoch": self.progress.epoch, "route": route, "pipeline": key[0]}
-        iteration = self.progress.iteration
+        meta = {"epoch": ctx.clock.epoch, "route": route, "pipeline": key[0]}
+        iteration = ctx.clock.iteration
         if msg.type == MessageType.FORWARD:
             out = self.worker.forward(key, tensor)
             nxt = pos + 1
-            self.send(
+            ctx.send(
                 route[nxt % len(route)],
                 MessageType.FORWARD,
                 iteration,
@@ -84,7 +84,7 @@ class StageRelay:
             grad = self.worker.backward(key, tensor)
             if grad is None:
                 raise ProtocolError(f"no saved forward for pipeline {key[0]} microbatch {key[1]}")
-            self.send(
+            ctx.send(
                 route[pos - 1],
                 MessageType.BACKWARD,
                 iteration,

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from checkfree.config import Config
-from checkfree.recovery.neighbours import stage0_copy_holders, stage0_part
+from checkfree.recovery.math import stage0_part
+from checkfree.recovery.planner import stage0_copy_holders
 from checkfree.swarm.node.compute import build_stage
-from checkfree.swarm.node.context import Progress, Send, StageState
-from checkfree.swarm.node.membership import Membership
+from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 from checkfree.training_state import StateDict
@@ -45,31 +45,23 @@ class Stage0Copies:
     """A node's side of the stage-0 copies: pushing them (stage 0) or holding and serving them (stages 1, S).
 
     Args:
-        node_id, stage: this node and its stage.
+        ctx: this node and its stage, its iteration and the highest plausible version, the serving replicas of
+            stages 0, 1 and S and the peer table, and the ``send`` of STAGE0_COPY and WEIGHTS_RESPONSE messages.
         n_stages: transformer stages S.
         active: the setting keeps stage-0 copies (CheckFree+).
         state: the stage this node trains (stage 0: the parts it pushes, and their version).
-        progress: the node's iteration and the highest plausible version.
-        membership: the serving replicas of stages 0, 1 and S, and the peer table.
-        send: sends STAGE0_COPY and WEIGHTS_RESPONSE messages.
         shapes: each part's keys, shapes and dtypes (:func:`stage0_part_shapes`); None: not checked.
     """
 
     def __init__(
         self,
-        node_id: int,
-        stage: int,
+        ctx: NodeContext,
         n_stages: int,
         active: bool,
         state: StageState,
-        progress: Progress,
-        membership: Membership,
-        send: Send,
         shapes: dict[str, Shapes] | None = None,
     ) -> None:
-        self.node_id, self.stage, self.n_stages, self.active = node_id, stage, n_stages, active
-        self.state, self.progress, self.membership, self.send = state, progress, membership, send
-        self.shapes = shapes
+        self.ctx, self.n_stages, self.active, self.state, self.shapes = ctx, n_stages, active, state, shapes
         self.held: dict[str, tuple[int, StateDict]] = {}
         """part ("embedding" / "head") → (version, state dict of that part)."""
         self.sent: dict[int, int] = {}
@@ -78,27 +70,28 @@ class Stage0Copies:
     def part_held_by_me(self) -> str | None:
         """The part this node's stage keeps a copy of, or None."""
         holders = stage0_copy_holders(self.n_stages)
-        return next((part for part, stage in holders.items() if stage == self.stage), None)
+        return next((part for part, stage in holders.items() if stage == self.ctx.stage), None)
 
     def push(self) -> None:
         """Stage 0, lowest-id serving replica: send this version's parts to every holder that lacks it (the
         caller pushes only while it serves)."""
-        if not self.active or self.stage != 0:
+        ctx = self.ctx
+        if not self.active or ctx.stage != 0:
             return
-        replicas, version = self.membership.serving(0), self.state.version
-        if not replicas or min(replicas) != self.node_id:
+        replicas, version = ctx.membership.serving(0), self.state.version
+        if not replicas or min(replicas) != ctx.node_id:
             return
         state = self.state.module.state_dict()
         for part, stage in stage0_copy_holders(self.n_stages).items():
-            targets = [peer for peer in self.membership.serving(stage) if self.sent.get(peer) != version]
+            targets = [peer for peer in ctx.membership.serving(stage) if self.sent.get(peer) != version]
             if not targets:
                 continue
             tensors = W.join({k: v for k, v in state.items() if stage0_part(k) == part}, "w")
             for peer in targets:
-                self.send(
+                ctx.send(
                     peer,
                     MessageType.STAGE0_COPY,
-                    self.progress.iteration,
+                    ctx.clock.iteration,
                     meta={"stage": 0, "part": part, "version": version},
                     tensors=tensors,
                 )
@@ -113,13 +106,13 @@ class Stage0Copies:
                 named part's entries with this node's shapes and finite values (the node drops the message and
                 counts it).
         """
-        part, version = msg.meta["part"], msg.meta["version"]
+        ctx, part, version = self.ctx, msg.meta["part"], msg.meta["version"]
         mine = self.part_held_by_me() if self.active else None
         if part != mine:
-            raise ProtocolError(f"stage-0 copy part {part!r} sent to stage {self.stage}; expected {mine!r}")
-        if msg.sender not in self.membership.serving(0) and self.membership.stage_of(msg.sender) != 0:
+            raise ProtocolError(f"stage-0 copy part {part!r} sent to stage {ctx.stage}; expected {mine!r}")
+        if msg.sender not in ctx.membership.serving(0) and ctx.membership.stage_of(msg.sender) != 0:
             raise ProtocolError(f"stage-0 copy from node {msg.sender}, which does not serve stage 0")
-        if not self.progress.plausible_version(version):
+        if not ctx.clock.plausible_version(version):
             raise ProtocolError(f"stage-0 copy version {version} is ahead of the swarm's iterations")
         state = W.split(msg.tensors, "w")
         if not state or len(state) != len(msg.tensors):
@@ -142,18 +135,18 @@ class Stage0Copies:
         part = msg.meta["part"]
         held = self.held.get(part) if msg.meta["stage"] == 0 else None
         if held is None:
-            self.send(
+            self.ctx.send(
                 msg.sender,
                 MessageType.WEIGHTS_RESPONSE,
                 meta={
                     **reply,
                     "stage": 0,
-                    "error": f"node {self.node_id} holds no copy of the stage-0 {part!r}",
+                    "error": f"node {self.ctx.node_id} holds no copy of the stage-0 {part!r}",
                 },
             )
             return
         version, state = held
-        self.send(
+        self.ctx.send(
             msg.sender,
             MessageType.WEIGHTS_RESPONSE,
             meta={**reply, "stage": 0, "part": part, "version": version, "grad_norm": 1.0},

@@ -25,8 +25,8 @@ from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
 
-class Iterations:
-    """Runs attempts at iterations and fires the scheduled crashes.
+class Attempts:
+    """Runs attempts at iterations (one epoch each) and fires the scheduled crashes.
 
     Args:
         cfg: topology and limits. strategy: the setting (does it kill, does it keep checkpoints).
@@ -102,7 +102,7 @@ class Iterations:
     def _fire(self, due: list[Slot], it: int) -> None:
         for slot in due:
             self.fired.add((slot.slot, it))
-            if not self.strategy.kills:
+            if not self.strategy.loses_state:
                 self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
                 log.info(
                     "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)",
@@ -110,14 +110,7 @@ class Iterations:
                     it,
                 )
                 continue
-            slot.crash = {
-                "slot": slot.slot,
-                "node": slot.occupant,
-                "stage": slot.stage,
-                "iteration": it,
-                "cause": "scheduled SIGKILL",
-                "t_crash": self.results.now(),
-            }
+            self.results.scheduled_kill(slot, it)
             self.processes.kill(slot, f"scheduled crash at iteration {it}")
 
     def _commit(self, epoch: int, it: int, members: dict[int, list[int]]) -> None:

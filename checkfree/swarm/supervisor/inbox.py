@@ -186,8 +186,7 @@ class PeerMessages:
         self._connect(node, meta["address"])
         self.roster.by_node[node] = slot
         slot.address = meta["address"]
-        if slot.crash is not None:
-            slot.crash["t_join"] = self.results.now()
+        self.results.joined(slot)
         welcome = control(
             "welcome",
             config=self.cfg.to_json(),
@@ -225,19 +224,18 @@ class PeerMessages:
         self._plausible(meta["version"])
         slot.serving, slot.version = True, meta["version"]
         slot.deadline = float("inf")
-        if slot is self.roster.storage and slot.crash is not None and self.results.rows:
+        restarted = self.results.open_crash(slot) is not None
+        if slot is self.roster.storage and restarted and self.results.rows:
             self.link.broadcast(
                 "checkpoint", checkpoint_senders=[ids[0] for ids in self.roster.members().values() if ids]
             )
-        if slot.crash is not None:
-            slot.crash.update(self.results.served(slot.crash, meta["record"]))
-            self.results.crashes.append(slot.crash)
+        crash = self.results.served(slot, meta["record"])
+        if crash is not None:
             log.info(
                 "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
                 slot.occupant,
                 slot.stage,
-                slot.crash["latency_s"],
-                meta["record"].get("rule"),
-                meta["record"].get("sources"),
+                crash.latency_s,
+                crash.rule,
+                crash.sources,
             )
-            slot.crash = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
@@ -89,8 +89,7 @@ class Processes:
                 replacement=replacement,
                 admit_upto=roster.next_id,
             )
-        if slot.crash is not None:
-            slot.crash.update(replacement_node=slot.occupant, t_spawn=self.results.now())
+        self.results.spawned(slot)
 
     def kill(self, slot: Slot, why: str) -> None:
         """SIGKILL ``slot``'s occupant (here, or through its launcher) and mark it dead."""
@@ -113,15 +112,7 @@ class Processes:
         self.deaths += not is_storage
         if is_storage:
             self.checkpoints.forget(self.results.current_iteration)
-        if slot.crash is None:
-            slot.crash = {
-                "slot": slot.slot,
-                "node": slot.occupant,
-                "stage": slot.stage,
-                "cause": why,
-                "t_crash": self.results.now(),
-                "iteration": self.results.current_iteration,
-            }
+        self.results.crashed(slot, why)
         self.link.transport.disconnect(slot.occupant)
         self.link.broadcast("peers", peers=self.roster.peer_rows())
 
@@ -145,9 +136,11 @@ class Processes:
         died, self.deaths = self.deaths > 0, 0
         return died
 
-    def wait_serving(self, initial: bool = False, on_loss: Callable[[], object] = lambda: None) -> None:
+    def wait_serving(self, initial: bool = False) -> Iterator[set[int]]:
         """Until every slot serves: replace dead slots (local ones, or through their launcher), enforce
-        deadlines; a death meanwhile is a new loss event (``on_loss`` plans it; not for the initial start).
+        deadlines. Yields the lost stages (no serving replica) whenever a stage node died meanwhile: a new
+        loss event, which the caller plans before any replacement of it starts. On the ``initial`` start
+        nothing is yielded: a node that failed to start is started again, not recovered.
 
         Raises:
             SwarmError: a slot failed ``max_attempts`` times, or no launcher took the remote slots in time.
@@ -156,7 +149,7 @@ class Processes:
         while True:
             self.link.poll(0.02)
             if self.check_deaths() and not initial:
-                on_loss()
+                yield roster.lost_stages()
             orphans = [s.slot for s in roster.slots if not s.local and s.launcher is None]
             if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
                 raise SwarmError(
@@ -166,7 +159,7 @@ class Processes:
             for slot in roster.all():
                 if slot.dead and (slot.local or slot.launcher is not None):
                     if initial:
-                        slot.crash = None  # an initial node that failed to start: a plain retry
+                        self.results.forget_crash(slot)  # an initial node that failed to start: a plain retry
                     self.spawn(slot, replacement=not initial and slot is not roster.storage)
             if roster.all_serving():
                 return

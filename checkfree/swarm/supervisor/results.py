@@ -1,4 +1,4 @@
-"""What a swarm run measured, written to ``runs/<name>/throughput.json`` (issue "Results", docs/paper.md §8).
+"""What a swarm run measured, written to ``runs/<name>/throughput.json`` (docs/paper.md §8).
 
 * ``iterations``: one row per committed iteration in execution order — iteration index, epoch, attempts,
   ``t_commit`` (seconds since the first ``begin``; the aggregation timestamp: every node has averaged its
@@ -6,8 +6,10 @@
   loss over pipelines (nats), tokens, per-stage gradient norms.
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
   ``mean_iteration_s`` (total time / executed), ``tokens_per_s`` (net tokens / total time).
-* ``crashes``: per crash: slot, killed node, stage, iteration, replacement node, rule, source peers,
-  ω (CheckFree weights), bytes fetched, crash → join and crash → serving latency (seconds).
+* ``crashes``: per crash (:class:`CrashRecord`): slot, killed node, stage, iteration, replacement node, rule,
+  source peers, ω (CheckFree weights), bytes fetched, crash → join and crash → serving latency (seconds). The
+  supervisor's parts report a crash's events here (:meth:`Results.crashed`, :meth:`Results.spawned`,
+  :meth:`Results.joined`, :meth:`Results.served`); the record is built and changed only by :class:`Results`.
 * ``bytes_sent_by_type``: summed over every node (crashed nodes count up to their last commit).
 * ``loss_curve``: [iteration, loss] in execution order; ``rollbacks``; ``skipped_crashes`` (no_failure).
 * ``node_devices``: node id → ``cpu`` / ``cuda:N`` of every node this machine started (replacements too).
@@ -18,11 +20,87 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.roster import Slot
 from checkfree.swarm.wire.protocol import MessageType
+
+
+@dataclass
+class CrashRecord:
+    """One loss of a slot's node, from the crash until a replacement serves the slot again.
+
+    Times are seconds on the results' clock (:meth:`Results.now`).
+
+    Attributes:
+        slot, node, stage: the slot, the node that was lost, and its stage.
+        iteration: the iteration during which it was lost.
+        cause: why ("scheduled SIGKILL", "process exited with code -9", …).
+        t_crash: when it was lost (or killed, for a scheduled crash).
+        replacement_node, t_spawn: the last replacement started for the slot, and when (None: none yet).
+        t_join: when that replacement joined (None: not yet).
+        t_serving: when the slot served again (None: not yet).
+        rule, sources, source_stages, parts, omegas, fallback, fetched_bytes, fetch_s: the recovery record
+            the replacement reported with ``serving`` (checkfree.swarm.node.recovering).
+    """
+
+    slot: int
+    node: int
+    stage: int
+    iteration: int
+    cause: str
+    t_crash: float
+    replacement_node: int | None = None
+    t_spawn: float | None = None
+    t_join: float | None = None
+    t_serving: float | None = None
+    rule: str | None = None
+    sources: list[int] | None = None
+    source_stages: list[int] | None = None
+    parts: list[str] | None = None
+    omegas: list[float] | None = None
+    fallback: str | None = None
+    fetched_bytes: int = 0
+    fetch_s: float | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        """Crash → serving, seconds (None while the slot does not serve again)."""
+        return None if self.t_serving is None else self.t_serving - self.t_crash
+
+    def to_json(self) -> dict[str, Any]:
+        """The row of ``crashes`` in throughput.json (a key appears once its event happened)."""
+        out: dict[str, Any] = {
+            "slot": self.slot,
+            "node": self.node,
+            "stage": self.stage,
+            "iteration": self.iteration,
+            "cause": self.cause,
+            "t_crash": self.t_crash,
+        }
+        if self.t_spawn is not None:
+            out |= {"replacement_node": self.replacement_node, "t_spawn": self.t_spawn}
+        if self.t_join is not None:
+            out["t_join"] = self.t_join
+        if self.t_serving is not None:
+            out |= {
+                "t_serving": self.t_serving,
+                "latency_s": self.latency_s,
+                "rule": self.rule,
+                "sources": self.sources,
+                "source_stages": self.source_stages,
+                "parts": self.parts,
+                "omegas": self.omegas,
+                "fallback": self.fallback,
+                "bytes": self.fetched_bytes,
+                "fetch_s": self.fetch_s,
+            }
+            if self.t_join is not None:
+                out["join_latency_s"] = self.t_join - self.t_crash
+        return out
 
 
 class Results:
@@ -32,7 +110,10 @@ class Results:
         self.cfg, self.setting, self.target = cfg, setting, target
         self.t0: float | None = None
         self.rows: list[dict[str, Any]] = []
-        self.crashes: list[dict[str, Any]] = []
+        self.crashes: list[CrashRecord] = []
+        """Crashes whose slot serves again, in the order they were recovered."""
+        self._open: dict[int, CrashRecord] = {}
+        """Slot number → its crash whose replacement does not serve yet."""
         self.skipped: list[dict[str, Any]] = []
         self.rollbacks: list[dict[str, Any]] = []
         self.reports: dict[int, dict[str, Any]] = {}
@@ -84,23 +165,58 @@ class Results:
             }
         )
 
-    def served(self, crash: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
-        t = self.now()
-        out = {
-            "t_serving": t,
-            "latency_s": t - crash["t_crash"],
-            "rule": record.get("rule"),
-            "sources": record.get("sources"),
-            "source_stages": record.get("source_stages"),
-            "parts": record.get("parts"),
-            "omegas": record.get("omegas"),
-            "fallback": record.get("fallback"),
-            "bytes": record.get("bytes", 0),
-            "fetch_s": record.get("fetch_s"),
-        }
-        if "t_join" in crash:
-            out["join_latency_s"] = crash["t_join"] - crash["t_crash"]
-        return out
+    # ------------------------------------------------------------------ crash events, by slot
+
+    def _crash(self, slot: Slot, cause: str, iteration: int) -> None:
+        self._open[slot.slot] = CrashRecord(
+            slot.slot, slot.occupant, slot.stage, iteration, cause, self.now()
+        )
+
+    def crashed(self, slot: Slot, cause: str) -> None:
+        """``slot``'s node is gone during the current iteration. A slot's crash is recorded once: a
+        replacement lost before it serves belongs to the same crash."""
+        if slot.slot not in self._open:
+            self._crash(slot, cause, self.current_iteration)
+
+    def scheduled_kill(self, slot: Slot, iteration: int) -> None:
+        """The crash schedule kills ``slot``'s node now, during ``iteration``."""
+        self._crash(slot, "scheduled SIGKILL", iteration)
+
+    def forget_crash(self, slot: Slot) -> None:
+        """An initial node failed to start: its restart is a plain retry, not a crash."""
+        self._open.pop(slot.slot, None)
+
+    def open_crash(self, slot: Slot) -> CrashRecord | None:
+        """``slot``'s crash whose replacement does not serve yet, or None."""
+        return self._open.get(slot.slot)
+
+    def spawned(self, slot: Slot) -> None:
+        """A node was started for ``slot`` (its occupant): a crashed slot's replacement."""
+        crash = self._open.get(slot.slot)
+        if crash is not None:
+            crash.replacement_node, crash.t_spawn = slot.occupant, self.now()
+
+    def joined(self, slot: Slot) -> None:
+        """``slot``'s occupant joined the swarm."""
+        crash = self._open.get(slot.slot)
+        if crash is not None:
+            crash.t_join = self.now()
+
+    def served(self, slot: Slot, record: dict[str, Any]) -> CrashRecord | None:
+        """``slot``'s occupant serves, rebuilt per ``record`` (the node's recovery record); returns the crash
+        this closes (now in :attr:`crashes`), or None when the slot had none open."""
+        crash = self._open.pop(slot.slot, None)
+        if crash is None:
+            return None
+        crash.t_serving = self.now()
+        crash.rule, crash.sources = record.get("rule"), record.get("sources")
+        crash.source_stages, crash.parts = record.get("source_stages"), record.get("parts")
+        crash.omegas, crash.fallback = record.get("omegas"), record.get("fallback")
+        crash.fetched_bytes, crash.fetch_s = record.get("bytes", 0), record.get("fetch_s")
+        self.crashes.append(crash)
+        return crash
+
+    # ------------------------------------------------------------------ node statistics and the file
 
     def node_report(self, node: int, meta: dict[str, Any]) -> None:
         self.reports[node] = meta
@@ -119,9 +235,9 @@ class Results:
         total = self.rows[-1]["t_commit"] if self.rows else 0.0
         completed = self.rows[-1]["iteration"] + 1 if self.rows else 0
         walls = [r["wall_s"] for r in self.rows]
-        crash_iters = {c["iteration"] for c in self.crashes} | {r["at_iteration"] for r in self.rollbacks}
+        crash_iters = {c.iteration for c in self.crashes} | {r["at_iteration"] for r in self.rollbacks}
         quiet = [r["wall_s"] for r in self.rows if r["iteration"] not in crash_iters]
-        latencies = [c["latency_s"] for c in self.crashes if "latency_s" in c]
+        latencies = [c.latency_s for c in self.crashes if c.latency_s is not None]
         out = {
             "setting": self.setting,
             "nodes": self.cfg.n_nodes,
@@ -142,7 +258,7 @@ class Results:
             "recovered_count": len(latencies),
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
             "aborted_attempts": self.aborts,
-            "crashes": self.crashes,
+            "crashes": [c.to_json() for c in self.crashes],
             "skipped_crashes": self.skipped,
             "rollbacks": self.rollbacks,
             "rollback_bytes": self.rollback_bytes,

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.policies import RecoveryPlan
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
@@ -41,7 +41,6 @@ class Slot:
         self.version = 0
         self.tries = 0
         self.deadline = float("inf")
-        self.crash: dict[str, Any] | None = None
         self.launcher: int | None = None
         """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
         self.plan: RecoveryPlan | None = None

@@ -25,10 +25,12 @@ the stepped state. Under ``checkpoint``, a whole-stage loss rolls every node bac
 that every stage stored, and the iterations since are redone.
 
 **Parts.** The slots and messages to nodes (checkfree.swarm.supervisor.roster: ``Roster``, ``Link``), the
-node processes and their deaths (supervisor_processes: ``Processes``), the checkpoints and rollback
-(supervisor_checkpoints: ``Checkpoints``), the attempt loop (supervisor_iteration: ``Iterations``) and the
-handlers of peer messages (supervisor_inbox: ``PeerMessages``) are small objects wired here; this module plans each loss
-event and runs the whole: start, iterate, recover, shut down.
+node processes and their deaths (checkfree.swarm.supervisor.processes: ``Processes``), the checkpoints and
+rollback (checkfree.swarm.supervisor.checkpoints: ``Checkpoints``), the attempt loop
+(checkfree.swarm.supervisor.attempts: ``Attempts``), the handlers of peer messages
+(checkfree.swarm.supervisor.inbox: ``PeerMessages``) and the measurements with their crash records
+(checkfree.swarm.supervisor.results: ``Results``) are small objects wired here, and public: tests drive them
+directly. This module plans each loss event and runs the whole: start, iterate, recover, shut down.
 
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
 report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
@@ -48,11 +50,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from checkfree.swarm.config import SwarmConfig
+from checkfree.recovery.planner import RecoveryImpossible
+from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
-from checkfree.swarm.policies import RecoveryImpossible, make_recovery
-from checkfree.swarm.supervisor.attempts import Iterations
+from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.checkpoints import Checkpoints
 from checkfree.swarm.supervisor.inbox import PeerMessages
 from checkfree.swarm.supervisor.processes import Processes
@@ -78,7 +81,8 @@ class Supervisor:
         iterations} (checkfree.failures.schedules.load_node_schedule). run_dir: logs and throughput.json go here.
         start, end: the initial node ids this machine starts (others join from elsewhere at ``address``).
         on_recovered: called as ``on_recovered(supervisor, crash_records)`` after every recovery, while the
-        swarm is paused (tests inspect weights through :meth:`fetch_weights`).
+        swarm is paused, with the recovered crashes as throughput.json lists them (tests inspect weights
+        through :meth:`fetch_weights`).
     """
 
     def __init__(
@@ -101,12 +105,7 @@ class Supervisor:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
         self.run_dir, self.vocab_size, self.on_recovered = Path(run_dir), vocab_size, on_recovered
-        end = cfg.n_nodes if end is None else end
-        if not 0 <= start < end <= cfg.n_nodes:
-            raise ValueError(
-                f"node range {start}..{end} is outside the swarm's 0..{cfg.n_nodes}; expected "
-                f"0 <= START < END <= {cfg.n_nodes}."
-            )
+        end = node_range(cfg.n_nodes, start, end)
         bad = sorted(n for n in schedule if n >= cfg.n_nodes)
         if bad:
             raise ValueError(
@@ -143,7 +142,7 @@ class Supervisor:
         self.processes = Processes(
             cfg, self.roster, self.link, self.host, self.results, self.checkpoints, self.keys, self.address
         )
-        self.attempts = Iterations(
+        self.attempts = Attempts(
             cfg, self.strategy, schedule, self.roster, self.link, self.processes, self.results
         )
         self.peer_messages = PeerMessages(
@@ -159,55 +158,6 @@ class Supervisor:
             epoch=lambda: self.attempts.epoch,
         )
         self.link.handle = self.peer_messages.handle
-
-    # ------------------------------------------------------------------ state of the parts, by name
-
-    @property
-    def bad_messages(self) -> int:
-        """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
-        return self.peer_messages.bad_messages
-
-    @property
-    def slots(self) -> list[Slot]:
-        return self.roster.slots
-
-    @property
-    def storage(self) -> Slot | None:
-        return self.roster.storage
-
-    @property
-    def by_node(self) -> dict[int, Slot]:
-        return self.roster.by_node
-
-    @property
-    def launchers(self) -> set[int]:
-        return self.roster.launchers
-
-    @property
-    def next_id(self) -> int:
-        return self.roster.next_id
-
-    @property
-    def inbox(self) -> dict[str, dict[int, dict[str, Any]]]:
-        return self.link.inbox
-
-    @property
-    def epoch(self) -> int:
-        return self.attempts.epoch
-
-    @property
-    def stored(self) -> dict[int, set[int]]:
-        """Stage → versions the storage node holds (checkfree.swarm.supervisor.checkpoints)."""
-        return self.checkpoints.stored
-
-    @stored.setter
-    def stored(self, value: dict[int, set[int]]) -> None:
-        self.checkpoints.stored = value
-
-    @property
-    def storage_lost_at(self) -> int | None:
-        """The iteration during which the storage node died (its checkpoints went with it), or None."""
-        return self.checkpoints.lost_at
 
     @property
     def token_path(self) -> Path:
@@ -245,8 +195,9 @@ class Supervisor:
         for slot in self.roster.all():
             if slot.local:
                 self.processes.spawn(slot, replacement=False)
-        self.processes.wait_serving(initial=True)
-        if self.storage is not None:
+        for _ in self.processes.wait_serving(initial=True):
+            pass  # the initial start has no loss events to plan
+        if self.roster.storage is not None:
             self.checkpoints.store_initial()
         self.results.start()
         it = 0
@@ -277,54 +228,43 @@ class Supervisor:
         raise SwarmError(f"node {node} did not answer a weights request within {timeout:.0f} s.")
 
     def node_address(self, node: int) -> str | None:
-        slot = self.by_node.get(node)
+        slot = self.roster.by_node.get(node)
         return slot.address if slot is not None else None
 
     def write_config(self) -> None:
         (self.run_dir / "swarm_config.json").write_text(json.dumps(self.cfg.to_json(), indent=1))
 
-    # ------------------------------------------------------------------ the parts, as tests drive them
-
-    def _all_slots(self) -> list[Slot]:
-        return self.roster.all()
-
-    def _members(self) -> dict[int, list[int]]:
-        return self.roster.members()
-
-    def _mark_dead(self, slot: Slot, why: str) -> None:
-        self.processes.mark_dead(slot, why)
-
     # ------------------------------------------------------------------ loss events
 
-    def _plan_event(self) -> set[int]:
-        """Plan, once for this loss event, how every slot without a serving node is rebuilt; returns the lost
-        stages (no serving replica). Replacements execute these plans and never re-plan, so replicas of one
-        stage lost together are rebuilt alike, whatever order they join in.
+    def _plan_event(self, lost: set[int]) -> None:
+        """Plan, once for this loss event (``lost``: the stages with no serving replica), how every slot
+        without a serving node is rebuilt. Replacements execute these plans and never re-plan, so replicas of
+        one stage lost together are rebuilt alike, whatever order they join in.
 
         Raises:
             SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
         """
-        lost = self.roster.lost_stages()
-        for slot in self.slots:
+        for slot in self.roster.slots:
             if slot.serving:
                 continue
             try:
                 slot.plan = self.strategy.plan(slot.stage, lost, self.cfg.n_stages)
             except RecoveryImpossible as exc:
                 raise SwarmError(str(exc)) from None
-        return lost
 
     def _ensure_serving(self, it: int) -> int:
         """Recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
         if self.roster.all_serving():
             return it
-        lost = self._plan_event()
+        lost = self.roster.lost_stages()
+        self._plan_event(lost)
         rollback = bool(lost) and self.strategy.rollback_on_stage_loss
         if rollback and not self.checkpoints.has_complete():
             cause = self.checkpoints.missing_cause()
             raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
-        pending = [dict(s.crash) for s in self.slots if s.crash is not None]
-        self.processes.wait_serving(on_loss=self._plan_event)
+        pending = {c.node for c in map(self.results.open_crash, self.roster.slots) if c is not None}
+        for new_loss in self.processes.wait_serving():
+            self._plan_event(new_loss)  # before any replacement of this loss starts
         if rollback:
             version = self.checkpoints.newest_complete()
             self.results.rollback_bytes += self.checkpoints.rollback(version, self.processes.check_deaths)
@@ -337,25 +277,23 @@ class Supervisor:
                 }
             )
             it = version
-        for slot in self.slots:
+        for slot in self.roster.slots:
             slot.tries = 0
         if self.on_recovered is not None:
-            self.on_recovered(
-                self, [c for c in self.results.crashes if c["node"] in {p["node"] for p in pending}]
-            )
+            self.on_recovered(self, [c.to_json() for c in self.results.crashes if c.node in pending])
         return it
 
     def _shutdown(self) -> None:
-        self.inbox.clear()
+        self.link.inbox.clear()
         self.link.broadcast("shutdown")
         expected = {s.occupant for s in self.roster.all() if not s.dead}
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-        while not expected <= set(self.inbox.get("final", {})) and time.monotonic() < deadline:
+        while not expected <= set(self.link.reported("final")) and time.monotonic() < deadline:
             self.link.poll(0.02)
-        missing = expected - set(self.inbox.get("final", {}))
+        missing = expected - set(self.link.reported("final"))
         if missing:
             log.warning("supervisor: no final stats from nodes %s", sorted(missing))
-        self.results.finals = self.inbox.get("final", {})
-        for launcher in self.launchers:
+        self.results.finals = self.link.reported("final")
+        for launcher in self.roster.launchers:
             self.link.command(launcher, "shutdown")
         self.host.wait_all(timeout=10.0)

@@ -9,7 +9,7 @@ next call: this relies on ``Transport.send`` copying the bytes before it returns
 which ``tests/test_swarm_devices.py`` checks through a real transport.
 
 Incoming (:meth:`HostStaging.to_device`): a decoded message's tensors go to the node's device, so the stage,
-the gradient average (checkfree.swarm.node.gradient_sync) and the recovery math (checkfree.recovery.neighbours)
+the gradient average (checkfree.swarm.node.gradient_sync) and the recovery math (checkfree.recovery.math)
 run where the tensors live.
 
 On the CPU both are the identity (the same dict, the same tensors): pinning needs CUDA, and a CPU node must
