@@ -31,6 +31,13 @@ GRAD_NORM_MODES = ("paper", "clipped")
 _FAILURE_KEY = re.compile(r"^\d+(\.\d+)?$")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
+CONFIG_ALIASES = {
+    "1.5B_config.json": "1_5B_config_6x4.json",
+    "500M_GPT_config.json": "500M_config_gpt.json",
+}
+"""Names checkfree shipped before it took the authors' file names (configs/README.md) → the file they load now."""
+DATASET_SPELLINGS = {"RedPyjamas": "RedPajama"}
+"""The authors' spellings of a dataset name (their current 1_5B_config.json) → checkfree's name."""
 
 
 class ConfigError(ValueError):
@@ -308,17 +315,23 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     return cfg
 
 
-def resolve_config_path(name: str | Path, cwd: Path | None = None) -> Path:
-    """CONFIG resolves against the working directory, then the repository's ``configs/``.
+def resolve_config_path(name: str | Path, cwd: Path | None = None, notes: list[str] | None = None) -> Path:
+    """CONFIG resolves against the working directory, then the repository's ``configs/``, then the names
+    checkfree shipped before (:data:`CONFIG_ALIASES`; ``notes`` receives a sentence naming the new file).
 
     Raises:
-        FileNotFoundError: neither location holds the file.
+        FileNotFoundError: no location holds the file.
     """
     p = Path(name)
     candidates = [p if p.is_absolute() else (cwd or Path.cwd()) / p, CONFIG_DIR / p.name]
     for c in candidates:
         if c.is_file():
             return c.resolve()
+    alias = CONFIG_ALIASES.get(p.name)
+    if alias is not None and (CONFIG_DIR / alias).is_file():
+        if notes is not None:
+            notes.append(f"config {p.name!r} is now named {alias!r} (configs/README.md); loading {alias}.")
+        return (CONFIG_DIR / alias).resolve()
     raise FileNotFoundError(
         f"config {str(name)!r} not found in the working directory or in {CONFIG_DIR}; "
         "expected a JSON file such as configs/tiny_config.json."
@@ -346,14 +359,16 @@ def load_config(
 ) -> Config:
     """Load, override (CLI values win) and validate a config file.
 
-    ``warnings`` (when given) receives one sentence per key that the file gives twice.
+    ``warnings`` (when given) receives one sentence per key that the file gives twice, and a note when the name
+    is one checkfree shipped before (:data:`CONFIG_ALIASES`) or the dataset is spelled the authors' way
+    (:data:`DATASET_SPELLINGS`).
 
     Raises:
         FileNotFoundError: the file does not exist.
         ConfigError: the file is not UTF-8 JSON or a value is invalid.
     """
-    path = resolve_config_path(name)
     found: list[str] = []
+    path = resolve_config_path(name, notes=found)
     try:
         raw = json.loads(
             path.read_text(encoding="utf-8"), object_pairs_hook=_pairs_without_duplicates(path, found)
@@ -367,4 +382,11 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: expected a JSON object of config keys.")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    spelled = raw.get("dataset")
+    if isinstance(spelled, str) and spelled in DATASET_SPELLINGS:
+        raw["dataset"] = DATASET_SPELLINGS[spelled]
+        if warnings is not None:
+            warnings.append(
+                f"dataset {spelled!r} is the authors' spelling of {raw['dataset']!r}; training on it."
+            )
     return config_from_dict(raw, source=f"config {path.name}")

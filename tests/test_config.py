@@ -8,10 +8,13 @@ from checkfree.config import CONFIG_DIR, ConfigError, config_from_dict, load_con
 
 PAPER = {
     "124M_config.json": (512, 8, 3, 4, 512, 64, 4, 6e-4, 1.1),
-    "500M_config.json": (1024, 16, 4, 6, 1024, 16, 4, 3e-4, 1.2),
-    "1.5B_config.json": (2048, 16, 4, 6, 4096, 8, 2, 3e-4, 1.1),
-    "500M_GPT_config.json": (1024, 16, 4, 6, 1024, 8, 8, 1e-4, 1.2),
+    "500M_config.json": (1024, 16, 2, 12, 1024, 16, 4, 3e-4, 1.2),  # the authors' current 12 × 2 layout
+    "1_5B_config.json": (2048, 16, 2, 12, 4096, 8, 2, 3e-4, 1.1),
+    "500M_config_gpt.json": (1024, 16, 4, 6, 1024, 8, 8, 1e-4, 1.2),
+    "500M_config_6x4.json": (1024, 16, 4, 6, 1024, 16, 4, 3e-4, 1.2),  # the paper's first version
+    "1_5B_config_6x4.json": (2048, 16, 4, 6, 4096, 8, 2, 3e-4, 1.1),
 }
+AUTHORS_FILES = ("124M_config.json", "500M_config.json", "500M_config_gpt.json", "1_5B_config.json")
 
 
 @pytest.mark.parametrize("name", sorted(PAPER))
@@ -29,6 +32,36 @@ def test_failure_keys_are_probabilities_not_learning_rates():
     cfg = load_config("500M_config.json")
     assert cfg.failure_probabilities == {"5": 0.0009, "10": 0.002, "16": 0.004, "33": 0.01}
     assert cfg.lr == 3e-4
+
+
+@pytest.mark.parametrize("name", AUTHORS_FILES)
+def test_the_authors_files_copied_into_the_working_directory_load_unchanged(name, tmp_path, monkeypatch):
+    """A user copies the authors' simulate_training/*_config.json next to run.sh: accepted as is."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_bytes((CONFIG_DIR / name).read_bytes())
+    notes: list[str] = []
+    cfg = load_config(name, None, notes)
+    assert (cfg.n_stages, cfg.max_iterations) == {
+        "124M_config.json": (4, 100001),
+        "500M_config.json": (12, 100001),
+        "500M_config_gpt.json": (6, 30001),
+        "1_5B_config.json": (12, 36001),
+    }[name]
+    if name == "1_5B_config.json":  # the authors spell it "RedPyjamas": read as RedPajama, with a note
+        assert cfg.dataset == "RedPajama" and cfg.tokenizer_name == "llama2"
+        assert notes == ["dataset 'RedPyjamas' is the authors' spelling of 'RedPajama'; training on it."]
+    else:
+        assert notes == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("1.5B_config.json", "1_5B_config_6x4.json"), ("500M_GPT_config.json", "500M_config_gpt.json")],
+)
+def test_names_checkfree_shipped_before_load_the_renamed_file_with_a_note(old, new):
+    notes: list[str] = []
+    assert load_config(old, None, notes) == load_config(new)
+    assert notes == [f"config {old!r} is now named {new!r} (configs/README.md); loading {new}."]
 
 
 def test_config_resolves_cwd_first_then_configs(tmp_path, monkeypatch):
