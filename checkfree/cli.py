@@ -57,7 +57,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
         help="train a pipeline-staged model while whole stages fail and are recovered",
-        description="The convergence simulator (README: Simulator). Launch one process per data-parallel "
+        description="The convergence simulator (docs/simulator.md). Launch one process per data-parallel "
         "replica with torchrun, or use simulate_training/run.sh (swaps on) / run_2.sh (swaps off).",
     )
     p.add_argument(
@@ -185,7 +185,7 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="device peak TFLOP/s for MFU (default: known GPUs, or measured on a CPU)",
     )
     p.add_argument(
-        "--compile", action="store_true", help="torch.compile each stage (off by default; see README: CUDA)"
+        "--compile", action="store_true", help="torch.compile each stage (off by default; see docs/gpu.md)"
     )
     p.add_argument(
         "--tensorboard", action="store_true", help="write TensorBoard scalars to RUN_DIR/tensorboard/"

@@ -1,4 +1,4 @@
-"""Run and output directories that each hold exactly one run or one output (README: Outputs).
+"""Run and output directories that each hold exactly one run or one output (docs/simulator.md, Outputs).
 
 A run directory is written by one run only. Deciding whether a directory may be used has no side effect
 (:func:`plan_run_dir`, :func:`check_output_dir`), so a command validates everything first and touches the disk

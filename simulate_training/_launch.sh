@@ -23,7 +23,7 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 
 args=(simulate --setting "$setting" --world-size "$world" --rate "$rate" --config "$config"
       --start-iter "$start" "$swaps" "$@")
-# More than one machine (README: Multi-node): NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as torchrun names them;
+# More than one machine (docs/gpu.md, Several machines): NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT as torchrun names them;
 # WORLD_SIZE counts the replicas of all nodes, NNODES must divide it. TORCHRUN_ARGS adds torchrun options; with
 # --rdzv-* among them, they replace the static MASTER_ADDR rendezvous.
 nnodes=${NNODES:-1}

@@ -144,7 +144,7 @@ def test_schedule_subcommand_bad_option_is_one_sentence(tmp_path):
     done = _run([sys.executable, "-m", "checkfree", "schedule", "--rate", "16", "--stages", "0"], tmp_path)
     assert done.returncode == 2 and done.stdout == b""
     assert done.stderr.decode().strip() == (
-        "checkfree schedule: error: n_stages 0 is invalid: expected an integer ≥ 1."
+        "checkfree schedule: error: n_stages 0 is invalid: expected an integer in 1..100000."
     )
 
 

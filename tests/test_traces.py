@@ -222,3 +222,32 @@ def test_failure_generator_mistakes_are_one_line_and_exit_2(
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_simulator_run_replays_a_downtime_schedule(tmp_path: Path, capsys) -> None:
+    from cli_helpers import run_cli, simulate_argv
+
+    from checkfree.telemetry.metrics import read_metrics
+
+    # tiny config: 4 stages × 2 replicas (stage s = nodes 2s, 2s+1); stage 2 loses both at iteration 2,
+    # stage 3 runs on one replica in iterations 1–2
+    sched = {
+        "format": DOWNTIME_FORMAT,
+        "stages": 4,
+        "replicas": 2,
+        "iterations": 4,
+        "iteration_seconds": 60.0,
+        "slots": {"4": [[1, 3]], "5": [[2, 2]], "6": [[1, 3]]},
+    }
+    path = tmp_path / "down.json"
+    path.write_text(json.dumps(sched))
+    run = tmp_path / "run"
+    rc, _, err = run_cli(simulate_argv(run, "--failure-schedule", str(path)), capsys)
+    assert rc == 0, err
+    failures = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "failure"]
+    assert [(r["iteration"], r["stage"]) for r in failures] == [(2, 2)]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["short_of_replicas_iterations"] == {"1": 0, "2": 1, "3": 2, "4": 0}
+    assert summary["all_replicas_down_iterations"] == {"1": 0, "2": 1, "3": 0, "4": 0}

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from checkfree.config import HUB_DATASET_NAMES, Config
+from checkfree.failures.injection import StageFailureSource, StageSchedule
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
 from checkfree.recovery.registry import make_strategy
 from checkfree.rundir import RunDirPlan, apply_run_dir
@@ -161,6 +162,18 @@ def _claim_run_dir(plan: RunDirPlan, rank: int, world: int) -> Path:
     return plan.path
 
 
+def replica_shortage(source: StageFailureSource, iterations: int) -> dict[str, Any]:
+    """For a schedule replayed from a preemption trace (:mod:`checkfree.failures.traces`): per stage, how many of
+    the run's first ``iterations`` iterations it ran short of replicas and how many it had none; else nothing.
+    """
+    if not isinstance(source, StageSchedule) or not (source.short_iterations or source.lost_iterations):
+        return {}
+    short, lost = source.short_iterations, source.lost_iterations
+    count = {s: sum(1 for k in ks if k < iterations) for s, ks in short.items()}
+    gone = {s: sum(1 for k in ks if k < iterations) for s, ks in lost.items()}
+    return {"short_of_replicas_iterations": count, "all_replicas_down_iterations": gone}
+
+
 def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Run one simulation end to end; returns the summary (rank 0 also writes summary.json).
 
@@ -259,6 +272,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
                 "data_epochs": round(data_epochs, 4),
             }
         )
+        summary.update(replica_shortage(source, cfg.max_iterations))
         if rank == 0:
             (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
         sink.close()

@@ -1,4 +1,4 @@
-"""The simulator's options: everything ``python -m checkfree simulate`` accepts (README: simulator options).
+"""The simulator's options: everything ``python -m checkfree simulate`` accepts (docs/simulator.md).
 
 Checked by checkfree.sim.preflight and run by checkfree.sim.launch (which re-exports :class:`SimulateOptions`).
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass
 class SimulateOptions:
-    """Everything ``python -m checkfree simulate`` accepts (README: simulator options)."""
+    """Everything ``python -m checkfree simulate`` accepts (docs/simulator.md)."""
 
     setting: str
     config: str

@@ -1,4 +1,4 @@
-"""Everything a simulator run validates before it touches the disk (README: Outputs).
+"""Everything a simulator run validates before it touches the disk (docs/simulator.md, Outputs).
 
 :func:`preflight` checks the config, the options, the failure source, the data source, the device, the run
 directory and the resume checkpoint, and returns what the run needs; it writes nothing. A failed check raises
@@ -26,6 +26,7 @@ from checkfree.devices import autocast_context
 from checkfree.failures.injection import StageFailureInjector, StageFailureSource
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS, resolve_failure_probability
 from checkfree.failures.schedules import load_stage_schedule
+from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
 from checkfree.pipeline import stage_order
 from checkfree.recovery.registry import make_strategy
 from checkfree.rundir import RunDirPlan, check_directory_path, holds_something, plan_run_dir
@@ -109,6 +110,8 @@ def _schedule_warnings(path: Path, max_iterations: int) -> list[str]:
                 f"(an entry holds {list(STAGE_ENTRY_KEYS)})."
             )
         iterations = [e["iteration"] for e in data["failures"]]
+    elif isinstance(data, dict) and data.get("format") == DOWNTIME_FORMAT:
+        iterations = [it for it, _ in parse_downtime(data, f"failure schedule {str(path)!r}").stage_losses()]
     elif isinstance(data, dict):
         iterations = [it for crashes in data.values() for it in crashes[:-1]]
     else:
@@ -183,7 +186,7 @@ def _failure_source(opts: SimulateOptions, cfg: Config, probability: float) -> S
 
 
 def _check_throughput_options(opts: SimulateOptions) -> None:
-    """--autocast, --peak-tflops and --tensorboard (README: Throughput, MFU and CUDA; Live monitoring)."""
+    """--autocast, --peak-tflops and --tensorboard (docs/simulator.md: Throughput and MFU, Live monitoring; docs/gpu.md)."""
     autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
     if opts.peak_tflops is not None and not (math.isfinite(opts.peak_tflops) and opts.peak_tflops > 0):
         raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")

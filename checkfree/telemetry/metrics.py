@@ -3,7 +3,7 @@
 Each record is written with a single ``write`` of a complete line and flushed, so a run killed with SIGKILL
 leaves a file in which every line parses (at worst the last record is missing).
 
-Kinds written by the simulator (README: Outputs): "train", "eval", "failure", "recovery", "rollback",
+Kinds written by the simulator (docs/simulator.md, Outputs): "train", "eval", "failure", "recovery", "rollback",
 "checkpoint", "snapshot", "resume".
 """
 
