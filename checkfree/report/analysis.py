@@ -305,8 +305,59 @@ def fig2_verdict(groups: list[Group], rate: float = 16.0) -> list[Verdict]:
     return out
 
 
+TABLE2_NAMES = {
+    "checkfree_plus": "CheckFree+",
+    "checkfree": "CheckFree",
+    "checkpoint": "checkpointing",
+    "redundant": "redundant computation",
+}
+"""How Table 2 (docs/paper.md §7) names the strategies the report compares."""
+
+TABLE2_PAIRS: dict[float, tuple[tuple[str, str], ...]] = {
+    5.0: (
+        ("checkfree_plus", "checkpoint"),
+        ("checkfree_plus", "redundant"),
+        ("checkfree", "checkpoint"),
+        ("checkfree_plus", "checkfree"),
+    ),
+    10.0: (
+        ("checkfree_plus", "checkpoint"),
+        ("checkfree_plus", "redundant"),
+        ("checkfree", "checkpoint"),
+        ("checkfree_plus", "checkfree"),
+    ),
+    16.0: (("redundant", "checkfree_plus"), ("redundant", "checkpoint")),
+}
+"""Per failure rate (%/h), the pairwise orderings (faster, slower) of hours to target that paper Table 2 shows
+(docs/paper.md §7: e.g. at 5 %/h CheckFree+ 355.13 h < redundant 419.56 h < checkpointing 558.23 h)."""
+
+
+def table2_statement(faster: str, slower: str) -> str:
+    """The verdict statement of one pairwise Table 2 ordering, e.g. "Table 2: hours to target CheckFree+ <
+    checkpointing" (``faster``, ``slower``: strategy names, keys of :data:`TABLE2_NAMES`; KeyError otherwise)."""
+    return f"Table 2: hours to target {TABLE2_NAMES[faster]} < {TABLE2_NAMES[slower]}"
+
+
+def _pair_verdict(g: Group, faster: str, slower: str) -> Verdict:
+    """One pairwise ordering in one group: a run that never reached the target counts as infinitely slow; two
+    that never reached it cannot be ordered (not judged)."""
+    a, b = g.by_strategy(faster), g.by_strategy(slower)
+    statement = table2_statement(faster, slower)
+    evidence = f"{faster} {_fmt_hours(a)}, {slower} {_fmt_hours(b)}"
+    if a is None or b is None:
+        return _group_verdict(g, statement, None, f"runs missing: {evidence}")
+    ha, hb = _hours(a), _hours(b)
+    if not (math.isfinite(ha) or math.isfinite(hb)):
+        return _group_verdict(g, statement, None, f"neither reached the target: {evidence}")
+    if math.isfinite(ha) and math.isfinite(hb) and ha > 0:
+        evidence += f" ({slower} ÷ {faster} = {hb / ha:.3g})"
+    return _group_verdict(g, statement, ha < hb, evidence)
+
+
 def table2_verdicts(groups: list[Group]) -> list[Verdict]:
-    """Paper Table 2: hours to target CheckFree+ < CheckFree < checkpointing at 5–10 %/h; redundant wins at 16."""
+    """Paper Table 2 (docs/paper.md §7), per group at 5, 10 and 16 %/h: the combined orderings (CheckFree+ <
+    CheckFree < checkpointing at 5–10 %/h; redundant computation shortest at 16 %/h) and, after them, each
+    pairwise ordering of :data:`TABLE2_PAIRS` as its own verdict (over seeds: :func:`seeds.seed_verdicts`)."""
     out = []
     for g in groups:
         rows = {s: g.by_strategy(s) for s in ("checkfree_plus", "checkfree", "checkpoint", "redundant")}
@@ -316,23 +367,24 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
             need = [rows["checkfree_plus"], rows["checkfree"], rows["checkpoint"]]
             if any(r is None for r in need):
                 out.append(_group_verdict(g, statement, None, f"runs missing: {evidence}"))
-                continue
-            h = [_hours(r) for r in need]
-            holds = h[0] < h[1] < h[2] if any(map(math.isfinite, h)) else None
-            out.append(_group_verdict(g, statement, holds, evidence))
+            else:
+                h = [_hours(r) for r in need]
+                holds = h[0] < h[1] < h[2] if any(map(math.isfinite, h)) else None
+                out.append(_group_verdict(g, statement, holds, evidence))
         elif g.rate == 16.0:
             statement = "Table 2: redundant computation has the shortest time to target"
             if any(r is None for r in rows.values()):
                 out.append(_group_verdict(g, statement, None, f"runs missing: {evidence}"))
-                continue
-            h = {s: _hours(r) for s, r in rows.items()}
-            others = [v for s, v in h.items() if s != "redundant"]
-            holds = (
-                None
-                if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others))
-                else all(h["redundant"] < v for v in others)
-            )
-            out.append(_group_verdict(g, statement, holds, evidence))
+            else:
+                h = {s: _hours(r) for s, r in rows.items()}
+                others = [v for s, v in h.items() if s != "redundant"]
+                holds = (
+                    None
+                    if not math.isfinite(h["redundant"]) and not any(map(math.isfinite, others))
+                    else all(h["redundant"] < v for v in others)
+                )
+                out.append(_group_verdict(g, statement, holds, evidence))
+        out += [_pair_verdict(g, a, b) for a, b in TABLE2_PAIRS.get(g.rate, ())]
     return out
 
 

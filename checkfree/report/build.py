@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkfree.report.analysis import (
@@ -26,6 +26,7 @@ from checkfree.report.analysis import (
     timing_models,
 )
 from checkfree.report.runs import Run, SwarmRun, load_runs
+from checkfree.report.table2 import Table2, summarise
 from checkfree.rundir import check_output_dir, claim_output_dir
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class ReportResult:
     swarms: list[SwarmRun]
     skipped: list[tuple[Path, str]]
     target: float
+    table2: Table2 = field(default_factory=lambda: Table2({}))
+    """Paper Table 2's numbers at this scale, per recovery-cost factor (checkfree.report.table2)."""
 
 
 def build_report(
@@ -91,6 +94,7 @@ def build_report(
     models = timing_models(runs, swarms, timing or TimingOptions())
     groups = analyse(runs, models, target)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
+    table2 = summarise(groups, runs, models, target)
     claim_output_dir(
         out, REPORT_MARKER, {"run_dirs": [str(Path(p).resolve()) for p in run_dirs], "target": target}
     )
@@ -105,7 +109,9 @@ def build_report(
         pngs += plotting.validation_plots(groups, refs, target, out)
         pngs += [plotting.training_plot(g, out) for g in groups]
         pngs += [p for p in [plotting.recovery_plot(runs, out)] if p is not None]
-    text = markdown.render(groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs)
+    text = markdown.render(
+        groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs, table2=table2
+    )
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
     log.debug(
@@ -116,7 +122,7 @@ def build_report(
         len(skipped),
         len(pngs),
     )
-    return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target)
+    return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target, table2)
 
 
 def _positive(text: str) -> float:

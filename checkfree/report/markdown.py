@@ -7,6 +7,7 @@ import statistics
 from pathlib import Path
 
 from checkfree.report import recoveries, seeds
+from checkfree.report import table2 as table2_md
 from checkfree.report.analysis import Group, Row, Verdict, rate_context
 from checkfree.report.runs import Run, SwarmRun
 from checkfree.report.timing import (
@@ -255,6 +256,7 @@ def render(
     skipped: list[tuple[Path, str]],
     runs: list[Run],
     plots: list[Path],
+    table2: table2_md.Table2 | None = None,
 ) -> str:
     lines = [
         "# CheckFree run report",
@@ -273,6 +275,8 @@ def render(
         lines += results_table(g) + ["", "Where the time went:", ""] + cost_table(g) + [""]
     lines += ["## Paper orderings at this scale", ""] + verdict_lines(verdicts)
     lines += seeds.section(groups, verdicts)
+    if table2 is not None:
+        lines += table2_md.section(table2, target)
     lines += recoveries.section(runs)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS, hourly_rate, per_iteration_probability
@@ -422,6 +422,25 @@ class TimingModel:
                 f"iteration → {r:.4g} s at {t:.4g} s"
             )
         return cls(t, src, r, rsrc, compute_seconds, formula)
+
+    def with_recovery_factor(self, factor: float) -> TimingModel:
+        """This model with the recovery seconds per stage × ``factor``; T_iter and everything else unchanged.
+
+        For the report's sensitivity to the recovery cost (paper §5.3 measured ≈30 s per stage in one testbed,
+        docs/paper.md §7; checkfree only scales it): :meth:`timeline` then charges the scaled seconds.
+
+        Raises:
+            ValueError: ``factor`` is not a finite number ≥ 0.
+        """
+        if not (factor >= 0 and math.isfinite(factor)):
+            raise ValueError(f"recovery factor {factor!r} is invalid; expected a finite number ≥ 0.")
+        if factor == 1:
+            return self
+        return replace(
+            self,
+            recovery_seconds=self.recovery_seconds * factor,
+            recovery_source=f"×{factor:g} of {self.recovery_seconds:.4g} s ({self.recovery_source})",
+        )
 
     def timeline(self, costs: RunCosts) -> RunTimeline:
         """The simulated clock of one run (the redundant ratio applies to ``redundant`` runs and to runs that kept
