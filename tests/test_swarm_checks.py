@@ -4,6 +4,8 @@ numbers, a bug that is a crash, the supervisor forgetting a dead storage node, k
 from __future__ import annotations
 
 import json
+import logging
+import re
 import stat
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,10 +22,20 @@ from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
 from checkfree.swarm.node.recovering import FetchContext, Recovery
+from checkfree.swarm.supervisor.attempts import Attempts
+from checkfree.swarm.supervisor.roster import Roster
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.auth import AuthError, SwarmKeys, read_key_file, read_token
+from checkfree.swarm.wire.auth import (
+    REFUSAL_KEYS_NAMED,
+    AuthError,
+    KeyRing,
+    RefusalLog,
+    SwarmKeys,
+    read_key_file,
+    read_token,
+)
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 from checkfree.swarm.wire.staging import HostStaging
@@ -295,3 +307,102 @@ def test_membership_dials_listed_peers_once_and_forgets_unlisted_ones_unless_it_
     assert (4 in members.peers, links.dropped) == ((False, [4]) if forget else (True, []))
     members.set_members({"0": [1], "2": [4, 6]})
     assert members.serving(2) == [4, 6] and members.serving(1) == []
+
+
+@pytest.mark.parametrize(("seconds", "n_keys"), [(0.3, 1), (60.0, 2), (60.0, 100)])
+def test_zap_refusals_are_logged_rate_limited_with_the_right_count(caplog, seconds, n_keys) -> None:
+    """500 refused handshakes (a peer retrying with an unknown key) over ``seconds``: each key's first refusal
+    is named (at most REFUSAL_KEYS_NAMED keys), the rest go into at most one summary line per 10 s, and the
+    lines' counts add up to 500 once the log is flushed (the transport flushes it on close)."""
+    keys = SwarmKeys.new()
+    ring = KeyRing({3: keys.public_key(3)})
+    now = [0.0]
+    ring.refusals = RefusalLog(every=10.0, clock=lambda: now[0])
+    strangers = [SwarmKeys.new().public_key(0).encode() for _ in range(n_keys)]
+    caplog.set_level(logging.WARNING, logger="checkfree.swarm.wire.auth")
+    assert ring.callback("checkfree-swarm", keys.public_key(3).encode())
+    for i in range(500):
+        now[0] = seconds * i / 500
+        assert not ring.callback("checkfree-swarm", strangers[i % n_keys])
+    ring.refusals.flush()
+    ring.refusals.flush()  # nothing pending: no line
+    lines = [r.getMessage() for r in caplog.records if r.name == "checkfree.swarm.wire.auth"]
+    named = [m for m in lines if "from an unknown CURVE key" in m]
+    summaries = [int(re.search(r"refused (\d+) more", m).group(1)) for m in lines if " more connection" in m]
+    assert len(named) == min(n_keys, REFUSAL_KEYS_NAMED)
+    assert len(summaries) <= seconds / 10 + 1
+    assert len(named) + sum(summaries) == 500 == ring.refusals.refused
+
+
+class _FakeSwarm:
+    """What an attempt talks to, on a fake clock: stage-0 nodes report ITERATION_END ``forward_s`` after
+    ``begin``, every node is ready right after ``sync`` and committed right after ``commit``."""
+
+    def __init__(self, forward_s: float) -> None:
+        self.forward_s, self.t = forward_s, 0.0
+        self.inbox: dict[str, dict[int, dict]] = {}
+        self.sent: list[tuple[str, float]] = []
+        self.kills: list[float] = []
+        self.died = False
+        self.epoch = 0
+        self.members: dict[int, list[int]] = {}
+
+    def broadcast(self, command: str, **meta: object) -> None:
+        self.sent.append((command, self.t))
+        if command == "begin":
+            self.epoch = int(meta["epoch"])  # type: ignore[call-overload]
+            self.members = {int(k): v for k, v in meta["members"].items()}  # type: ignore[union-attr]
+        nodes = [n for ids in self.members.values() for n in ids]
+        if command == "sync":
+            self.inbox["ready"] = {n: {"epoch": self.epoch, "grad_norm": 1.0} for n in nodes}
+        if command == "commit":
+            self.inbox["committed"] = {n: {"epoch": self.epoch} for n in nodes}
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self.t += 0.01
+        begun = [t for c, t in self.sent if c == "begin"][-1]
+        if self.t - begun >= self.forward_s:
+            ends = {n: {"epoch": self.epoch, "loss": 1.0, "tokens": 1} for n in self.members[0]}
+            self.inbox["iteration_end"] = ends
+
+    def kill(self, slot: object, why: str) -> None:
+        slot.dead = self.died = True  # type: ignore[attr-defined]
+        self.kills.append(self.t)
+
+    def check_deaths(self) -> bool:
+        died, self.died = self.died, False
+        return died
+
+
+@pytest.mark.parametrize(
+    ("last_wall_s", "fires_at"),
+    [(1.0, 0.5), (300.0, 2.0)],  # mid-forward as scheduled; after a 300 s iteration: when forward ends
+)
+def test_a_scheduled_crash_fires_at_its_point_or_at_the_latest_when_the_attempt_reaches_sync(
+    last_wall_s, fires_at
+) -> None:
+    """crash_point 0.5: the crash fires 0.5 × the last iteration's time after ``begin``, or, when that lies
+    past the end of the forward phase (2 s here), as soon as every ITERATION_END is in, before ``sync``;
+    the supervisor never idles until the estimated moment (before the fix: 150 s after a 300 s iteration)."""
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1, crash_point=0.5)
+    roster = Roster(cfg, 0, cfg.n_nodes, storage=False)
+    for slot in roster.slots:
+        slot.serving = True
+        roster.by_node[slot.occupant] = slot
+    fake = _FakeSwarm(forward_s=2.0)
+    results = SimpleNamespace(
+        current_iteration=0,
+        last_wall_s=lambda: last_wall_s,
+        scheduled_kill=lambda slot, it: None,
+        aborts=0,
+        failed_attempts={},
+    )
+    strategy = SimpleNamespace(loses_state=True)
+    attempts = Attempts(cfg, strategy, {1: [3]}, roster, fake, fake, results)  # type: ignore[arg-type]
+    attempts.clock = lambda: fake.t
+    assert attempts.attempt(3) is False  # the death aborts the attempt
+    assert fake.kills == [pytest.approx(fires_at, abs=0.02)]
+    assert (
+        "sync" not in [c for c, _ in fake.sent] and ("abort", pytest.approx(fires_at, abs=0.03)) in fake.sent
+    )
+    assert (1, 3) in attempts.fired and roster.slots[1].dead

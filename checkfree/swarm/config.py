@@ -54,7 +54,8 @@ class SwarmConfig:
     time_scale: float = 1.0
     """Multiplies every emulated WAN delay (1 = real time, 0 = no emulation)."""
     crash_point: float = 0.5
-    """A scheduled crash fires this fraction of the last iteration's time after the iteration begins."""
+    """A scheduled crash fires this fraction of the last iteration's time after the iteration begins, at the
+    latest when its forward phase ends (checkfree.swarm.supervisor.attempts)."""
     heartbeat_interval: float = 0.5
     """Seconds between heartbeats on every link."""
     peer_timeout: float = 5.0

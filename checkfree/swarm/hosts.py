@@ -61,20 +61,33 @@ def _node_entry(argv: list[str], log_path: str) -> None:
 
 
 class _Forked:
-    """The Popen-like face of a forked node: pid, poll(), wait(timeout)."""
+    """The Popen-like face of a forked node: pid, poll(), wait(timeout).
+
+    A forkserver process holds two pipe ends in this process until it is closed; they are released
+    (``Process.close``) as soon as its exit is seen, so a long run does not run out of file descriptors.
+    """
 
     def __init__(self, proc: mp.process.BaseProcess) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self.code: int | None = None
+
+    def _seen(self) -> int | None:
+        if self.code is None and self.proc.exitcode is not None:
+            self.code = self.proc.exitcode
+            self.proc.close()
+        return self.code
 
     def poll(self) -> int | None:
-        return self.proc.exitcode
+        return self._seen()
 
     def wait(self, timeout: float) -> int:
-        self.proc.join(timeout)
-        if self.proc.exitcode is None:
+        if self.code is None:
+            self.proc.join(timeout)
+        code = self._seen()
+        if code is None:
             raise subprocess.TimeoutExpired("node", timeout)
-        return self.proc.exitcode
+        return code
 
 
 class LocalHost:
@@ -107,7 +120,6 @@ class LocalHost:
         self.node_devices: dict[int, str] = {}
         """node id → the device it was started on (stage nodes of a run with a device map)."""
         self.procs: dict[int, subprocess.Popen | _Forked] = {}
-        self._logs: dict[int, object] = {}
         atexit.register(self.reap_all)
 
     def device_for(self, node: int, stage: int, replacement: bool) -> str | None:
@@ -154,6 +166,8 @@ class LocalHost:
 
     def spawn(self, node: int, stage: int, location: str, replacement: bool, admit_upto: int = 0) -> int:
         """Start node ``node``; returns its pid. ``admit_upto``: see SwarmKeys.write_key_file."""
+        for proc in self.procs.values():
+            proc.poll()  # releases the pipes of nodes that exited unnoticed (one marked dead for silence)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.keys is not None:
             self.keys.write_key_file(self.key_file(node), node, admit_upto)
@@ -170,19 +184,18 @@ class LocalHost:
             child.start()
             proc: subprocess.Popen | _Forked = _Forked(child)
         else:
-            logf = open(log_path, "ab")  # noqa: SIM115 (closed in reap_all)
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
             env.setdefault("OMP_NUM_THREADS", "1")
-            proc = subprocess.Popen(
-                cmd,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=self.run_dir,
-            )
-            self._logs[node] = logf
+            with open(log_path, "ab") as logf:  # the child has its own copy; ours closes at once
+                proc = subprocess.Popen(
+                    cmd,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    cwd=self.run_dir,
+                )
         self.procs[node] = proc
         if device is not None:
             self.node_devices[node] = device
@@ -223,7 +236,7 @@ class LocalHost:
                 pass
 
     def reap_all(self) -> None:
-        """SIGKILL every node still running (by pid), wait for each, close the logs. Idempotent."""
+        """SIGKILL every node still running (by pid) and wait for each (releasing its pipes). Idempotent."""
         for node, proc in self.procs.items():
             if proc.poll() is None:
                 log.warning("host: killing node %d (pid %d) at shutdown", node, proc.pid)
@@ -232,6 +245,3 @@ class LocalHost:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 log.error("host: node %d (pid %d) could not be reaped", node, proc.pid)
-        for f in self._logs.values():
-            f.close()
-        self._logs.clear()

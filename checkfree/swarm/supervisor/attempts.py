@@ -5,7 +5,9 @@
     → commit → Adam step → committed (stats)        — the commit time is the aggregation timestamp
 
 Scheduled crashes fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
-in flight, or at the latest when the attempt reaches ``sync``. A death before ``commit`` aborts the epoch
+in flight, or at the latest when the attempt reaches ``sync`` (every pipeline's ITERATION_END is in): the
+crash then fires at once, not at the estimated moment, which after a long iteration (one with a recovery)
+can lie minutes past the end of the forward phase. A death before ``commit`` aborts the epoch
 everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
 recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
 """
@@ -49,6 +51,8 @@ class Attempts:
         """The current attempt's number (stale messages of older epochs are dropped by the nodes)."""
         self.fired: set[tuple[int, int]] = set()
         """(slot, iteration) of the scheduled crashes already fired (a redone iteration does not refire)."""
+        self.clock = time.monotonic
+        """Seconds (monotonic); tests replace it."""
 
     def attempt(self, it: int) -> bool:
         """One epoch of iteration ``it``; True when committed, False when aborted (redo).
@@ -62,7 +66,7 @@ class Attempts:
         link.inbox.clear()
         self.results.current_iteration = it
         link.broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
-        t_begin = time.monotonic()
+        t_begin = self.clock()
         due = [
             s for s in roster.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired
         ]
@@ -71,7 +75,7 @@ class Attempts:
         phase, deadline = "forward", t_begin + self.cfg.iteration_timeout
         while True:
             link.poll()
-            now = time.monotonic()
+            now = self.clock()
             if crash_at is not None and (now >= crash_at or phase != "forward"):
                 self._fire(due, it)
                 crash_at = None
@@ -80,8 +84,10 @@ class Attempts:
             got = {k: {n: m for n, m in v.items() if m.get("epoch") == epoch} for k, v in link.inbox.items()}
             alive = [n for n in nodes if not roster.by_node[n].dead]
             if phase == "forward" and set(members[0]) <= set(got.get("iteration_end", {})):
-                if crash_at is not None:
-                    continue  # fire the scheduled crash before the gradient exchange
+                if crash_at is not None:  # at the latest now, before the gradient exchange
+                    self._fire(due, it)
+                    crash_at = None
+                    continue  # the death aborts this attempt
                 link.broadcast("sync", epoch=epoch)
                 phase = "sync"
             elif phase == "sync" and set(nodes) <= set(got.get("ready", {})):

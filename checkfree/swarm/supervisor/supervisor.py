@@ -277,7 +277,7 @@ class Supervisor:
                 }
             )
             it = version
-        for slot in self.roster.slots:
+        for slot in self.roster.all():  # the storage node's too: its restarts are not one failing start
             slot.tries = 0
         if self.on_recovered is not None:
             self.on_recovered(self, [c.to_json() for c in self.results.crashes if c.node in pending])

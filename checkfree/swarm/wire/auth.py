@@ -30,6 +30,8 @@ import logging
 import os
 import secrets
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -161,6 +163,56 @@ def read_key_file(path: Path, ident: int) -> Identity:
     return Identity(ident, public, secret, ring)
 
 
+REFUSAL_SUMMARY_S = 10.0
+"""Seconds between two summary lines of refused connections (after each key's first refusal)."""
+REFUSAL_KEYS_NAMED = 16
+"""Distinct refused keys named in a line of their own; further keys only enter the summaries' counts."""
+
+
+class RefusalLog:
+    """Rate-limited log of ZAP refusals: a peer retrying with an unknown key is refused on every attempt
+    (hundreds a second), so only each key's first refusal gets a line (for the first
+    :data:`REFUSAL_KEYS_NAMED` keys), and the rest at most one summary line per ``every`` seconds with their
+    count. ``refused``: every refusal so far; ``flush`` logs what no line counted yet.
+    """
+
+    def __init__(self, every: float = REFUSAL_SUMMARY_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every, self.clock = every, clock
+        self.refused = 0
+        """Connections refused so far."""
+        self._named: set[bytes] = set()
+        self._pending = 0
+        self._pending_keys: set[bytes] = set()
+        self._since = clock()
+
+    def refuse(self, key: bytes) -> None:
+        """One refused connection from ``key`` (Z85 public key)."""
+        self.refused += 1
+        if key not in self._named and len(self._named) < REFUSAL_KEYS_NAMED:
+            self._named.add(key)
+            log.warning("auth: refused a connection from an unknown CURVE key %s", key[:12])
+            return
+        if not self._pending:
+            self._since = self.clock()  # a summary covers at least ``every`` seconds
+        self._pending += 1
+        if len(self._pending_keys) <= REFUSAL_KEYS_NAMED:
+            self._pending_keys.add(key)
+        if self.clock() - self._since >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Log the refusals no line counted yet (one summary line), if any."""
+        if self._pending:
+            n_keys = len(self._pending_keys)
+            log.warning(
+                "auth: refused %d more connection(s) from %s unknown CURVE key(s) in the last %.0f s",
+                self._pending,
+                f"{n_keys}" if n_keys <= REFUSAL_KEYS_NAMED else f"more than {REFUSAL_KEYS_NAMED}",
+                self.clock() - self._since,
+            )
+        self._pending, self._pending_keys, self._since = 0, set(), self.clock()
+
+
 class KeyRing:
     """The public keys a process admits, bound to node ids; shared with the ZAP thread (lock-protected)."""
 
@@ -168,6 +220,8 @@ class KeyRing:
         self._lock = threading.Lock()
         self._by_id: dict[int, str] = {}
         self._by_key: dict[str, int] = {}
+        self.refusals = RefusalLog()
+        """The refused connections (count and rate-limited log); used by the ZAP thread only."""
         if keys:
             self.update(keys)
 
@@ -194,7 +248,7 @@ class KeyRing:
         """ZAP: admit a connecting client whose Z85 public key is bound to an id here."""
         admitted = self.owner(key.decode("ascii", "replace")) is not None
         if not admitted:
-            log.warning("auth: refused a connection from an unknown CURVE key %s", key[:12])
+            self.refusals.refuse(key)
         return admitted
 
 

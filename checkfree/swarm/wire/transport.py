@@ -260,6 +260,8 @@ class Transport:
         self._pull.close(0)
         if self._auth is not None:
             self._auth.stop()
+        if self.identity is not None:
+            self.identity.keyring.refusals.flush()  # the ZAP thread has stopped
         self._ctx.term()
 
     def __enter__(self) -> Transport:
