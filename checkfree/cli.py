@@ -221,7 +221,7 @@ def parse_sets(items: list[str]) -> dict:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from checkfree.sim.launch import SimulateOptions, plan_lines, run_simulation
+    from checkfree.sim.launch import RunInterrupted, SimulateOptions, plan_lines, run_simulation
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "set")}
     opts = SimulateOptions(**fields, extra=parse_sets(args.set))
@@ -229,7 +229,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         for line in plan_lines(opts):
             print(line)
         return 0
-    summary = run_simulation(opts)
+    try:
+        summary = run_simulation(opts)
+    except RunInterrupted as e:  # Ctrl-C in training: everything written is kept; one line, exit 130
+        print(f"checkfree simulate: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # Ctrl-C before training started (checks, data preparation)
+        print(
+            "checkfree simulate: interrupted before training started; nothing to resume from", file=sys.stderr
+        )
+        return 130
     if summary.get("stopped"):
         return 1  # the trainer has logged the one sentence (console and rank0.log)
     final = summary.get("final_eval", {})

@@ -359,13 +359,17 @@ def load_config(
 ) -> Config:
     """Load, override (CLI values win) and validate a config file.
 
+    A config file must give ``n_stages`` (a ``--set n_stages=…`` override counts): the authors' configs all do,
+    and the model's depth and the failure unit follow from it, so a file that leaves it out is refused rather
+    than silently trained with the dataclass default of 4 stages. :func:`config_from_dict` keeps the defaults.
+
     ``warnings`` (when given) receives one sentence per key that the file gives twice, and a note when the name
     is one checkfree shipped before (:data:`CONFIG_ALIASES`) or the dataset is spelled the authors' way
     (:data:`DATASET_SPELLINGS`).
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ConfigError: the file is not UTF-8 JSON or a value is invalid.
+        ConfigError: the file is not UTF-8 JSON, gives no ``n_stages``, or a value is invalid.
     """
     found: list[str] = []
     path = resolve_config_path(name, notes=found)
@@ -382,6 +386,11 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"config {path}: expected a JSON object of config keys.")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    if "n_stages" not in raw:
+        raise ConfigError(
+            f"config {path} has no 'n_stages' (the number of transformer stages, which sets the model's depth "
+            'with n_layers_per_stage); give it, e.g. "n_stages": 4, or pass --set n_stages=4.'
+        )
     spelled = raw.get("dataset")
     if isinstance(spelled, str) and spelled in DATASET_SPELLINGS:
         raw["dataset"] = DATASET_SPELLINGS[spelled]

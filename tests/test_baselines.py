@@ -287,3 +287,23 @@ def test_strategies_record_their_costs_in_the_summary(tmp_path, monkeypatch):
         assert stats["save_stall_seconds"] == pytest.approx(sum(r["stall_seconds"] for r in saves), abs=1e-5)
         assert stats["save_seconds"] - stats["save_stall_seconds"] >= stats["saves"] * SLOW_WRITE - 1e-5
         assert stats["checkpoint_every"] == 4
+
+
+def test_one_restores_every_stage_lost_in_the_same_iteration(tmp_path):
+    """Three stages (stage 0 among them, one pair adjacent) lost at once: each comes back from the checkpoint."""
+    cfg = tiny_config(max_iterations=10, checkpoint_every=4, save_mode="memory")
+    t = make_trainer(cfg, "one", ScriptedFailures({6: [0, 2, 3]}))
+    t.strategy.setup(t.state)
+    for _ in range(4):
+        t.step()
+    lost_at_4 = full_state(t, [0, 2, 3])
+    t.step(), t.step()
+    others = full_state(t, [1, 4])
+    failed = t.failures.draw(6)
+    assert sorted(failed) == [0, 2, 3]
+    t.strategy.begin_iteration(t.state, failed)
+    t._handle_failures(failed)
+    assert same(full_state(t, [0, 2, 3]), lost_at_4)
+    assert same(full_state(t, [1, 4]), others)
+    assert t.state.effective_iteration == 6
+    assert t.counts["recoveries"] == 3 and t.counts["fallbacks"] == 0

@@ -27,6 +27,8 @@ def files(tmp_path) -> dict[str, str]:
     (tmp_path / "binary.json").write_bytes(b"\x00\x01\xff\xfe")
     (tmp_path / "broken.json").write_text('{"dmodel": ')
     (tmp_path / "list.json").write_text("[1, 2]")
+    tiny = json.loads((ROOT / "configs" / "tiny_config.json").read_text())
+    (tmp_path / "no_stages.json").write_text(json.dumps({k: v for k, v in tiny.items() if k != "n_stages"}))
     base = {"format": "checkfree-universal-v2", "iteration": 4, "effective_iteration": 4, "n_stages": 4}
     base |= {"n_layers_per_stage": 1, "files": {}}
     for name, change in (("iter_0000004", {"iteration": None}), ("iter_0000005", {"n_stages": "4"})):
@@ -52,6 +54,7 @@ def files(tmp_path) -> dict[str, str]:
         "binary.json",
         "broken.json",
         "list.json",
+        "no_stages.json",
         "nodes.json",
         "empty_dir",
         "foreign",
@@ -80,6 +83,7 @@ SIMULATE = {
     "config not JSON": (["--config", "@broken.json"], "is not valid JSON"),
     "config not an object": (["--config", "@list.json"], "expected a JSON object"),
     "config missing": (["--config", "@missing"], "not found"),
+    "config without n_stages": (["--config", "@no_stages.json"], "has no 'n_stages'"),
     "seed above 2^63": (["--seed", str(2**64)], "argument --seed"),
     "seed not a number": (["--seed", "x"], "argument --seed"),
     "unknown setting": (["--setting", "ours-magic"], "unknown setting 'ours-magic'"),

@@ -67,7 +67,7 @@ def test_names_checkfree_shipped_before_load_the_renamed_file_with_a_note(old, n
 def test_config_resolves_cwd_first_then_configs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert load_config("tiny_config.json").dataset == "Shakespeare"  # from configs/
-    (tmp_path / "tiny_config.json").write_text(json.dumps({"dmodel": 64, "num_heads": 2}))
+    (tmp_path / "tiny_config.json").write_text(json.dumps({"dmodel": 64, "num_heads": 2, "n_stages": 4}))
     assert load_config("tiny_config.json").dmodel == 64  # the working directory wins
 
 
@@ -106,3 +106,15 @@ def test_missing_and_malformed_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ConfigError, match="not valid JSON"):
         load_config(bad)
+
+
+def test_a_config_without_n_stages_is_refused_unless_set(tmp_path):
+    """No silent 4 stages: a file without "n_stages" is refused with one sentence; --set n_stages=… gives it."""
+    raw = json.loads((CONFIG_DIR / "tiny_config.json").read_text())
+    del raw["n_stages"]
+    path = tmp_path / "no_stages.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "'n_stages'" in str(e.value) and '"n_stages": 4' in str(e.value) and "\n" not in str(e.value)
+    assert load_config(path, {"n_stages": 6}).n_stages == 6

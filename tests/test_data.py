@@ -380,3 +380,20 @@ def test_shakespeare_corpus_prepares_once_and_maps_fast(tmp_path):
     assert meta["val_documents"] >= 1 and meta["train_documents"] > 300
     assert sum(os.path.getsize(corpus.path / r["file"]) for r in meta["shards"]) == 2 * len(corpus.train)
     assert corpus_mod.verify_corpus(corpus) == []
+
+
+@pytest.mark.parametrize(("vocab_size", "expected"), [(65536, np.uint16), (65537, np.uint32)])
+def test_token_dtype_boundary_and_the_largest_id_round_trips(tmp_path, vocab_size, expected):
+    """65,536 ids (0…65,535) fit uint16; one more needs uint32. The largest id survives a write and a memmap read."""
+    from checkfree.data import shards
+
+    dtype = shards.token_dtype(vocab_size)
+    assert dtype == np.dtype(expected)
+    ids = np.array([0, 1, vocab_size - 2, vocab_size - 1], dtype=np.int64)
+    rec = shards.write_ids(tmp_path / "train-00000.bin", ids, dtype)
+    assert os.path.getsize(tmp_path / "train-00000.bin") == len(ids) * dtype.itemsize
+    back = shards.TokenStream(
+        [np.memmap(tmp_path / rec["file"], dtype=dtype, mode="r", shape=(rec["tokens"],))]
+    )
+    assert back.max() == vocab_size - 1
+    assert np.asarray(back).astype(np.int64).tolist() == ids.tolist()

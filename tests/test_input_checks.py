@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_duplicate_config_key_is_a_warning(tmp_path):
     path = tmp_path / "dup.json"
-    path.write_text('{"dmodel": 64, "num_heads": 2, "dmodel": 32}')
+    path.write_text('{"dmodel": 64, "num_heads": 2, "n_stages": 4, "dmodel": 32}')
     warnings: list[str] = []
     cfg = load_config(path, warnings=warnings)
     assert cfg.dmodel == 32  # the last value wins, as in json.loads

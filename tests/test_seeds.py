@@ -108,3 +108,33 @@ def test_single_seed_groups_say_so(tmp_path):
         [tmp_path / "runs"], 5.0, tmp_path / "out", TimingOptions(iteration_seconds=10.0), plots=False
     )
     assert "Every comparison group is single-seed" in res.report.read_text()
+
+
+@pytest.mark.timeout(240)
+def test_two_runs_with_the_same_seed_write_identical_rng_states(tmp_path):
+    """Two 2-iteration simulator runs with the same seed (the second on the data cache the first built) write
+    byte-identical RNG tensors into their final checkpoint's extra.safetensors: every generator is seeded."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, CHECKFREE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+    extras = []
+    for run in ("a", "b"):
+        cmd = [sys.executable, "-m", "checkfree", "simulate", "--setting", "checkfree", "--no-swaps"]
+        cmd += ["--config", "tiny_config.json", "--run-dir", str(tmp_path / run), "--max-iterations", "2"]
+        cmd += ["--no-progress", "--device", "cpu", "--seed", "3", "--failure-probability", "0.3"]
+        for kv in ("dmodel=32", "num_heads=2", "seq_l=32", "batch_size=2", "mb_count=1"):
+            cmd += ["--set", kv]
+        proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=200)
+        assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+        (final,) = sorted((tmp_path / run / "checkpoints").glob("iter_*"))[-1:]
+        extras.append(load_file(str(final / "extra.safetensors")))
+    keys = sorted(k for k in extras[0] if k.startswith("rng/"))
+    assert "rng/torch" in keys and keys == sorted(k for k in extras[1] if k.startswith("rng/"))
+    for k in keys:
+        assert extras[0][k].numpy().tobytes() == extras[1][k].numpy().tobytes(), k

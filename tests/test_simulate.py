@@ -159,3 +159,45 @@ def test_sigkill_leaves_parseable_metrics(tmp_path):
     kinds = {json.loads(line)["kind"] for line in lines}  # every line parses
     assert {"train", "failure", "recovery", "eval"} <= kinds
     assert not list(tmp_path.glob("*.log")) and not (tmp_path / "log0.txt").exists()  # nothing in the cwd
+
+
+@pytest.mark.timeout(180)
+def test_ctrl_c_says_where_to_resume_and_keeps_the_run(tmp_path):
+    """SIGINT mid-training: exit 130, one last line on stderr (after the log lines) naming the last run checkpoint for --resume-from (no
+    traceback), every metrics line parses, and summary.json says "interrupted"."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, CHECKFREE_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "checkfree", "simulate", "--setting", "checkfree", "--no-swaps"]
+    cmd += ["--config", "tiny_config.json", "--run-dir", str(run_dir), "--max-iterations", "100000"]
+    cmd += ["--no-progress", "--checkpoint-interval", "2", "--failure-probability", "0.1"]
+    for kv in ("dmodel=32", "num_heads=2", "seq_l=32", "batch_size=2", "mb_count=1", "log_interval=1"):
+        cmd += ["--set", kv]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    metrics = run_dir / "metrics.jsonl"
+    try:
+        deadline = time.monotonic() + 150
+        while not (metrics.exists() and metrics.read_text().count('"kind":"checkpoint"') >= 1):
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run never wrote a run checkpoint"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    lines = err.decode().strip().splitlines()
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "Traceback" not in err.decode() and "KeyboardInterrupt" not in err.decode(), err.decode()[-2000:]
+    # one line, the last one (the log lines of the run come before it)
+    assert [line for line in lines if "interrupted" in line] == lines[-1:]
+    last = sorted((run_dir / "checkpoints").glob("iter_*"))[-1]
+    assert lines[-1].startswith("checkfree simulate: interrupted at iteration")
+    assert f"--resume-from {last}" in lines[-1]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]  # every line parses
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["resume_from"] == str(last)
+    assert summary["iterations"] >= max(r["iteration"] for r in records if r["kind"] == "train")

@@ -174,6 +174,40 @@ def replica_shortage(source: StageFailureSource, iterations: int) -> dict[str, A
     return {"short_of_replicas_iterations": count, "all_replicas_down_iterations": gone}
 
 
+class RunInterrupted(Exception):
+    """Ctrl-C (SIGINT) stopped a run; the message is the one sentence saying where and how to resume."""
+
+
+def _interrupted(trainer: Trainer, run_dir: Path, rank: int, sink: MetricsSink) -> str:
+    """After a KeyboardInterrupt in training: keep what was written, write summary.json with ``"status":
+    "interrupted"`` (rank 0), close the metrics, and return the sentence naming the checkpoint to resume from."""
+    from checkfree.checkpoint.store import list_checkpoints
+
+    st = trainer.state
+    found = list_checkpoints(run_dir / "checkpoints")
+    if found:
+        resume = f"resume with the same command plus --resume-from {found[-1]}"
+    else:
+        resume = f"no run checkpoint was written yet; start again with --overwrite or another --run-dir than {run_dir}"
+    sentence = f"interrupted at iteration {st.iteration} (effective {st.effective_iteration}); {resume}"
+    if rank == 0:
+        summary = {
+            "status": "interrupted",
+            "stopped": sentence,
+            "iterations": st.iteration,
+            "effective_iterations": st.effective_iteration,
+            "resume_from": str(found[-1]) if found else None,
+            "first_eval": trainer.first_eval,
+            "final_eval": trainer.last_eval,
+            **trainer.counts,
+            "strategy": trainer.strategy.name,
+            "run_dir": str(run_dir),
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    sink.close()
+    return sentence
+
+
 def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
     """Run one simulation end to end; returns the summary (rank 0 also writes summary.json).
 
@@ -238,6 +272,10 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             peak=peak,
             recovery_accounting=opts.recovery_accounting,
         )
+        # The global generator (CPU and every CUDA device) is what the checkpoints save as "rng/torch" and
+        # "rng/cuda"; left alone its state depends on what the process did before (data preparation, a library
+        # seeding it from the clock), so two runs with the same seed would differ. A resume restores it.
+        torch.manual_seed(cfg.seed)
         trainer = Trainer(
             cfg,
             stages,
@@ -252,7 +290,10 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         )
         if pre.resume is not None:
             trainer.resume(Path(pre.resume))
-        summary = trainer.train()
+        try:
+            summary = trainer.train()
+        except KeyboardInterrupt:
+            raise RunInterrupted(_interrupted(trainer, run_dir, rank, sink)) from None
         if progress is not None:
             progress.close()
         summary.update(
