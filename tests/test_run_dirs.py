@@ -165,6 +165,18 @@ def test_the_write_check_leaves_nothing_behind_and_reports_the_refusal(tmp_path,
         rundir.check_writable(tmp_path / "out", "--out")
 
 
+def test_a_resume_from_a_truncated_checkpoint_writes_nothing(run_dir, tmp_path, capsys):
+    """It used to create the new run directory (config, options, command, log, metrics) before refusing."""
+    ckpt = run_dir / "checkpoints" / "iter_0000004"
+    layer = ckpt / "layer_0000.safetensors"
+    layer.write_bytes(layer.read_bytes()[:-100])
+    before = checksums(run_dir)
+    new = tmp_path / "resumed"
+    rc, _, err = run_cli(simulate_argv(new, "--resume-from", str(ckpt), iterations=6), capsys)
+    assert_user_error(rc, err, f"checkpoint file {layer} has", "truncated or corrupt")
+    assert not new.exists() and checksums(run_dir) == before
+
+
 def test_export_and_report_replace_their_own_earlier_output(run_dir, tmp_path, capsys):
     hf, rep = tmp_path / "hf", tmp_path / "report"
     for _ in range(2):

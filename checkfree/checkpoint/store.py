@@ -326,6 +326,24 @@ def prune(root: Path, keep: int) -> None:
                 shutil.rmtree(p, ignore_errors=True)
 
 
+def check_files(path: Path, meta: dict[str, Any]) -> None:
+    """Every file ``meta`` lists exists with the size it records: a cheap check (no hashing) that catches a missing
+    or truncated file before a run commits to resuming; :func:`read_checkpoint` verifies the sha256 later.
+
+    Raises:
+        CheckpointError: a file missing or of another size, named with the size expected.
+    """
+    for name, info in meta["files"].items():
+        f = Path(path) / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint file {f} is missing.")
+        if f.stat().st_size != info["bytes"]:
+            raise CheckpointError(
+                f"checkpoint file {f} has {f.stat().st_size} bytes, expected {info['bytes']}: "
+                "it is truncated or corrupt."
+            )
+
+
 def read_checkpoint(path: Path) -> Snapshot:
     """Read and verify a checkpoint directory (meta.json and every file's size and sha256) into memory.
 
@@ -334,16 +352,10 @@ def read_checkpoint(path: Path) -> Snapshot:
     """
     path = Path(path)
     meta = read_meta(path)
+    check_files(path, meta)
     files = {}
     for name, info in meta["files"].items():
         f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"checkpoint file {f} is missing.")
-        if f.stat().st_size != info["bytes"]:
-            raise CheckpointError(
-                f"checkpoint file {f} has {f.stat().st_size} bytes, expected {info['bytes']}: "
-                "it is truncated or corrupt."
-            )
         if _sha256(f) != info["sha256"]:
             raise CheckpointError(f"checkpoint file {f} fails its sha256 check: it is corrupt.")
         try:

@@ -131,10 +131,11 @@ def _check_resume(
     """The resume checkpoint exists, its metadata is sound, its layers fit, and it was trained on this data.
 
     Raises:
-        CheckpointError: missing, corrupt or another number of layers.
+        CheckpointError: missing, corrupt, a file missing or truncated, or another number of layers.
         ValueError: recorded on other data (dataset or tokenizer) and ``allow_data_change`` is False.
     """
     meta = store.read_meta(path)
+    store.check_files(path, meta)
     total = meta["n_stages"] * meta["n_layers_per_stage"]
     if total != cfg.n_layers:
         raise store.CheckpointError(
