@@ -181,3 +181,28 @@ def test_a_failure_right_after_a_resume_is_recovered_as_in_the_run_that_never_st
     assert b.state.grad_norms == a.state.grad_norms and b.state.lr_multipliers == a.state.lr_multipliers
     a.step(), b.step()
     assert all(torch.equal(x, y) for x, y in zip(params_of(a), params_of(b), strict=True))
+
+
+def test_a_full_disk_while_saving_is_one_sentence_and_leaves_the_last_checkpoint(tmp_path, monkeypatch):
+    from checkfree.checkpoint import store
+
+    root = tmp_path / "checkpoints"
+    files = {"stage0": {"param/w": torch.zeros(256, 256)}, "layer_0000": {"param/w": torch.ones(256, 256)}}
+    first = store.write_snapshot(store.Snapshot(2, 2, files, {}), root)
+    written = []
+
+    def full(tensors, path):
+        if written:
+            raise store.SafetensorError(
+                "Error while serializing: IoError(No space left on device (os error 28))"
+            )
+        written.append(path)
+        torch.save(tensors, path)
+
+    monkeypatch.setattr(store, "save_file", full)
+    with pytest.raises(store.CheckpointError) as info:
+        store.write_snapshot(store.Snapshot(4, 4, files, {}), root)
+    message = str(info.value)
+    assert "No space left on device" in message and "needs about 0.5 MiB" in message
+    assert f"the last complete checkpoint is {first}" in message and "\n" not in message
+    assert sorted(p.name for p in root.iterdir()) == ["iter_0000002"]  # no .tmp-* left behind

@@ -286,6 +286,10 @@ def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
 
     Returns the checkpoint directory. It appears only once complete (temporary directory, fsync, rename). An
     existing checkpoint of the same name (a re-save after a rollback) is moved aside first and deleted after.
+
+    Raises:
+        CheckpointError: a file could not be written (e.g. the disk is full): one sentence naming the checkpoint,
+            the bytes it needs and the last complete checkpoint; the temporary directory is removed.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -294,17 +298,28 @@ def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    checksums = {}
-    for fname, tensors in snapshot.files.items():
-        path = tmp / f"{fname}.safetensors"
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
-        _fsync(path)
-        checksums[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
-    meta_bytes = json.dumps(dict(snapshot.meta, files=checksums), indent=1).encode()
-    (tmp / "meta.json").write_bytes(meta_bytes)
-    (tmp / META_SUM).write_text(hashlib.sha256(meta_bytes).hexdigest() + "\n")
-    for name in ("meta.json", META_SUM):
-        _fsync(tmp / name)
+    try:
+        checksums = {}
+        for fname, tensors in snapshot.files.items():
+            path = tmp / f"{fname}.safetensors"
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+            _fsync(path)
+            checksums[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        meta_bytes = json.dumps(dict(snapshot.meta, files=checksums), indent=1).encode()
+        (tmp / "meta.json").write_bytes(meta_bytes)
+        (tmp / META_SUM).write_text(hashlib.sha256(meta_bytes).hexdigest() + "\n")
+        for name in ("meta.json", META_SUM):
+            _fsync(tmp / name)
+    except (OSError, SafetensorError) as err:  # a full disk, a quota, a vanished mount
+        shutil.rmtree(tmp, ignore_errors=True)
+        needed = sum(t.numel() * t.element_size() for ts in snapshot.files.values() for t in ts.values())
+        done = list_checkpoints(root)
+        last = f"the last complete checkpoint is {done[-1]}" if done else "no complete checkpoint exists yet"
+        reason = getattr(err, "strerror", None) or str(err).strip().splitlines()[0][:200]
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({reason}): it needs about {needed / 2**20:.1f} MiB free in "
+            f"{root}; {last}."
+        ) from None
     trash = root / f".trash-{final.name}-{os.getpid()}"
     if final.exists():
         os.rename(final, trash)
