@@ -7,12 +7,20 @@ recovery rules average neighbours tensor by tensor.
 
 This module knows nothing of ranks, failures or networks. Running the stages in order gives bit-identical logits
 and gradients to the unsplit model (tests/test_model.py).
+
+A stage's forward never waits for the device: the causal mask is built from shapes only, so SDPA takes its
+``is_causal`` path (the flash kernel on CUDA), eagerly and under ``torch.compile``. ``Module.compile`` compiles
+stage 0's embedding and head too (:meth:`EmbeddingStage.compile`). A transformer stage can recompute its blocks
+in the backward pass instead of keeping their activations (:attr:`TransformerStage.activation_checkpointing`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 from transformers.masking_utils import create_causal_mask
 
@@ -100,21 +108,49 @@ class EmbeddingStage(nn.Module):
         self.positions = positions
         self.norm = norm
         self.lm_head = lm_head
+        # torch.compile'd _embed/_head once compile() ran; None: eager. Plain attributes, not submodules, so
+        # parameter names and the state dict stay those of the eager stage.
+        self._compiled_embed: Any = None
+        self._compiled_head: Any = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) int64 → hidden states (B, T, d)."""
+        return (self._compiled_embed or EmbeddingStage._embed)(self, input_ids)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """hidden states (B, T, d) → logits (B, T, V)."""
+        return (self._compiled_head or EmbeddingStage._head)(self, h)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         if self.positions is not None:
             h = h + self.positions(torch.arange(input_ids.shape[1], device=input_ids.device))
         return h
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
-        """hidden states (B, T, d) → logits (B, T, V)."""
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h))
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``torch.compile`` E and E⁻¹ with ``args``/``kwargs`` (e.g. ``backend="eager"``), in place.
+
+        ``nn.Module.compile`` compiles ``forward`` only, and stage 0 has none: it is called through
+        :meth:`embed` and :meth:`head`. The compiled functions are unbound (the stage is their first argument),
+        so a ``copy.deepcopy`` of the stage runs on its own weights; parameter names and the state dict are
+        unchanged, so recovery and checkpoints work as on an eager stage.
+        """
+        self._compiled_embed = torch.compile(EmbeddingStage._embed, *args, **kwargs)
+        self._compiled_head = torch.compile(EmbeddingStage._head, *args, **kwargs)
 
 
 class TransformerStage(nn.Module):
-    """Stages 1..S: a slice of consecutive transformer blocks; (B, T, d) → (B, T, d)."""
+    """Stages 1..S: a slice of consecutive transformer blocks; (B, T, d) → (B, T, d).
+
+    ``activation_checkpointing`` (default False; the simulator's ``--activation-checkpointing``): under autograd
+    each block runs through ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``, which keeps only the
+    block's input and recomputes its activations in the backward pass (Chen et al. 2016, *Training Deep Nets with
+    Sublinear Memory Cost*): less activation memory for one more forward per block. The blocks have no dropout,
+    so the recomputation is exact and the gradients equal those without it.
+    """
 
     def __init__(
         self,
@@ -128,28 +164,32 @@ class TransformerStage(nn.Module):
         self.hf_config = hf
         self.layers = nn.ModuleList(layers)
         self.rotary_emb = rotary  # parameter-free (inv_freq is a non-persistent buffer)
+        self.activation_checkpointing = False
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h (B, T, d) → (B, T, d); causal self-attention over the T positions 0..T−1."""
         T = h.shape[1]
         pos = torch.arange(T, device=h.device).unsqueeze(0)  # (1, T)
-        # Always build the mask: eager attention with attention_mask=None would be non-causal (STACK.md).
+        # Always ask for the mask: eager attention with attention_mask=None would be non-causal (STACK.md).
+        # No position_ids: with them transformers looks for packed sequences, reading a device tensor (one host
+        # sync per stage and microbatch) and, under torch.compile, materialising a (B, 1, T, T) mask that keeps
+        # SDPA off its flash kernel. Without them the mask depends on shapes only: None for sdpa (the model is
+        # built with attn_implementation="sdpa"), which then attends with is_causal=True (tests/test_model.py).
         mask = create_causal_mask(
-            config=self.hf_config,
-            inputs_embeds=h,
-            attention_mask=None,
-            past_key_values=None,
-            position_ids=pos,
+            config=self.hf_config, inputs_embeds=h, attention_mask=None, past_key_values=None
         )
+        # by keyword: GPT2Block's 2nd positional argument is the KV cache
+        kwargs: dict[str, Any] = {"attention_mask": mask}
         if self.architecture == "LLaMa":
-            pe = self.rotary_emb(h, position_ids=pos)
-            for layer in self.layers:
-                h = layer(h, attention_mask=mask, position_embeddings=pe, position_ids=pos)
-        else:
-            for layer in self.layers:
-                h = layer(
-                    h, attention_mask=mask
-                )  # by keyword: GPT2Block's 2nd positional arg is the KV cache
-        return h[0] if isinstance(h, tuple) else h
+            kwargs.update(position_embeddings=self.rotary_emb(h, position_ids=pos), position_ids=pos)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled()
+        for layer in self.layers:
+            if recompute:
+                h = checkpoint(layer, h, use_reentrant=False, **kwargs)
+            else:
+                h = layer(h, **kwargs)
+            h = h[0] if isinstance(h, tuple) else h
+        return h
 
 
 def split_model(model: LlamaForCausalLM | GPT2LMHeadModel, cfg: Config) -> list[nn.Module]:

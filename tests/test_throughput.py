@@ -17,6 +17,7 @@ from checkfree.telemetry.throughput import (
     device_peak,
     model_flops_per_token,
     stages_flops_per_token,
+    table_peak,
 )
 
 from helpers import VOCAB, RandomBatches, ScriptedFailures, tiny_config
@@ -65,6 +66,41 @@ def test_device_peak_comes_from_the_flag_or_a_measured_cpu_matmul():
     assert cpu.flops > 1e8 and cpu.source.startswith("measured: fp32 1024×1024 matmul")
     with pytest.raises(ValueError, match="--peak-tflops is 0"):
         device_peak(torch.device("cpu"), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.0),  # SXM5
+        ("NVIDIA H100 PCIe", 756.0),
+        ("NVIDIA H100 NVL", 835.0),
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H200 NVL", 835.0),  # a substring match gave the SXM's 989
+        ("NVIDIA GH200 480GB", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA A100-PCIE-40GB", 312.0),
+        ("NVIDIA A100 80GB PCIe", 312.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA L40", 181.0),  # a substring match gave the L4's 121
+        ("NVIDIA L40S", 362.0),
+        ("NVIDIA A10", 125.0),
+        ("NVIDIA RTX A6000", 154.8),
+        ("NVIDIA GeForce RTX 4090", 165.2),
+        ("Tesla V100-SXM2-16GB", 125.0),
+        ("  nvidia   l40s ", 362.0),  # whitespace and case are normalised, nothing else
+        ("NVIDIA A10G", None),  # no data sheet: unknown, not the A10's 125
+        ("NVIDIA H100", None),  # which H100? SXM, PCIe and NVL differ
+        ("NVIDIA L40 (custom)", None),
+        ("NVIDIA GeForce RTX 4090 D", None),
+        ("AMD Instinct MI300X", None),
+    ],
+)
+def test_the_peak_table_matches_the_exact_gpu_name(name, tflops):
+    peak = table_peak(name)
+    if tflops is None:
+        assert peak.flops is None and "pass --peak-tflops" in peak.source and name in peak.source
+    else:
+        assert peak == Peak(tflops * 1e12, f"{name}: {tflops:g} TFLOP/s dense bf16 (data sheet)")
 
 
 @pytest.mark.timeout(120)

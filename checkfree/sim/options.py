@@ -42,6 +42,8 @@ class SimulateOptions:
     peak_tflops: float | None = None
     compile: bool = False
     compile_backend: str = "inductor"
+    activation_checkpointing: bool = False
+    """Recompute each transformer block in the backward pass instead of keeping its activations (docs/gpu.md)."""
     autocast: str = "auto"
     tensorboard: bool = False
     cache_dir: Path | None = None

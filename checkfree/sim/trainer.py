@@ -16,6 +16,27 @@ hook ("rollback", "checkpoint", "snapshot"; ``RecoveryStrategy.take_records``), 
 
 ``iteration`` (wall clock) only grows; ``effective_iteration`` (data position and LR schedule) can roll back when a
 checkpoint strategy restores an old state, and the run ends when it reaches max_iterations.
+
+Host syncs. :meth:`Trainer.step` waits for the device exactly once per iteration: one ``.tolist()`` of the
+(S + 2,) vector [mean loss, ω_0, …, ω_S] after the gradient all-reduce (the clip factors and the CheckFree weights
+need ω on the host, and every "train" line of metrics.jsonl logs the loss and ω). The forward/backward loop,
+the all-reduce, clipping, the Adam steps (whose step counts torch keeps on the host) and the recovery math of the
+neighbour rules queue device work only. Beyond that one sync, only:
+
+- recovery accounting, in a failure iteration (on by default; ``--no-recovery-accounting``): the probe loss
+  before and after the recovery (2) and 4 per floating-point tensor of each rebuilt stage
+  (checkfree/telemetry/recovery_accounting.py);
+- the strategies that keep copies in host memory or on disk by design, at their save interval: ``checkpoint``
+  and ``one`` (their saves), ``ec_snapshot`` and the ladder's ``ec_snapshot`` rung (the REFT snapshots); their
+  device → host copies are their cost;
+- ``redundant`` (and its ladder rung), every ``redundant_measure_every`` iterations: a timed forward of each
+  replica between two ``torch.cuda.synchronize`` (a wait, no read);
+- a recovery by the ``random`` rule (the ``random`` strategy, a fallback, the ladder's last rung): it draws on a
+  CPU generator (the same numbers on every device and in the swarm) and copies them in from pageable memory,
+  which on CUDA waits for the stream once per tensor (a wait, no read).
+
+:meth:`Trainer.evaluate` syncs once per evaluation. tests/test_meta_device.py runs the step on the meta device,
+where any other sync or a CPU tensor mixed into device math raises, and counts these.
 """
 
 from __future__ import annotations
@@ -37,7 +58,6 @@ from checkfree.failures.injection import StageFailureSource
 from checkfree.pipeline import (
     clip_coefficient,
     forward_loss,
-    grad_norm,
     perplexity,
     scale_grads,
     stage_order,
@@ -50,6 +70,18 @@ from checkfree.telemetry.throughput import Peak, ThroughputMeter, peak_memory, s
 from checkfree.training_state import TrainingState, make_adam
 
 log = logging.getLogger(__name__)
+
+
+def grad_norm_on_device(module: torch.nn.Module, device: torch.device) -> torch.Tensor:
+    """L2 norm of all gradients of ``module`` as a 0-dim float32 tensor on ``device`` (0 when it has none).
+
+    The value :func:`checkfree.pipeline.grad_norm` returns (the norm of the per-tensor norms), without its host
+    sync: the trainer reads the norms of every stage and the loss in one copy.
+    """
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
 def learning_rate(cfg: Config, iteration: int) -> float:
@@ -80,6 +112,9 @@ class RunContext:
     """torch.compile each stage in place (``nn.Module.compile``: parameter names and state dicts unchanged)."""
     compile_backend: str = "inductor"
     """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block in the backward pass instead of keeping its activations
+    (:class:`checkfree.model.TransformerStage`; ``--activation-checkpointing``)."""
     peak: Peak | None = None
     """The device peak MFU divides by (checkfree.telemetry.throughput.device_peak); None: MFU is not reported."""
     recovery_accounting: bool = True
@@ -118,8 +153,11 @@ class Trainer:
         self.state = TrainingState(stages, [make_adam(s, cfg.lr) for s in stages], base_lr=cfg.lr)
         # bf16 autocast: parameters (the master weights), gradients and Adam state stay fp32.
         self.autocast = autocast_context(ctx.device, ctx.autocast)
+        if ctx.activation_checkpointing:
+            for s in stages[1:]:
+                s.activation_checkpointing = True  # a plain attribute: names and state dicts unchanged
         if ctx.compile:
-            for s in stages:
+            for s in stages:  # stage 0 too: EmbeddingStage.compile compiles its embedding and head
                 s.compile(backend=ctx.compile_backend)  # in place: recovery and checkpoints keep their names
         self.last_rate: dict[str, float | None] = {"tokens_per_second": 0.0, "mfu": None}
         self.meter = ThroughputMeter(
@@ -163,9 +201,9 @@ class Trainer:
                 )
             loss.backward()
             total += loss.detach()
-        # The syncs of an iteration are here: one per stage for its gradient norm ω (the clip factor and the
-        # CheckFree weights need it on the host), and one for the logged loss; after them every queued kernel
-        # has finished, so `seconds` is the iteration's real time on CUDA too.
+        # The iteration's one sync is in _reduce_and_step: the loss and every stage's gradient norm ω in one copy
+        # (the clip factors and the CheckFree weights need ω on the host); after it every queued kernel has
+        # finished, so `seconds` is the iteration's real time on CUDA too.
         loss_value = self._reduce_and_step(total)
         self.strategy.after_step(st)
         seconds = time.perf_counter() - t0
@@ -232,7 +270,10 @@ class Trainer:
             )
 
     def _reduce_and_step(self, loss_sum: torch.Tensor) -> float:
-        """All-reduce (average) gradients per stage, record ω, clip each stage, step. Returns the mean loss."""
+        """All-reduce (average) gradients per stage, record ω, clip each stage, step. Returns the mean loss.
+
+        ``loss_sum``: 0-dim float32 on the device. The one host sync of the step is here (module docstring).
+        """
         st, cfg, ctx = self.state, self.cfg, self.ctx
         if ctx.world_size > 1:
             for stage in st.stages:  # one flat buffer per stage: one collective instead of one per tensor
@@ -248,12 +289,15 @@ class Trainer:
             loss_sum /= ctx.world_size
         self.strategy.before_optimizer_step(st)
         self._write_strategy_records()
+        # ω of the DP-averaged gradient, before clipping (paper §4.1), of every stage: (S + 1,) on the device
+        norms = torch.stack([grad_norm_on_device(stage, ctx.device) for stage in st.stages])
+        host = torch.cat([loss_sum.reshape(1).float(), norms.float()]).tolist()  # the step's one host sync
         for s, (stage, opt) in enumerate(zip(st.stages, st.optimizers, strict=True)):
-            norm = grad_norm(stage)  # ω of the DP-averaged gradient, before clipping (paper §4.1)
+            norm = host[1 + s]
             st.grad_norms[s] = norm
             scale_grads(stage, clip_coefficient(norm, cfg.grad_clip))
             opt.step()
-        return float(loss_sum)
+        return host[0]
 
     # ------------------------------------------------------------------ validation
     @torch.no_grad()

@@ -39,8 +39,13 @@ _FORKSERVER: mp.context.BaseContext | None = None
 
 
 def _forkserver() -> mp.context.BaseContext:
+    """The forkserver context every forked node starts from (the server itself starts with the first node)."""
     global _FORKSERVER
     if _FORKSERVER is None:
+        # Before the server starts, whatever the first node's device: the server keeps this environment for
+        # every node it forks, and a CUDA availability check at import (NVML-based with this variable) must not
+        # initialise CUDA in the server, which would poison its CUDA children.
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["checkfree.swarm.node.node", "checkfree.swarm.storage"])
         _FORKSERVER = ctx
@@ -175,9 +180,6 @@ class LocalHost:
         cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
-            if device is not None and device.startswith("cuda"):
-                # a CUDA availability check at import in the forkserver must not poison its children
-                os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
             child = _forkserver().Process(
                 target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=f"node{node}"
             )

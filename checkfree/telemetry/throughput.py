@@ -13,9 +13,9 @@ for L layers of width d over a sequence of T tokens (no causal-mask discount, as
     MFU = flops_per_token × tokens/s ÷ (W × peak FLOP/s of one device)
 
 with tokens/s summed over the W data-parallel replicas. The peak comes from ``--peak-tflops``, else from
-:data:`PEAK_TFLOPS` (dense bf16 tensor-core peaks from the vendors' data sheets), else, on a CPU, from a timed
-fp32 matmul on this machine (:func:`measure_cpu_peak`: a measured, not a data-sheet, peak; the run log and
-summary.json say which).
+:data:`PEAK_TFLOPS` (dense bf16 tensor-core peaks from the vendors' data sheets, by exact GPU name), else, on a
+CPU, from a timed fp32 matmul on this machine (:func:`measure_cpu_peak`: a measured, not a data-sheet, peak; the
+run log and summary.json say which).
 """
 
 from __future__ import annotations
@@ -29,21 +29,39 @@ import torch
 from torch import nn
 
 PEAK_TFLOPS: dict[str, float] = {
-    # dense bf16 tensor-core TFLOP/s (no sparsity), by a substring of torch.cuda.get_device_name()
-    "H100 PCIe": 756.0,
-    "H100 NVL": 835.0,
-    "H100": 989.0,  # SXM
-    "H200": 989.0,
-    "GH200": 989.0,
-    "B200": 2250.0,
-    "A100": 312.0,
-    "A10G": 70.0,
-    "A10": 125.0,
-    "L40S": 362.0,
-    "L4": 121.0,
-    "RTX 4090": 165.0,
-    "RTX 3090": 71.0,
-    "V100": 125.0,  # fp16 (no bf16 on Volta)
+    # Dense (no sparsity) bf16 tensor-core TFLOP/s by the exact torch.cuda.get_device_name() string (compared
+    # after normalise_gpu_name): the vendor data sheets' figures "with sparsity" halved. A name missing here has
+    # no peak (MFU null, a note to pass --peak-tflops): a substring match gave "NVIDIA H200 NVL" the SXM's 989
+    # and "NVIDIA L40" the L4's 121. Sources: NVIDIA data sheets of H100 (2023: SXM 1,979, PCIe 1,513 sparse),
+    # H100 NVL (1,671 sparse), H200 (SXM 1,979, NVL 1,671 sparse), GH200 (1,979 sparse), HGX B200 (4.5 PFLOP/s
+    # sparse per GPU), A100 (312 dense), A10 (125), A40 (149.7), L4 (242 sparse), L40 (181.05), L40S (362.05),
+    # RTX A6000 (154.8); the Ada (RTX 4090: 165.2) and GA102 (RTX 3090: 71) whitepapers, bf16 with fp32
+    # accumulate; V100 (SXM2 125, PCIe 112: fp16, Volta has no bf16). The A10G (AWS) has no NVIDIA data sheet
+    # and third-party figures disagree (70 or 125), so it is left out.
+    "NVIDIA H100 80GB HBM3": 989.0,  # SXM5
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA H200": 989.0,  # SXM
+    "NVIDIA H200 NVL": 835.0,
+    "NVIDIA GH200 480GB": 989.0,
+    "NVIDIA GH200 144G HBM3e": 989.0,
+    "NVIDIA B200": 2250.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+    "NVIDIA A10": 125.0,
+    "NVIDIA A40": 149.7,
+    "NVIDIA L4": 121.0,
+    "NVIDIA L40": 181.0,
+    "NVIDIA L40S": 362.0,
+    "NVIDIA RTX A6000": 154.8,
+    "NVIDIA GeForce RTX 4090": 165.2,
+    "NVIDIA GeForce RTX 3090": 71.0,
+    "Tesla V100-SXM2-16GB": 125.0,
+    "Tesla V100-SXM2-32GB": 125.0,
+    "Tesla V100-PCIE-16GB": 112.0,
+    "Tesla V100-PCIE-32GB": 112.0,
 }
 CPU_MATMUL_SIZE = 1024
 
@@ -85,20 +103,37 @@ def measure_cpu_peak(size: int = CPU_MATMUL_SIZE, repeats: int = 5) -> float:
     return 2 * size**3 / best
 
 
+def normalise_gpu_name(name: str) -> str:
+    """A GPU name as :data:`PEAK_TFLOPS` compares it: whitespace runs collapsed to one space, case folded."""
+    return " ".join(name.split()).casefold()
+
+
+_PEAKS_BY_NAME = {normalise_gpu_name(k): v for k, v in PEAK_TFLOPS.items()}
+
+
+def table_peak(name: str) -> Peak:
+    """The data-sheet peak of the GPU called ``name`` (``torch.cuda.get_device_name``), matched exactly after
+    :func:`normalise_gpu_name`; an unknown name gives Peak(None, a note telling the user to pass --peak-tflops)."""
+    tflops = _PEAKS_BY_NAME.get(normalise_gpu_name(name))
+    if tflops is None:
+        return Peak(
+            None,
+            f"{name}: peak unknown (not in the data-sheet table of checkfree/telemetry/throughput.py); "
+            "pass --peak-tflops to report MFU",
+        )
+    return Peak(tflops * 1e12, f"{name}: {tflops:g} TFLOP/s dense bf16 (data sheet)")
+
+
 def device_peak(device: torch.device, peak_tflops: float | None = None) -> Peak:
-    """The peak FLOP/s that MFU divides by: ``peak_tflops`` if given, else the table entry of a CUDA device, else
-    a measured fp32 matmul peak on a CPU. An unknown CUDA device gives Peak(None, …): MFU is then not reported.
-    Raises ValueError for a non-positive ``peak_tflops``."""
+    """The peak FLOP/s that MFU divides by: ``peak_tflops`` if given, else the table entry of a CUDA device
+    (:func:`table_peak`), else a measured fp32 matmul peak on a CPU. An unknown CUDA device gives Peak(None, …):
+    MFU is then not reported. Raises ValueError for a non-positive ``peak_tflops``."""
     if peak_tflops is not None:
         if not peak_tflops > 0:
             raise ValueError(f"--peak-tflops is {peak_tflops}; expected a positive number of TFLOP/s.")
         return Peak(peak_tflops * 1e12, f"--peak-tflops {peak_tflops:g}")
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, tflops in PEAK_TFLOPS.items():
-            if key in name:
-                return Peak(tflops * 1e12, f"{name}: {tflops:g} TFLOP/s dense bf16 (data sheet)")
-        return Peak(None, f"{name}: peak unknown, pass --peak-tflops to report MFU")
+        return table_peak(torch.cuda.get_device_name(device))
     flops = measure_cpu_peak()
     return Peak(
         flops,
