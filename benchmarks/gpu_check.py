@@ -3,49 +3,77 @@
     benchmarks/gpu_check.sh                      # on a CUDA machine; prints one table
     SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh   # every section's logic on the CPU, micro sizes, in a minute
 
-Sections:
+Sections, each with its time budget on one H100 (19 min in all; its time is printed and recorded beside it):
   1. 124M config on the default corpus (Shakespeare, BPE 4096), W = 1, 30 iterations, no failures: tokens/s, MFU,
-     peak GPU memory, and staged step ÷ plain transformers step on the same batches (GPU twin of bench_staged.py).
-     Targets on an H100: MFU ≥ 35 %, staged ÷ plain ≤ 1.05.
-  2. the same with --compile (torch.compile of each stage; the plain model compiled too).
-  3. tiny and small configs, 200 iterations, failures at 16 %/h under checkfree_plus: finish, loss finite and falls.
+     peak GPU memory, and staged step ÷ plain transformers step on the same batches (GPU twin of bench_staged.py:
+     10 warm-up iterations of each, then 3 interleaved rounds of 10). Targets on an H100: MFU ≥ 35 %, staged ÷
+     plain ≤ 1.05. Budget 4 min: the corpus's tokenizer and cache are built here (≈ 1 min); the ≈ 110 timed
+     iterations (4 microbatches × 64 × 512 tokens, ≈ 35 TFLOP each) take ≈ 0.1 s each at 35 % MFU.
+  2. the same with --compile (torch.compile of each stage; the plain model compiled too). Budget 7 min: the
+     compilations.
+  3. tiny and small configs, 200 iterations, failures at 16 %/h under checkfree_plus: finish, loss finite and
+     falls. Budget 2.5 min.
   4. CheckFree / CheckFree+ recovery on CUDA tensors vs the same on CPU: same plans, max |diff| of the weights.
+     Budget 30 s.
   5. the swarm (configs/swarm_tiny.json, setting ours, --time-scale 0: compute, real transfers and recovery, no
      emulated WAN) on --device DEVICE with one whole-stage crash (both replicas of stage 2, mid-run): mean
      iteration time with and without the crash, crash → serving seconds, every crash recovered, every node on
-     the device (throughput.json's node_devices). SMOKE: synthetic batches, 4 iterations.
-Nothing is written to the repository: runs go to a temporary directory (kept, its path is printed).
+     the device (throughput.json's node_devices). SMOKE: synthetic batches, 4 iterations. Budget 5 min (12 node
+     processes start, each with its own CUDA context); the swarm is stopped after 10 min.
+
+Every row is printed as soon as it is measured and appended to OUT_DIR/gpu_check.md, and OUT_DIR/gpu_check.json
+(strict JSON: every row, each section's seconds and budget, the status) is rewritten at each row, so a run cut
+short keeps what it measured. OUT_DIR (--out-dir, or the OUT_DIR environment variable) defaults to
+runs/gpu_check-<UTC time> in the repository; a directory that already holds gpu_check.json or gpu_check.md is
+refused (exit code 2, nothing written). Each section's models are freed (gc, torch.cuda.empty_cache) and the peak
+memory statistics reset before the next section measures. A section that raises is reported (its traceback
+printed, an "error" row recorded) and the next one runs: one broken section must not cost the device time of
+the others; the exit code is then 1. The runs themselves go to a temporary directory (kept, its path printed).
 """
 
 from __future__ import annotations
 
-import argparse
-import copy
-import json
-import math
-import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
+import os
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+# Before torch is imported and anything forks (datasets' map, the swarm's nodes): torch.cuda.is_available() then
+# asks NVML instead of initialising CUDA in this process, which forked children could not use.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-from checkfree.config import load_config
-from checkfree.data.batches import BatchSource
-from checkfree.data.corpus import prepare_corpus
-from checkfree.devices import autocast_context, to_device
-from checkfree.failures.injection import StageFailureInjector
-from checkfree.model import build_hf_model, build_stages, split_model
-from checkfree.recovery.registry import make_strategy
-from checkfree.sim.launch import SimulateOptions, data_spec, run_simulation
-from checkfree.sim.trainer import RunContext, Trainer
-from checkfree.telemetry.metrics import MetricsSink
-from checkfree.training_state import TrainingState, make_adam
+import argparse  # noqa: E402
+import copy  # noqa: E402
+import datetime  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import signal  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from checkfree.config import load_config  # noqa: E402
+from checkfree.data.batches import BatchSource  # noqa: E402
+from checkfree.data.corpus import prepare_corpus  # noqa: E402
+from checkfree.devices import autocast_context, to_device  # noqa: E402
+from checkfree.failures.injection import StageFailureInjector  # noqa: E402
+from checkfree.model import build_hf_model, build_stages, split_model  # noqa: E402
+from checkfree.recovery.registry import make_strategy  # noqa: E402
+from checkfree.sim.launch import SimulateOptions, data_spec, run_simulation  # noqa: E402
+from checkfree.sim.trainer import RunContext, Trainer  # noqa: E402
+from checkfree.telemetry.metrics import MetricsSink  # noqa: E402
+from checkfree.training_state import TrainingState, make_adam  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORT_FILES = ("gpu_check.md", "gpu_check.json")
+SWARM_TIMEOUT_S = 600
 ROWS: list[tuple[str, str, str]] = []
 MICRO = {"architecture": "LLaMa", "validation": 2, "dmodel": 32, "num_heads": 2, "n_layers_per_stage": 1}
 MICRO |= {"n_stages": 4, "seq_l": 16, "batch_size": 2, "mb_count": 2, "lr_scale": 1.1, "lr": 3e-3}
@@ -53,9 +81,94 @@ MICRO |= {"eval_interval": 3, "log_interval": 3, "checkpoint_interval": 0, "voca
 WORDS = "the king queen sword crown night day love death fool ghost castle storm sea letter ring".split()
 
 
+class Report:
+    """OUT_DIR/gpu_check.md and OUT_DIR/gpu_check.json, brought up to date at every row.
+
+    The Markdown file is appended to (a header, then one table line per row, then the verdict); the JSON file is
+    rewritten whole through a temporary file and a rename, so a reader never sees half of it. It is strict JSON
+    (``allow_nan=False``; a non-finite number, which no field holds today, would be written as null).
+    """
+
+    def __init__(self, out_dir: Path, header: dict[str, object]):
+        self.out_dir = out_dir
+        self.md = out_dir / "gpu_check.md"
+        self.data: dict[str, object] = {
+            "format": "checkfree-gpu-check-v1",
+            "status": "running",
+            **header,
+            "updated": header["started"],
+            "sections": [],
+            "rows": [],
+        }
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lines = [f"# gpu_check, {header['started']}", ""]
+        lines += [f"- {k}: {v}" for k, v in header.items() if k != "started"]
+        lines += ["", "| section | metric | value |", "|---|---|---|"]
+        self.md.write_text("\n".join(lines) + "\n")
+        self._write_json()
+
+    def row(self, section: str, metric: str, value: str) -> None:
+        self.data["rows"].append({"section": section, "metric": metric, "value": value})
+        cells = (c.replace("|", "\\|") for c in (section, metric, value))
+        with open(self.md, "a") as f:
+            f.write("| " + " | ".join(cells) + " |\n")
+        self._write_json()
+
+    def section(
+        self, number: int, title: str, budget_s: float | None, seconds: float, ok: bool | None
+    ) -> None:
+        self.data["sections"].append(
+            {"number": number, "title": title, "budget_s": budget_s, "seconds": round(seconds, 1), "ok": ok}
+        )
+        self._write_json()
+
+    def finish(self, status: str, verdict: str) -> None:
+        self.data["status"] = status
+        with open(self.md, "a") as f:
+            f.write(f"\n{verdict}\n")
+        self._write_json()
+
+    def _write_json(self) -> None:
+        self.data["updated"] = _now()
+        tmp = self.out_dir / "gpu_check.json.tmp"
+        tmp.write_text(json.dumps(_finite(self.data), indent=1, allow_nan=False) + "\n")
+        os.replace(tmp, self.out_dir / "gpu_check.json")
+
+
+def _finite(obj: object) -> object:
+    """``obj`` with every non-finite float as None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+REPORT: Report | None = None
+
+
 def row(section: str, metric: str, value: str) -> None:
+    """Print one measured row now, keep it for the closing table, and write it to OUT_DIR's two files."""
     ROWS.append((section, metric, value))
     print(f"  {section:<34} {metric:<30} {value}", flush=True)
+    if REPORT is not None:
+        REPORT.row(section, metric, value)
+
+
+def free_memory(device: torch.device) -> None:
+    """Drop what the last section left (its models, optimizers, compiled graphs) before the next one measures:
+    a garbage collection, the caching allocator's free blocks back to the driver, the peak statistics reset."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 def smoke_setup(root: Path) -> str:
@@ -144,6 +257,7 @@ def staged_vs_plain(args: argparse.Namespace, config: str, extra: dict, compile_
     for _ in range(args.rounds):
         staged.append(timed(trainer.step))
         plain.append(timed(plain_step))
+    # trainer, stages, model and opt go with this frame; the caller's free_memory() collects any cycles among them
     return statistics.median(staged) / statistics.median(plain)
 
 
@@ -163,7 +277,10 @@ def throughput_section(args: argparse.Namespace, title: str, config: str, extra:
     mfu = s["mfu"]
     row(title, "MFU", "n/a" if mfu is None else f"{100 * mfu:.1f} %  (peak: {s['peak_flops_source']})")
     row(title, "peak memory", f"{s['peak_memory_bytes'] / 2**30:.2f} GiB ({s['peak_memory_source']})")
+    free_memory(torch.device(args.device))
     ratio = staged_vs_plain(args, config, extra, backend)
+    if compile:
+        torch._dynamo.reset()  # the compiled graphs and their buffers go with the section
     row(title, "staged ÷ plain step", f"{ratio:.3f}")
     if args.device == "cuda" and not compile:
         met = mfu is not None and mfu >= 0.35 and ratio <= 1.05
@@ -254,9 +371,11 @@ def swarm_section(args: argparse.Namespace) -> bool:
     title = f"swarm {'micro' if args.smoke else 'tiny'}: ours, stage 2 lost at it. {crash}"
     with open(args.root / "swarm.log", "w") as log:
         try:
-            code = subprocess.run(cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
+            code = subprocess.run(
+                cmd, cwd=root, stdout=log, stderr=subprocess.STDOUT, timeout=SWARM_TIMEOUT_S
+            ).returncode
         except subprocess.TimeoutExpired:
-            code = "timeout after 900 s"
+            code = f"timeout after {SWARM_TIMEOUT_S} s"
     if code != 0:
         row(title, "swarm run", f"FAILED (exit {code}; {args.root / 'swarm.log'})")
         return False
@@ -285,6 +404,36 @@ def swarm_section(args: argparse.Namespace) -> bool:
     return ok
 
 
+SECTIONS: list[tuple[str, float]] = [
+    ("throughput, no failures", 240),
+    ("the same with --compile", 420),
+    ("convergence under failures", 150),
+    ("recovery on the device vs CPU", 30),
+    ("swarm on the device", 300),
+]
+"""Each section's title and its time budget in seconds on one H100 (the module docstring says what fills it)."""
+
+
+def out_dir_for(value: str | None) -> Path:
+    """OUT_DIR: the given directory, or runs/gpu_check-<UTC time> in the repository. Raises ValueError (one
+    sentence) for a file, or for a directory that already holds gpu_check.md or gpu_check.json."""
+    if not value:
+        return ROOT / "runs" / f"gpu_check-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+    out = Path(value)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"OUT_DIR {out} is a file; expected a directory for gpu_check.md and gpu_check.json."
+        )
+    taken = [f for f in REPORT_FILES if (out / f).exists()]
+    if taken:
+        raise ValueError(f"OUT_DIR {out} already holds {taken[0]}; expected a new or empty directory.")
+    return out
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -294,9 +443,36 @@ def main() -> int:
     )
     ap.add_argument("--iterations", type=int, default=10, help="iterations per timed block (staged vs plain)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timed blocks of each loop")
+    ap.add_argument(
+        "--out-dir",
+        default=os.environ.get("OUT_DIR"),
+        help="where gpu_check.md and gpu_check.json go (default $OUT_DIR, else runs/gpu_check-<UTC time>)",
+    )
     args = ap.parse_args()
+    try:
+        out_dir = out_dir_for(args.out_dir)
+    except ValueError as e:
+        print(f"gpu_check: {e}", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
     args.root = Path(tempfile.mkdtemp(prefix="gpu_check-"))
-    print(f"gpu_check on {args.device} (smoke {args.smoke}); runs in {args.root}", flush=True)
+    global REPORT
+    REPORT = Report(
+        out_dir,
+        {
+            "started": _now(),
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "smoke": args.smoke,
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "scratch_dir": str(args.root),
+        },
+    )
+    print(
+        f"gpu_check on {args.device} (smoke {args.smoke}); runs in {args.root}; report in {out_dir}",
+        flush=True,
+    )
     if args.smoke:
         args.cache_dir = args.cache_dir or args.root / "cache"
         args.iterations, args.rounds, args.big_iterations = 1, 1, 2
@@ -306,26 +482,58 @@ def main() -> int:
         args.big_iterations = 30
         big, big_extra = "124M_config.json", {"dataset": "Shakespeare", "tokenizer": "bpe"}
         small = [("tiny", "tiny_config.json", 200, {}), ("small", "small_config.json", 200, {})]
-    ok = True
-    print("1. throughput, no failures", flush=True)
-    throughput_section(args, "124M W=1" if not args.smoke else "micro W=1", big, big_extra, compile=False)
-    print("2. the same with --compile", flush=True)
-    throughput_section(
-        args, "124M W=1 --compile" if not args.smoke else "micro W=1 --compile", big, big_extra, True
-    )
-    print("3. convergence under failures", flush=True)
-    for name, config, iterations, kw in small:
-        ok &= convergence_section(args, name, config, iterations, **kw)
-    print("4. recovery on the device vs CPU", flush=True)
-    ok &= recovery_section(args)
-    print("5. swarm on the device", flush=True)
-    ok &= swarm_section(args)
+    big_name = "micro" if args.smoke else "124M"
+
+    def convergence() -> bool:
+        ok = True
+        for name, config, iterations, kw in small:
+            ok &= convergence_section(args, name, config, iterations, **kw)
+        return ok
+
+    runs: list[Callable[[], bool | None]] = [
+        lambda: throughput_section(args, f"{big_name} W=1", big, big_extra, compile=False),
+        lambda: throughput_section(args, f"{big_name} W=1 --compile", big, big_extra, True),
+        convergence,
+        lambda: recovery_section(args),
+        lambda: swarm_section(args),
+    ]
+    signal.signal(signal.SIGTERM, _interrupted)
+    ok, t_all = True, time.perf_counter()
+    try:
+        for number, ((title, budget), run) in enumerate(zip(SECTIONS, runs, strict=True), start=1):
+            print(f"{number}. {title}", flush=True)
+            t0, passed = time.perf_counter(), None
+            try:
+                passed = run()
+            except Exception as e:  # a broken section is reported; the others still get their device time
+                traceback.print_exc()
+                row(
+                    f"{number}. {title}",
+                    "error",
+                    f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}",
+                )
+                passed = False
+            seconds = time.perf_counter() - t0
+            ok &= passed is not False
+            budget_s = None if args.smoke else budget
+            within = "" if budget_s is None else f" of {budget} s budgeted on an H100"
+            row(f"{number}. {title}", "section seconds", f"{seconds:.1f}{within}")
+            REPORT.section(number, title, budget_s, seconds, passed)
+            free_memory(device)
+    except KeyboardInterrupt:
+        REPORT.finish("interrupted", "INTERRUPTED: the rows above are what was measured")
+        print(f"\ninterrupted; what was measured is in {out_dir}", file=sys.stderr)
+        return 130
+    row("all sections", "seconds", f"{time.perf_counter() - t_all:.1f}")
     width = max(len(r[0]) for r in ROWS)
     print(f"\n{'section':<{width}} | {'metric':<30} | value")
     print(f"{'-' * width}-|-{'-' * 30}-|-{'-' * 20}")
     for section, metric, value in ROWS:
         print(f"{section:<{width}} | {metric:<30} | {value}")
-    print("\nall checks passed" if ok else "\nSOME CHECKS FAILED")
+    verdict = "all checks passed" if ok else "SOME CHECKS FAILED"
+    REPORT.finish("passed" if ok else "failed", verdict)
+    print(f"\nreport: {out_dir / 'gpu_check.md'}, {out_dir / 'gpu_check.json'}")
+    print(f"\n{verdict}")
     return 0 if ok else 1
 
 

@@ -1,20 +1,59 @@
 #!/usr/bin/env bash
 # The simulator on CUDA (issue 12): throughput and MFU of the 124M config, with and without --compile, the tiny
 # and small configs under failures, a recovery on CUDA vs CPU, and the swarm on CUDA with a whole-stage crash
-# (issue 11); one table at the end (benchmarks/gpu_check.py).
-# usage: benchmarks/gpu_check.sh                      on a CUDA machine ("no CUDA device: skipped" elsewhere)
+# (issue 11); one table at the end, and every row as it comes in OUT_DIR/gpu_check.md and gpu_check.json
+# (benchmarks/gpu_check.py).
+# usage: benchmarks/gpu_check.sh                      on a GPU machine (≤ 20 min on one H100)
 #        SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh   every section's logic on the CPU, micro sizes
+# Environment: DEVICE (cuda | cpu), SMOKE=1, OUT_DIR (default runs/gpu_check-<UTC time>).
+# With DEVICE=cuda: "no GPU: skipped" and exit code 0 only where nvidia-smi is missing or lists no GPU; where it
+# lists one but torch sees none (a CPU build of torch, or a CUDA build the driver cannot run), exit code 1 with
+# torch's version and CUDA build.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py="$root/.venv/bin/python"
 [ -x "$py" ] || py=python3
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+# torch.cuda.is_available() through NVML: no CUDA context in a process that forks (datasets' map, swarm nodes).
+export PYTORCH_NVML_BASED_CUDA_CHECK=${PYTORCH_NVML_BASED_CUDA_CHECK:-1}
 
 device=${DEVICE:-cuda}
 case "$device" in cuda|cpu) ;; *) echo "DEVICE is '$device'; expected cuda or cpu." >&2; exit 2;; esac
-if [ "$device" = cuda ] && ! "$py" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "no CUDA device: skipped"
-  exit 0
+if [ "$device" = cuda ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "no GPU: skipped (no nvidia-smi)"
+    exit 0
+  fi
+  gpus=$(timeout 60 nvidia-smi -L 2>&1) && listed=$(grep -c '^GPU [0-9]' <<<"$gpus") || listed=0
+  first=$(head -1 <<<"$gpus")
+  if [ "$listed" -eq 0 ]; then
+    echo "no GPU: skipped (nvidia-smi -L lists none${first:+: $first})"
+    exit 0
+  fi
+  # CUDA initialised for real (a one-off process): with the NVML check alone, a driver too old for torch's
+  # CUDA build would pass here and fail in the first section.
+  if ! "$py" - "$listed" "$first" <<'EOF'
+import sys
+
+import torch
+
+try:
+    torch.cuda.init()
+    torch.empty(1, device="cuda")
+    sys.exit(0)
+except Exception as e:  # any failure to use CUDA is the answer here, in torch's words
+    why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+build = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU-only build"
+print(
+    f"gpu_check: nvidia-smi lists {sys.argv[1]} GPU(s) ({sys.argv[2]}) but torch {torch.__version__}, {build}, "
+    f"sees none ({why}); expected a CUDA build of torch that this driver runs.",
+    file=sys.stderr,
+)
+sys.exit(1)
+EOF
+  then
+    exit 1
+  fi
 fi
 args=(--device "$device")
 if [ "${SMOKE:-0}" != 0 ]; then
