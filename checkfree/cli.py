@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import NoReturn
 
@@ -188,6 +190,12 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--compile", action="store_true", help="torch.compile each stage (off by default; see docs/gpu.md)"
     )
     p.add_argument(
+        "--activation-checkpointing",
+        action="store_true",
+        help="recompute each transformer block in the backward pass instead of keeping its activations "
+        "(less memory, one more forward per block; docs/gpu.md)",
+    )
+    p.add_argument(
         "--tensorboard", action="store_true", help="write TensorBoard scalars to RUN_DIR/tensorboard/"
     )
     # bf16 autocast on any device: exercises the CUDA mixed-precision path on a CPU (tests); not for real runs
@@ -226,7 +234,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "set")}
     opts = SimulateOptions(**fields, extra=parse_sets(args.set))
     if opts.dry_run:
-        for line in plan_lines(opts):
+        from checkfree.sim.preflight import memory_lines
+
+        for line in [*plan_lines(opts), *memory_lines(opts)]:
             print(line)
         return 0
     try:
@@ -278,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM handler: raise KeyboardInterrupt("SIGTERM"), so a run ends as it does on Ctrl-C."""
+    raise KeyboardInterrupt("SIGTERM")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -292,10 +307,20 @@ def main(argv: list[str] | None = None) -> int:
     from checkfree.checkpoint.store import CheckpointError
     from checkfree.data.sources import DataUnavailableError
 
+    # SIGTERM (a scheduler, torchrun, `kill`) stops a command the way Ctrl-C does: the run writes its
+    # results with status "interrupted" (summary.json, throughput.json) instead of vanishing mid-write.
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if on_main_thread else None
     try:
         return args.func(args)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM outside training (which says where to resume itself)
+        print(f"checkfree {args.command}: interrupted ({e or 'SIGINT'})", file=sys.stderr)
+        return 130
     except (ValueError, FileNotFoundError, CheckpointError, DataUnavailableError) as e:  # user errors
         if os.environ.get("CHECKFREE_DEBUG"):
             raise
         print(f"checkfree {args.command}: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if on_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import logging
 import os
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
+from checkfree import jsonio
 from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.failures.injection import StageFailureSource, StageSchedule
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
@@ -32,9 +34,16 @@ from checkfree.telemetry.monitoring import TENSORBOARD_DIR, TensorBoardMirror, p
 from checkfree.telemetry.throughput import device_peak
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HUB_VOCAB = {"llama2": 32000, "gpt2": 50257}
 PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+DATA_PREP_TIMEOUT = datetime.timedelta(hours=24)
+"""How long ranks 1..W−1 wait for rank 0 to prepare the token cache (:func:`rank0_first`). Preparing a hub
+dataset's budget can take hours, far more than PROCESS_GROUP_TIMEOUT; if rank 0 dies instead, torchrun stops the
+other ranks, so a long wait cannot hang a run."""
+WAIT_LOG_SECONDS = 60.0
+"""A waiting rank logs one progress line this often."""
 
 
 def plan_lines(opts: SimulateOptions) -> list[str]:
@@ -133,17 +142,59 @@ def data_budget_line(cfg: Config, world_size: int, stream_tokens: int) -> tuple[
     return line, n
 
 
+def rank0_first(
+    work: Callable[[], T],
+    rank: int,
+    world: int,
+    what: str,
+    timeout: datetime.timedelta = DATA_PREP_TIMEOUT,
+    log_every: float = WAIT_LOG_SECONDS,
+) -> T:
+    """Run ``work()`` on rank 0 first, then on every other rank (which then finds what rank 0 made, e.g. the token
+    cache); returns its result on every rank. With one rank, just ``work()``.
+
+    The other ranks wait at a barrier of a gloo group of their own, created with ``timeout``: the default group's
+    PROCESS_GROUP_TIMEOUT (10 min, NCCL's default too) is shorter than a hub-sized data preparation. While they
+    wait they log a progress line every ``log_every`` seconds naming ``what``. Every rank must call this.
+
+    Raises:
+        RuntimeError (from torch.distributed): rank 0 did not arrive within ``timeout``.
+    """
+    if world == 1:
+        return work()
+    group = dist.new_group(backend="gloo", timeout=timeout)
+    try:
+        if rank == 0:
+            result = work()
+            dist.barrier(group=group)
+            return result
+        t0 = time.monotonic()
+        waiting = dist.barrier(group=group, async_op=True)
+        next_line = t0 + log_every
+        while not waiting.is_completed():
+            if time.monotonic() >= next_line:
+                log.info(
+                    "waiting for rank 0: %s, %.0f min so far (up to %s)",
+                    what,
+                    (time.monotonic() - t0) / 60,
+                    timeout,
+                )
+                next_line += log_every
+            time.sleep(0.2)
+        waiting.wait()  # raises if the barrier failed (rank 0 gone, or the timeout)
+        return work()
+    finally:
+        dist.destroy_process_group(group)
+
+
 def _prepare_data(cfg: Config, opts: SimulateOptions, rank: int, world: int):
     from checkfree.data.batches import BatchSource, validation_batches
     from checkfree.data.corpus import prepare_corpus
 
     spec = data_spec(cfg, world, opts.cache_dir)
-    if rank == 0:
-        corpus = prepare_corpus(spec)
-    if world > 1:
-        dist.barrier()
-    if rank != 0:
-        corpus = prepare_corpus(spec)
+    corpus = rank0_first(
+        lambda: prepare_corpus(spec), rank, world, what=f"preparing the token cache of {cfg.dataset}"
+    )
     batches = BatchSource(
         corpus.train, cfg.seq_l, cfg.batch_size, rank=rank, world_size=world, seed=cfg.data_seed
     )
@@ -178,9 +229,10 @@ class RunInterrupted(Exception):
     """Ctrl-C (SIGINT) stopped a run; the message is the one sentence saying where and how to resume."""
 
 
-def _interrupted(trainer: Trainer, run_dir: Path, rank: int, sink: MetricsSink) -> str:
-    """After a KeyboardInterrupt in training: keep what was written, write summary.json with ``"status":
-    "interrupted"`` (rank 0), close the metrics, and return the sentence naming the checkpoint to resume from."""
+def _interrupted(trainer: Trainer, run_dir: Path, rank: int, sink: MetricsSink, cause: str = "SIGINT") -> str:
+    """After a KeyboardInterrupt in training (Ctrl-C, or SIGTERM through checkfree.cli): keep what was written,
+    write summary.json with ``"status": "interrupted"`` and ``cause`` (rank 0), close the metrics, and return the
+    sentence naming the checkpoint to resume from."""
     from checkfree.checkpoint.store import list_checkpoints
 
     st = trainer.state
@@ -193,6 +245,7 @@ def _interrupted(trainer: Trainer, run_dir: Path, rank: int, sink: MetricsSink) 
     if rank == 0:
         summary = {
             "status": "interrupted",
+            "cause": cause,
             "stopped": sentence,
             "iterations": st.iteration,
             "effective_iterations": st.effective_iteration,
@@ -203,9 +256,33 @@ def _interrupted(trainer: Trainer, run_dir: Path, rank: int, sink: MetricsSink) 
             "strategy": trainer.strategy.name,
             "run_dir": str(run_dir),
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1, default=str))
     sink.close()
     return sentence
+
+
+def _failed(trainer: Trainer, run_dir: Path, rank: int, cause: str) -> None:
+    """After an exception in training: summary.json with ``"status": "failed"``, the cause and the iterations
+    done (rank 0; every one is in metrics.jsonl), so a failed run is told apart from one still running. A
+    failure to write it is logged: the exception that stopped the run is the one raised."""
+    if rank != 0:
+        return
+    st = trainer.state
+    summary = {
+        "status": "failed",
+        "cause": cause,
+        "iterations": st.iteration,
+        "effective_iterations": st.effective_iteration,
+        "first_eval": trainer.first_eval,
+        "final_eval": trainer.last_eval,
+        **trainer.counts,
+        "strategy": trainer.strategy.name,
+        "run_dir": str(run_dir),
+    }
+    try:
+        (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1, default=str))
+    except OSError as exc:
+        log.error("could not write %s: %s", run_dir / "summary.json", exc)
 
 
 def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict[str, Any]:
@@ -224,11 +301,13 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         for warning in pre.warnings:
             log.warning("%s", warning)
         if rank == 0:
-            (run_dir / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
+            (run_dir / "config.json").write_text(jsonio.dumps(cfg.to_json(), indent=1))
             cmd = " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv))
             with open(run_dir / "command.txt", "a") as f:
                 f.write(cmd + "\n")
-            (run_dir / "options.json").write_text(json.dumps(dataclasses.asdict(opts), indent=1, default=str))
+            (run_dir / "options.json").write_text(
+                jsonio.dumps(dataclasses.asdict(opts), indent=1, default=str)
+            )
         log.info("run directory %s", run_dir)
         corpus, batches, val = _prepare_data(cfg, opts, rank, world)
         log.info("data: %s", corpus.describe())
@@ -247,10 +326,11 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed, corpus.eos_id), cfg)
         peak = device_peak(device, opts.peak_tflops)
         log.info(
-            "device %s, autocast %s, compile %s; MFU peak: %s",
+            "device %s, autocast %s, compile %s, activation checkpointing %s; MFU peak: %s",
             device,
             opts.autocast,
             opts.compile,
+            opts.activation_checkpointing,
             peak.source,
         )
         progress = None
@@ -269,6 +349,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             autocast=opts.autocast,
             compile=opts.compile,
             compile_backend=opts.compile_backend,
+            activation_checkpointing=opts.activation_checkpointing,
             peak=peak,
             recovery_accounting=opts.recovery_accounting,
         )
@@ -292,12 +373,17 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             trainer.resume(Path(pre.resume))
         try:
             summary = trainer.train()
-        except KeyboardInterrupt:
-            raise RunInterrupted(_interrupted(trainer, run_dir, rank, sink)) from None
+        except KeyboardInterrupt as exc:
+            raise RunInterrupted(_interrupted(trainer, run_dir, rank, sink, str(exc) or "SIGINT")) from None
+        except Exception as exc:  # written down, then raised as before (a bug, a lost peer, a full disk…)
+            _failed(trainer, run_dir, rank, f"{type(exc).__name__}: {exc}")
+            raise
         if progress is not None:
             progress.close()
         summary.update(
             {
+                "status": "completed" if summary.get("stopped") is None else "failed",
+                "cause": summary.get("stopped"),
                 "strategy": strategy.name,
                 "setting": opts.setting,
                 "swaps": opts.swaps,
@@ -315,7 +401,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         )
         summary.update(replica_shortage(source, cfg.max_iterations))
         if rank == 0:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            (run_dir / "summary.json").write_text(jsonio.dumps(summary, indent=1, default=str))
         sink.close()
         return summary
     finally:

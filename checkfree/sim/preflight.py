@@ -6,6 +6,13 @@ one of the project's user-error classes (ValueError and its subclasses ConfigErr
 FileNotFoundError, CheckpointError, DataUnavailableError) with one sentence, so a failed validation leaves every
 directory as it was. Things that are accepted but probably not meant (a key given twice, a schedule entry with an
 unknown key, a failure past max_iterations, an unused ``--iteration-seconds``) become ``warnings`` for the run log.
+
+Memory (:func:`check_memory`, checkfree/memory.py): before anything is built, a rank's peak memory is estimated
+from the config's shapes and compared with what the rank gets: on CUDA the GPU's ``total_memory``, on the CPU the
+host's available memory shared by the ranks of this machine. A run that needs more than 90 % of it is refused
+with one sentence naming the estimate, the memory and what would make it fit (``--activation-checkpointing``, a
+smaller microbatch at the same sequences per iteration, fewer ranks per machine). A dry run prints the estimate
+and the verdict but is not refused, so a run for a larger machine can be planned on a small one.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 import torch
 
+from checkfree import memory
 from checkfree.checkpoint import store
 from checkfree.config import Config, load_config
 from checkfree.devices import autocast_context
@@ -28,7 +36,7 @@ from checkfree.failures.rates import PAPER_ITERATION_SECONDS, resolve_failure_pr
 from checkfree.failures.schedules import load_stage_schedule
 from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
 from checkfree.pipeline import stage_order
-from checkfree.recovery.registry import make_strategy
+from checkfree.recovery.registry import make_strategy, resolve_setting
 from checkfree.rundir import RunDirPlan, check_directory_path, holds_something, plan_run_dir
 from checkfree.sim.options import SimulateOptions
 
@@ -48,6 +56,7 @@ class Preflight:
     resume: Path | None
     data_fingerprint: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    memory: MemoryCheck | None = None
 
 
 def config_overrides(opts: SimulateOptions) -> dict[str, Any]:
@@ -179,6 +188,193 @@ def default_run_dir(opts: SimulateOptions, cfg: Config, strategy: str) -> Path:
     return candidate
 
 
+def resolve_device(device: str) -> str:
+    """``--device`` → where a rank computes: "cuda" for cuda, and for auto when torch sees a CUDA device; else
+    "cpu" (the rule of checkfree/sim/launch.py)."""
+    return "cuda" if device == "cuda" or (device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
+def ranks_per_machine(world_size: int) -> int:
+    """Ranks that share this machine: torchrun's ``LOCAL_WORLD_SIZE``, else WORLD_SIZE / ``NNODES`` (the
+    launchers' variable, default 1), at least 1."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 0:
+        return int(local)
+    nodes = os.environ.get("NNODES", "")
+    nodes_n = int(nodes) if nodes.isdigit() and int(nodes) > 0 else 1
+    return max(1, math.ceil(world_size / nodes_n))
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """A rank's memory estimate (checkfree.memory) against what it gets, and what would make it fit.
+
+    Attributes:
+        estimate: one rank's estimate. where: "cuda:N" or "host". capacity: bytes of the GPU (one rank each) or of
+        host memory available (shared by ``ranks``). ranks: ranks on the memory (1 on a GPU). host_need,
+        host_memory: on CUDA, host RAM the ranks of this machine need and have (0, 0 on the CPU).
+        advice: what would make it fit ("" when it fits, or when nothing short of another machine does).
+    """
+
+    estimate: memory.MemoryEstimate
+    where: str
+    capacity: int
+    ranks: int
+    host_need: int
+    host_memory: int
+    advice: str
+
+    @property
+    def need(self) -> int:
+        """Bytes needed on ``where``: one rank on a GPU, every rank of this machine on the host."""
+        return self.estimate.total * self.ranks
+
+    @property
+    def fits(self) -> bool:
+        host_ok = memory.fits(self.host_need, self.host_memory) if self.host_memory else True
+        return memory.fits(self.need, self.capacity) and host_ok
+
+    def verdict(self) -> str:
+        """One line: need, memory, fits or not (and what would make it fit)."""
+        per = f"{self.ranks} ranks × {memory.gib(self.estimate.total)} = " if self.ranks > 1 else ""
+        have = "available host RAM" if self.where == "host" else f"{self.where}'s memory"
+        line = f"memory: {per}{memory.gib(self.need)} of {memory.gib(self.capacity)} {have}"
+        if self.host_memory:
+            line += f"; host RAM {memory.gib(self.host_need)} of {memory.gib(self.host_memory)} available"
+        if self.fits:
+            return f"{line}: fits (≤ {memory.FIT_FRACTION:.0%})"
+        return f"{line}: does not fit{f'; it would with {self.advice}' if self.advice else ''} (a real run is refused)"
+
+    def lines(self) -> list[str]:
+        e = self.estimate
+        title = (
+            f"memory per rank, estimated from the config's shapes ({e.device}, {e.precision}, activation "
+            f"checkpointing {'on' if e.activation_checkpointing else 'off'}; checkfree/memory.py):"
+        )
+        return [*e.describe(title).splitlines(), self.verdict()]
+
+    def sentence(self) -> str:
+        """The refusal: one sentence naming the estimate, the memory and the way out."""
+        e = self.estimate
+        parts = ", ".join(
+            f"{label.split(' (')[0]} {memory.gib(getattr(e, name))}"
+            for name, label in sorted(memory.PARTS, key=lambda p: -getattr(e, p[0]))[:2]
+        )
+        if not memory.fits(self.need, self.capacity):
+            ranks = f" ({self.ranks} ranks × {memory.gib(e.total)})" if self.ranks > 1 else ""
+            have = (
+                f"this machine has {memory.gib(self.capacity)} of host RAM available"
+                if self.where == "host"
+                else f"{self.where} has {memory.gib(self.capacity)}"
+            )
+            what = f"about {memory.gib(self.need)}{ranks} on {'the host' if self.where == 'host' else self.where}"
+        else:
+            have = f"this machine has {memory.gib(self.host_memory)} of host RAM available"
+            what = (
+                f"about {memory.gib(self.host_need)} of host RAM for its {self.ranks} rank(s) besides the GPU"
+            )
+        if self.advice:
+            way = f"it would fit with {self.advice}"
+        elif not memory.fits(e.static * self.ranks, self.capacity):
+            way = (
+                f"the weights, gradients and Adam state alone need {memory.gib(e.static * self.ranks)}: use a "
+                "smaller model (--set dmodel, n_layers_per_stage or n_stages) or a machine with more memory"
+            )
+        else:
+            way = "use a machine with more memory"
+        return (
+            f"this run needs {what} (estimated from the config's shapes, largest parts: {parts}), but {have} "
+            f"and a run must fit in {memory.FIT_FRACTION:.0%} of it; {way}."
+        )
+
+
+def check_memory(opts: SimulateOptions, cfg: Config, strategy: str) -> MemoryCheck:
+    """A rank's estimated peak memory against its device (module docstring); builds and allocates nothing.
+
+    ``strategy``: the canonical setting (its copies count). The GPU is the rank's ``LOCAL_RANK`` (0 outside
+    torchrun); host memory is ``MemAvailable`` (checkfree.memory.available_host_memory).
+    """
+    device = resolve_device(opts.device)
+    # the rule of checkfree.devices.autocast_context: bf16 on CUDA for "auto", on any device for "bf16"
+    autocast = opts.autocast == "bf16" or (opts.autocast == "auto" and device == "cuda")
+    vocab = memory.model_vocab_size(cfg)
+    ranks = ranks_per_machine(opts.world_size)
+    host_memory = memory.available_host_memory()
+    if device == "cuda":
+        index = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        gpu = memory.gpu_memory(index)
+        if gpu is None:
+            raise ValueError(
+                f"this rank's LOCAL_RANK {index} names no CUDA device (torch sees {torch.cuda.device_count()}); "
+                "expected at most one rank per GPU on each machine."
+            )
+        where, device_memory, on_device = f"cuda:{index}", gpu, 1
+    else:
+        where, device_memory, on_device = "host", host_memory, ranks
+
+    def estimate(checkpointing: bool, batch: int) -> memory.MemoryEstimate:
+        return memory.simulator_estimate(cfg, vocab, device, autocast, checkpointing, strategy, batch)
+
+    def fits(e: memory.MemoryEstimate) -> bool:
+        host_ok = device == "cpu" or memory.fits(ranks * e.host, host_memory)
+        return memory.fits(on_device * e.total, device_memory) and host_ok
+
+    est = estimate(opts.activation_checkpointing, cfg.batch_size)
+    advice = ""
+    if not fits(est):
+        advice = _memory_advice(
+            cfg, opts.activation_checkpointing, estimate, fits, ranks, device, device_memory
+        )
+    host_need, host_have = (ranks * est.host, host_memory) if device == "cuda" else (0, 0)
+    return MemoryCheck(est, where, device_memory, on_device, host_need, host_have, advice)
+
+
+def _memory_advice(
+    cfg: Config, checkpointing: bool, estimate, fits, ranks: int, device: str, device_memory: int
+) -> str:
+    """What would make a rank fit: --activation-checkpointing, and/or the largest microbatch (batch_size) that
+    fits at the same sequences per iteration (batch_size × mb_count); on the CPU else fewer ranks on this
+    machine; "" when none of these does. ``estimate(checkpointing, batch)`` and ``fits(estimate)`` are
+    :func:`check_memory`'s."""
+    ways = []
+    if not checkpointing and fits(estimate(True, cfg.batch_size)):
+        ways.append("--activation-checkpointing")
+    sequences = cfg.batch_size * cfg.mb_count
+    for ckpt in [checkpointing] if checkpointing or ways else [False, True]:
+        batch = _largest_batch(cfg.batch_size - 1, sequences, lambda b, c=ckpt: fits(estimate(c, b)))
+        if batch is not None:
+            flag = "--activation-checkpointing " if ckpt and not checkpointing else ""
+            ways.append(
+                f"{flag}--set batch_size={batch} --set mb_count={sequences // batch} (the same {sequences} "
+                "sequences per iteration)"
+            )
+            break
+    if not ways and device == "cpu" and ranks > 1:
+        room = int(memory.FIT_FRACTION * device_memory // estimate(checkpointing, cfg.batch_size).total)
+        if 1 <= room < ranks:
+            ways.append(f"at most {room} rank(s) on this machine (more machines: NNODES, docs/gpu.md)")
+    return ", or with ".join(ways)
+
+
+def _largest_batch(upper: int, sequences: int, fits) -> int | None:
+    """The largest b ≤ ``upper`` that divides ``sequences`` with ``fits(b)`` (memory grows with b: a binary
+    search, then the nearest divisor below, looked for among 100,000 values at most); None when even b = 1 does
+    not fit, ``upper`` < 1, or no divisor is near."""
+    if upper < 1 or not fits(1):
+        return None
+    lo, hi = 1, upper
+    while lo < hi:  # the largest b that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+    return next((b for b in range(lo, max(0, lo - 100_000), -1) if sequences % b == 0), None)
+
+
+def memory_lines(opts: SimulateOptions) -> list[str]:
+    """The dry run's memory table and verdict (:func:`check_memory`); raises what loading the config raises."""
+    cfg = load_config(opts.config, config_overrides(opts))
+    return check_memory(opts, cfg, resolve_setting(opts.setting, opts.swaps)).lines()
+
+
 def _failure_source(opts: SimulateOptions, cfg: Config, probability: float) -> StageFailureSource:
     if opts.failure_schedule is not None:
         return load_stage_schedule(opts.failure_schedule, cfg.n_stages, opts.schedule_replicas)
@@ -230,6 +426,9 @@ def preflight(opts: SimulateOptions) -> Preflight:
         )
     check_device(opts.device)
     _check_throughput_options(opts)
+    mem = check_memory(opts, cfg, strategy.name)
+    if not mem.fits and not opts.dry_run:
+        raise ValueError(mem.sentence())
     cache = opts.cache_dir or os.environ.get("CHECKFREE_CACHE")
     if cache:
         check_directory_path(Path(cache), "--cache-dir" if opts.cache_dir else "$CHECKFREE_CACHE")
@@ -243,4 +442,4 @@ def preflight(opts: SimulateOptions) -> Preflight:
     if resume is not None:
         _check_resume(Path(resume), cfg, fingerprint, opts.allow_data_change, warnings)
     plan = plan_run_dir(run_dir, resume_from=resume, overwrite=opts.overwrite)
-    return Preflight(cfg, strategy.name, p, p_source, source, plan, resume, fingerprint, warnings)
+    return Preflight(cfg, strategy.name, p, p_source, source, plan, resume, fingerprint, warnings, mem)
