@@ -20,7 +20,8 @@ Rules (paper §4.1–4.2; the README's settings table):
 
 Neighbours are the nearest stages on each side that still serve (stage 0 never is one: its shapes differ). When
 a rule cannot apply, the fallback is: one live neighbour → a copy of it; none → a random init; for stage 0, a part
-whose holder is lost too → a random init of that part. A stage that still has a live replica is copied from it
+whose holder is lost too, or holds no copy yet (the swarm's ``holding``: a holder stage rebuilt since stage 0 last
+pushed its copies), → a random init of that part. A stage that still has a live replica is copied from it
 (``replica``, Adam state included): a partial failure loses nothing (docs/paper.md §1).
 """
 
@@ -122,7 +123,11 @@ def stage0_copy_holders(n_stages: int) -> dict[str, int]:
 
 
 def plan(
-    failed: Iterable[int], n_stages: int, setting: str, live: Iterable[int] | None = None
+    failed: Iterable[int],
+    n_stages: int,
+    setting: str,
+    live: Iterable[int] | None = None,
+    holding: Iterable[int] | None = None,
 ) -> dict[int, RecoveryPlan]:
     """The plan of every stage in ``failed``.
 
@@ -132,6 +137,10 @@ def plan(
         setting: a canonical neighbour setting (:data:`NEIGHBOUR_SETTINGS`).
         live: stages with a serving replica after the event; default: every stage not in ``failed`` (the
             simulator, where a failure loses every replica). Stages outside ``live`` are never sources.
+        holding: the stages whose serving replicas hold their CheckFree+ copy of a stage-0 part
+            (:func:`stage0_copy_holders`); default: every live stage (the simulator, where the copies are
+            always current). A holder stage outside it is no source for a lost stage 0: its part takes the
+            random-init fallback at once (the swarm: a holder rebuilt since stage 0 last pushed its copies).
     Raises:
         RecoveryImpossible: the setting cannot rebuild a lost stage (stage 0 without CheckFree+).
         ValueError: an unknown setting or a stage outside 0..S.
@@ -143,15 +152,16 @@ def plan(
         raise ValueError(f"failed stages {failed} must lie in 0..{n_stages}.")
     live_set = set(range(n_stages + 1)) - set(failed) if live is None else set(live)
     lost = sorted(set(range(n_stages + 1)) - live_set)  # every stage without a serving replica
+    holding_set = live_set if holding is None else set(holding)
     return {
         s: RecoveryPlan("replica", (s,), with_optimizer=True, fresh_lr_scale=False)
         if s in live_set
-        else _plan_lost(s, lost, n_stages, setting)
+        else _plan_lost(s, lost, n_stages, setting, holding_set)
         for s in failed
     }
 
 
-def _plan_lost(stage: int, lost: list[int], n_stages: int, setting: str) -> RecoveryPlan:
+def _plan_lost(stage: int, lost: list[int], n_stages: int, setting: str, holding: set[int]) -> RecoveryPlan:
     if stage == 0:
         if setting != "checkfree_plus":
             raise RecoveryImpossible(
@@ -159,9 +169,12 @@ def _plan_lost(stage: int, lost: list[int], n_stages: int, setting: str) -> Reco
                 "lost; only checkfree_plus and the checkpoint-based strategies can."
             )
         holders = stage0_copy_holders(n_stages)
-        kept = tuple(p for p, h in holders.items() if h not in lost)
-        gone = [p for p in holders if p not in kept]
-        fallback = f"copy holder lost too: random init of {gone}" if gone else None
+        kept = tuple(p for p, h in holders.items() if h not in lost and h in holding)
+        gone = [p for p, h in holders.items() if h in lost]
+        empty = [p for p in holders if p not in kept and p not in gone]
+        why = [f"copy holder lost too: random init of {gone}"] if gone else []
+        why += [f"copy holder holds no copy yet: random init of {empty}"] if empty else []
+        fallback = "; ".join(why) or None
         return RecoveryPlan("stage0_copy", tuple(holders[p] for p in kept), kept, fallback=fallback)
     if setting == "random":
         return RecoveryPlan("random")
@@ -199,6 +212,7 @@ def plan_ladder(
     rungs: Iterable[str],
     live: Iterable[int] | None = None,
     ec_fresh: bool = False,
+    holding: Iterable[int] | None = None,
 ) -> dict[int, RecoveryPlan]:
     """The exactness ladder: for each stage in ``failed``, the plan of the most exact rung that can apply.
 
@@ -208,7 +222,8 @@ def plan_ladder(
     decoded from the parity block: only when it is the one transformer stage lost and ``ec_fresh`` says the
     snapshot is young enough: rule "ec_decode"); ``neighbour`` (the CheckFree+ plan of :func:`plan`, from the
     stages alive or restored exactly; stage 0 from the copies of stages 1 and S, which die with them even when
-    those are restored); ``random`` (a fresh init). Each plan's ``rung`` names the rung used.
+    those are restored, and only from holders in ``holding``, as in :func:`plan`); ``random`` (a fresh init).
+    Each plan's ``rung`` names the rung used.
 
     Raises:
         ValueError: an unknown rung, or neither ``neighbour`` nor ``random`` among them.
@@ -250,7 +265,9 @@ def plan_ladder(
     )  # exactly: they serve as neighbours, but the stage-0 copies they held died with them
     for s in [s for s in failed if s not in plans]:
         if "neighbour" in rungs:
-            p = plan([s], n_stages, "checkfree_plus", live=live_set | restored if s else live_set)[s]
+            p = plan(
+                [s], n_stages, "checkfree_plus", live=live_set | restored if s else live_set, holding=holding
+            )[s]
             plans[s] = dataclasses.replace(p, rung="random" if p.rule == "random" else "neighbour")
         else:
             plans[s] = RecoveryPlan("random", rung="random")

@@ -19,7 +19,9 @@ Copying a live replica brings its Adam moments and learning rate along, so the r
 and E⁻¹ to every stage-S node after each optimizer step (STAGE0_COPY, O(|E|) traffic, docs/paper.md §3), so a lost
 stage 0 comes back exactly as of the last committed iteration; a part whose holder stage is lost too gets the
 simulator's seeded random init (``random_init``: run seed, iteration of the loss event, stage 0; recorded as the
-plan's fallback). A stage with no live transformer stage left gets the planner's "random" rule, seeded the same
+plan's fallback). A holder counts only once it holds a copy (``holding``: the supervisor knows from the holders'
+``committed`` reports; a holder rebuilt since stage 0 last pushed holds none), else its part takes that fallback
+at once. A stage with no live transformer stage left gets the planner's "random" rule, seeded the same
 way. ``ours`` cannot recover stage 0, and the run stops with that reason.
 """
 
@@ -43,17 +45,22 @@ class SwarmRecovery(HasSettingTraits):
     ``keeps_stage0_copy``: stages 1 and S hold copies of E and E⁻¹ (docs/paper.md §3).
     """
 
-    def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
-        """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``).
+    def plan(
+        self, stage: int, lost: set[int], n_stages: int, holding: set[int] | None = None
+    ) -> RecoveryPlan:
+        """The plan for a replacement of ``stage`` given the stages with no serving replica (``lost``) and the
+        stages whose serving replicas hold their stage-0 copy (``holding``; None: every live stage).
 
         Raises:
             RecoveryImpossible: the setting has no rule for this loss (e.g. stage 0 under ``ours``).
         """
         if stage not in lost:
             return RecoveryPlan("replica", (stage,), with_optimizer=True, fresh_lr_scale=False)
-        return self.plan_lost(stage, lost, n_stages)
+        return self.plan_lost(stage, lost, n_stages, holding)
 
-    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+    def plan_lost(
+        self, stage: int, lost: set[int], n_stages: int, holding: set[int] | None = None
+    ) -> RecoveryPlan:
         raise RecoveryImpossible(f"setting {self.name!r} cannot recover a lost stage {stage}.")
 
 
@@ -64,7 +71,9 @@ class NoFailurePolicy(SwarmRecovery):
 class CheckpointPolicy(SwarmRecovery):
     name = "checkpoint"
 
-    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+    def plan_lost(
+        self, stage: int, lost: set[int], n_stages: int, holding: set[int] | None = None
+    ) -> RecoveryPlan:
         return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
@@ -73,9 +82,11 @@ class CheckFreePolicy(SwarmRecovery):
 
     name = "checkfree"
 
-    def plan_lost(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+    def plan_lost(
+        self, stage: int, lost: set[int], n_stages: int, holding: set[int] | None = None
+    ) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        return planner.plan([stage], n_stages, self.name, live=live)[stage]
+        return planner.plan([stage], n_stages, self.name, live=live, holding=holding)[stage]
 
 
 class CheckFreePlusPolicy(CheckFreePolicy):
@@ -92,9 +103,11 @@ class LadderPolicy(CheckFreePlusPolicy):
     name = "ladder"
     rungs = ("replica", "neighbour", "random")
 
-    def plan(self, stage: int, lost: set[int], n_stages: int) -> RecoveryPlan:
+    def plan(
+        self, stage: int, lost: set[int], n_stages: int, holding: set[int] | None = None
+    ) -> RecoveryPlan:
         live = set(range(n_stages + 1)) - set(lost)
-        return planner.plan_ladder([stage], n_stages, self.rungs, live=live)[stage]
+        return planner.plan_ladder([stage], n_stages, self.rungs, live=live, holding=holding)[stage]
 
 
 STRATEGIES: dict[str, type[SwarmRecovery]] = {

@@ -4,10 +4,19 @@
 stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
 seconds and a random 128-bit request id. Each answer is checked on arrival (the stage and part asked, the node
 asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, or a
-source that leaves the peer table, moves the request to the next candidate at once, a missed deadline after
-``request_timeout``, and after
-``max_attempts`` rounds over the candidates the node gives up (``recovery_failed``; the supervisor kills it
-and starts another replacement). The answers are combined with the shared recovery math
+source that leaves the peer table, moves the request to the next candidate still in the peer table at once, a
+missed deadline after ``request_timeout``, and after ``max_attempts`` rounds over the candidates the node gives
+up (``recovery_failed``; the supervisor kills it and starts another replacement).
+
+**Sources all gone.** When every candidate of a request has left the peer table (or a source stage has no
+serving node at all), retrying is pointless: the task asks the supervisor at once (CONTROL ``replan`` with the
+``seq`` of the plan it runs) and waits at most ``request_timeout`` for the answer. The supervisor plans the
+stage again from the stages that serve now and sends CONTROL ``plan`` (the plan, the serving replicas of every
+stage, a new ``seq``); :meth:`Recovery.replan` drops the open requests (a late answer to one is ignored) and
+starts over. The supervisor also sends a new plan unasked when a loss event changes the plan of a stage this
+node is rebuilding, so the replicas of one stage are rebuilt by one plan. The storage rule is exempt: the
+storage node restarts under its own id. More than ``max_attempts`` requests for a plan, or no plan in time,
+give up as above. The answers are combined with the shared recovery math
 (checkfree.recovery.math): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
 with ω = checkfree_weight(last gradient norm) for the CheckFree rule (docs/paper.md §2), ``stage0_from_copies`` for a
 lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
@@ -42,7 +51,8 @@ from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
+from checkfree.swarm.wire.control import control
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +107,13 @@ class Recovery:
         self.t0 = time.monotonic()
         self.failed = False
         """True once the task gave up (it sends nothing more)."""
+        self.seq = 0
+        """The number of the plan it runs (0: the WELCOME's; the supervisor numbers the plans it sends after)."""
+        self.plan_deadline: float | None = None
+        """While it waits for a new plan from the supervisor: when it gives up waiting (monotonic seconds)."""
+        self.plans_asked = 0
+        self.superseded: set[str] = set()
+        """Request ids of plans given up for a new one: a late answer to one is ignored."""
 
     def _give_up(self, reason: str) -> None:
         self.failed = True
@@ -112,27 +129,64 @@ class Recovery:
             self.plan.sources,
             f" ({self.plan.fallback})" if self.plan.fallback else "",
         )
+        self.requests = []
         for i, stage in enumerate(self.plan.sources):
             if self.plan.rule == "storage":
                 candidates = [ctx.cfg.storage_id]
             else:
                 candidates = list(ctx.node.membership.serving(stage))
-            if not candidates:
-                self._give_up(f"no serving node of stage {stage} to recover from")
-                return
             part = self.plan.parts[i] if self.plan.parts else None
             self.requests.append(
                 {"stage": stage, "part": part, "candidates": candidates, "tries": 0, "response": None}
             )
+        gone = [r["stage"] for r in self.requests if not self._live(r)]
+        if gone:
+            self._ask_plan(f"no serving node of stage {gone[0]} to recover from")
+            return
+        for i in range(len(self.requests)):
             self._send(i)
         if (
             not self.requests
         ):  # nothing to fetch ("random", or every stage-0 copy holder is lost): seeded init
             self._finish()
 
+    def _live(self, req: dict[str, Any]) -> list[int]:
+        """The request's candidates still in the peer table (the storage node: always its one id)."""
+        if self.plan.rule == "storage":
+            return req["candidates"]
+        return [c for c in req["candidates"] if c in self.ctx.node.membership.peers]
+
+    def _ask_plan(self, why: str) -> None:
+        """Every source of a request is gone: ask the supervisor for a new plan (once until it answers)."""
+        if self.plan_deadline is not None:
+            return
+        self.plans_asked += 1
+        if self.plans_asked > self.ctx.cfg.max_attempts:
+            self._give_up(f"{why}; asked for a new plan {self.plans_asked - 1} times already")
+            return
+        self.plan_deadline = time.monotonic() + self.ctx.cfg.request_timeout
+        log.warning("node %d: %s; asking the supervisor for a new plan", self.ctx.node.node_id, why)
+        meta = control("replan", reason=why[:4000], seq=self.seq)
+        self.ctx.node.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
+
+    def replan(self, plan: RecoveryPlan, members: dict[str, list[int]], seq: int) -> None:
+        """Run the supervisor's new plan number ``seq`` (``members``: the serving replicas of each stage now):
+        the open requests are dropped (a late answer to one is ignored) and the fetch starts over.
+
+        Raises:
+            ProtocolError: ``seq`` is not newer than the plan it runs (a stale or replayed plan).
+        """
+        if seq <= self.seq:
+            raise ProtocolError(f"recovery plan {seq}; this node runs plan {self.seq} already")
+        self.superseded.update(r["id"] for r in self.requests if "id" in r)
+        self.ctx.node.membership.set_members(members)
+        self.plan, self.seq, self.plan_deadline = plan, seq, None
+        self.start()
+
     def _send(self, i: int) -> None:
         req = self.requests[i]
-        req["target"] = req["candidates"][req["tries"] % len(req["candidates"])]
+        live = self._live(req)
+        req["target"] = live[req["tries"] % len(live)]
         req["id"] = secrets.token_hex(16)  # unguessable: only the asked node can answer it
         req["deadline"] = time.monotonic() + self.ctx.cfg.request_timeout
         req["tries"] += 1
@@ -147,9 +201,13 @@ class Recovery:
         self.ctx.node.send(req["target"], MessageType.WEIGHTS_REQUEST, meta=meta)
 
     def _retry(self, i: int, why: str) -> None:
-        """Ask the next candidate now (a rejected, failed or lost answer); give up after ``max_attempts``
-        rounds over the candidates."""
+        """Ask the next candidate still in the peer table now (a rejected, failed or lost answer), or the
+        supervisor for a new plan when none is left; give up after ``max_attempts`` rounds over the
+        candidates."""
         req = self.requests[i]
+        if not self._live(req):
+            self._ask_plan(f"every source of stage {req['stage']} left the swarm ({why})")
+            return
         if req["tries"] >= self.ctx.cfg.max_attempts * len(req["candidates"]):
             self._give_up(
                 f"weights of stage {req['stage']} not obtained after {req['tries']} requests: {why}"
@@ -165,6 +223,12 @@ class Recovery:
 
     def tick(self) -> None:
         now = time.monotonic()
+        if self.plan_deadline is not None:
+            if now > self.plan_deadline:
+                self._give_up(
+                    f"no new recovery plan from the supervisor within {self.ctx.cfg.request_timeout:.0f} s"
+                )
+            return
         for i, req in enumerate(self.requests):
             if req["response"] is None and now > req["deadline"]:
                 self._retry(i, f"no answer within {self.ctx.cfg.request_timeout:.0f} s")
@@ -172,7 +236,10 @@ class Recovery:
                     return
 
     def peers_changed(self) -> None:
-        """A source that left the swarm will not answer: ask the next candidate at once."""
+        """A source that left the swarm will not answer: ask the next candidate at once (or the supervisor
+        for a new plan, when no candidate is left)."""
+        if self.plan_deadline is not None:
+            return
         for i, req in enumerate(self.requests):
             if req["response"] is None and req["target"] not in self.ctx.node.membership.peers:
                 self._retry(i, f"node {req['target']} left the swarm")
@@ -185,6 +252,13 @@ class Recovery:
         Raises:
             ProtocolError: the answer matches no open request (unknown id, or not from the node asked).
         """
+        if msg.meta["request"] in self.superseded:
+            log.info(
+                "node %d: ignored a late answer of node %d to a replaced plan",
+                self.ctx.node.node_id,
+                msg.sender,
+            )
+            return
         for i, req in enumerate(self.requests):
             if (
                 req.get("id") == msg.meta["request"]

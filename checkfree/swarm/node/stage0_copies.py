@@ -7,8 +7,11 @@ check runs at ``begin``, which brings holders that joined since (replacements) u
 crash can need them. Traffic: |E| bytes per stage-1 node plus |E⁻¹| bytes per stage-S node per iteration.
 
 Holder (a stage-1 or stage-S node): keeps the newest copy it was sent, and serves it to a stage-0 replacement
-as a WEIGHTS_RESPONSE to a WEIGHTS_REQUEST whose meta names ``"part"``. A holder without a copy answers with
-an error, and the replacement asks the next holder (checkfree.swarm.node.recovering).
+as a WEIGHTS_RESPONSE to a WEIGHTS_REQUEST whose meta names ``"part"``. It reports the version it holds with
+each ``committed`` (``stage0_copy``): the supervisor plans a lost stage 0 from a holder stage only once one of
+its serving nodes holds a copy, so a holder rebuilt since the last push (it holds none) is never planned as a
+source; that part takes the random-init fallback at once. A holder asked anyway answers with an error, and the
+replacement asks the next holder (checkfree.swarm.node.recovering).
 """
 
 from __future__ import annotations
@@ -66,6 +69,13 @@ class Stage0Copies:
         """part ("embedding" / "head") → (version, state dict of that part)."""
         self.sent: dict[int, int] = {}
         """holder node id → version last pushed to it."""
+
+    def report(self) -> dict[str, int]:
+        """``{"stage0_copy": version}`` of the copy this node holds, ``{}`` when it holds none (the field of
+        ``committed`` the supervisor plans a lost stage 0 by)."""
+        part = self.part_held_by_me() if self.active else None
+        held = self.held.get(part) if part is not None else None
+        return {} if held is None else {"stage0_copy": held[0]}
 
     def part_held_by_me(self) -> str | None:
         """The part this node's stage keeps a copy of, or None."""
@@ -130,8 +140,9 @@ class Stage0Copies:
         if old is None or version >= old[0]:
             self.held[part] = (int(version), state)
 
-    def answer(self, msg: Message, reply: dict[str, Any]) -> None:
-        """Answer a WEIGHTS_REQUEST for a stage-0 part with the held copy, or with an error if none is held."""
+    def answer(self, msg: Message, reply: dict[str, Any]) -> int:
+        """Answer a WEIGHTS_REQUEST for a stage-0 part with the held copy, or with an error if none is held;
+        returns the tensor bytes sent."""
         part = msg.meta["part"]
         held = self.held.get(part) if msg.meta["stage"] == 0 else None
         if held is None:
@@ -144,11 +155,13 @@ class Stage0Copies:
                     "error": f"node {self.ctx.node_id} holds no copy of the stage-0 {part!r}",
                 },
             )
-            return
+            return 0
         version, state = held
+        tensors = W.join(state, "w")
         self.ctx.send(
             msg.sender,
             MessageType.WEIGHTS_RESPONSE,
             meta={**reply, "stage": 0, "part": part, "version": version, "grad_norm": 1.0},
-            tensors=W.join(state, "w"),
+            tensors=tensors,
         )
+        return sum(t.numel() * t.element_size() for t in tensors.values())
