@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from checkfree import jsonio
 from checkfree.checkpoint.store import CheckpointError, Snapshot, list_checkpoints, read_checkpoint
 from checkfree.config import Config, config_from_dict
 from checkfree.rundir import check_output_dir, claim_output_dir
@@ -34,7 +35,7 @@ PROVENANCE_FILE = "checkfree_export.json"
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = jsonio.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ValueError(f"{path} is not valid JSON ({e.msg}); the run directory is damaged.") from None
     if not isinstance(data, dict):
@@ -197,7 +198,7 @@ def export_run(
                 f"the exported model's logits differ from the staged model's by {diff:.3g} "
                 f"(> {VERIFY_TOLERANCE}); the export in {out} is wrong."
             )
-    (out / PROVENANCE_FILE).write_text(json.dumps(info, indent=1, default=str))
+    (out / PROVENANCE_FILE).write_text(jsonio.dumps(info, indent=1, default=str))
     log.debug(
         "exported %s (checkpoint %s, iteration %d) to %s", run_dir, Path(ckpt).name, snapshot.iteration, out
     )

@@ -16,13 +16,14 @@ only afterwards (:func:`apply_run_dir`, :func:`claim_output_dir`):
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from checkfree import jsonio
 
 log = logging.getLogger(__name__)
 
@@ -170,4 +171,4 @@ def check_output_dir(out: Path, marker: str, what: str, option: str = "--out") -
 def claim_output_dir(out: Path, marker: str, content: dict[str, Any]) -> None:
     """Create ``out`` and write its marker first, so an interrupted write can still be replaced later."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / marker).write_text(json.dumps(content, indent=1, default=str))
+    (out / marker).write_text(jsonio.dumps(content, indent=1, default=str))

@@ -72,9 +72,8 @@ def test_data_plane_schemas_and_a_senders_own_bad_command_is_a_bug() -> None:
         control.check(
             Message(MessageType.WEIGHTS_REQUEST, 1, meta={"stage": 1, "request": "r", "address": "x"})
         )
-    control.check(
-        _ctl(command="ready", epoch=1, grad_norm=float("nan"), pipelines=1.0)
-    )  # divergence is reported
+    with pytest.raises(ProtocolError, match="'grad_norm'"):  # no peer's number makes ω NaN (issue 21)
+        control.check(_ctl(command="ready", epoch=1, grad_norm=float("nan"), pipelines=1.0))
     with pytest.raises(control.SchemaBug):  # not a ProtocolError: no dispatcher may swallow it
         control.control("stored", stage=1)
 
@@ -201,7 +200,7 @@ def test_the_early_message_buffer_is_bounded_in_count_and_bytes() -> None:
 
 def test_a_bug_in_a_handler_is_a_crash_not_a_bad_message() -> None:
     node = Node.__new__(Node)
-    node.id, node.bad_messages = 1, 0
+    node.id, node.bad_messages, node.rejected_from = 1, 0, {}
     node.staging = HostStaging(torch.device("cpu"))
     node.handlers = {MessageType.LEAVE: lambda m: (_ for _ in ()).throw(ProtocolError("nonsense"))}
     node.dispatch(Message(MessageType.LEAVE, 2))

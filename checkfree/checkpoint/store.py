@@ -40,6 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from checkfree import jsonio
 from checkfree.training_state import TrainingState
 
 FORMAT = "checkfree-universal-v2"
@@ -119,7 +120,7 @@ def _read_meta(path: Path) -> dict[str, Any]:
             f"checkpoint file {meta_path} fails its sha256 check ({sum_path}): it is corrupt."
         )
     try:
-        meta = json.loads(raw)
+        meta = jsonio.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"checkpoint file {meta_path} is not valid JSON: it is corrupt.") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -305,7 +306,7 @@ def write_snapshot(snapshot: Snapshot, root: Path, keep: int = 2) -> Path:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
             _fsync(path)
             checksums[path.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
-        meta_bytes = json.dumps(dict(snapshot.meta, files=checksums), indent=1).encode()
+        meta_bytes = jsonio.dumps(dict(snapshot.meta, files=checksums), indent=1).encode()
         (tmp / "meta.json").write_bytes(meta_bytes)
         (tmp / META_SUM).write_text(hashlib.sha256(meta_bytes).hexdigest() + "\n")
         for name in ("meta.json", META_SUM):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from checkfree import jsonio
 from checkfree.data import build, shards, sources
 from checkfree.data import tokenizer as tok_mod
 from checkfree.data.build import (
@@ -130,7 +131,7 @@ def _cache_key(spec: DataSpec, source: Source, kind: str) -> str:
         "txt_document_chars": sources.TXT_DOCUMENT_CHARS,
         "holdout_bytes_per_token": HOLDOUT_BYTES_PER_TOKEN,
     }
-    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(jsonio.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def _slug(name: str) -> str:

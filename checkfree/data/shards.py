@@ -10,12 +10,13 @@ renamed but never listed (a kill between the two steps) is simply written again.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from checkfree import jsonio
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -53,7 +54,7 @@ def write_atomic(path: Path, data: bytes | memoryview) -> None:
 
 def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
     """``write_atomic`` of ``obj`` as indented JSON."""
-    write_atomic(path, json.dumps(obj, indent=1).encode())
+    write_atomic(path, jsonio.dumps(obj, indent=1).encode())
 
 
 def write_ids(path: Path, ids: np.ndarray, dtype: np.dtype) -> dict[str, Any]:

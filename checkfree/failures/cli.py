@@ -14,11 +14,11 @@ Without ``--out`` the JSON goes to stdout. It writes nothing except ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
+from checkfree import jsonio
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS
 from checkfree.failures.schedules import format_node_schedule, generate_node_schedule
 from checkfree.failures.traces import TRACE_FORMATS, load_downtime, save_downtime, schedule_from_trace
@@ -140,7 +140,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
             args.trace_format,
         )
         if args.out is None:
-            sys.stdout.write(json.dumps(schedule.to_json()) + "\n")
+            sys.stdout.write(jsonio.dumps(schedule.to_json()) + "\n")
         else:
             save_downtime(args.out, schedule)
             log.info("wrote %s: %s", args.out, schedule.describe().splitlines()[0])

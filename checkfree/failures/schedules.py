@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
 from checkfree.failures.injection import StageSchedule
 from checkfree.failures.rates import (
     PAPER_ITERATION_SECONDS,
@@ -190,7 +191,9 @@ def load_stage_schedule(path: str | Path, n_stages: int, replicas: int | None = 
 def save_stage_schedule(path: str | Path, failures: Iterable[tuple[int, int]]) -> None:
     """Write (iteration, stage) pairs in our format ``checkfree-stage-failures-v1``, sorted."""
     entries = [{"iteration": int(it), "stage": int(s)} for it, s in sorted(set(failures))]
-    Path(path).write_text(json.dumps({"format": STAGE_SCHEDULE_FORMAT, "failures": entries}, indent=1) + "\n")
+    Path(path).write_text(
+        jsonio.dumps({"format": STAGE_SCHEDULE_FORMAT, "failures": entries}, indent=1) + "\n"
+    )
 
 
 def generate_node_schedule(
@@ -261,4 +264,4 @@ def generate_node_schedule(
 
 def format_node_schedule(schedule: Mapping[str, list[int]]) -> str:
     """JSON text in the authors' layout: one line, ``", "``/``": "`` separators, no trailing newline."""
-    return json.dumps(dict(schedule))
+    return jsonio.dumps(dict(schedule))

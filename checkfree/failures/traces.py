@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
+
 DOWNTIME_FORMAT = "checkfree-slot-downtime-v1"
 TRACE_FORMATS = ("bamboo", "parcae")
 MAX_TRACE_BYTES = 64 * 2**20
@@ -514,8 +516,8 @@ def save_downtime(path: str | Path, schedule: DowntimeSchedule) -> None:
     """Write the schedule as indented JSON (one slot per line)."""
     data = schedule.to_json()
     slots = data.pop("slots")
-    head = json.dumps(data, indent=1)[:-2]
-    body = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in slots.items())
+    head = jsonio.dumps(data, indent=1)[:-2]
+    body = ",\n".join(f"  {jsonio.dumps(k)}: {jsonio.dumps(v)}" for k, v in slots.items())
     Path(path).write_text(head + ',\n "slots": {\n' + body + "\n }\n}\n")
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from checkfree import jsonio
 from checkfree.checkpoint import store
 from checkfree.config import Config, config_from_dict
 from checkfree.model import build_hf_model, split_model
@@ -78,7 +79,7 @@ def cell_json(cell: Cell) -> dict[str, Any]:
 def cell_from_json(line: str) -> Cell | None:
     """A cell from one line of cells.jsonl; None for a line cut short by a kill or not a cell."""
     try:
-        d = json.loads(line)
+        d = jsonio.loads(line)
         cell = Cell(
             d["stage"],
             d["strategy"],
@@ -125,7 +126,7 @@ def append_cell(out: Path, cell: Cell) -> None:
 
     A line cut short by a kill is ended first, so the new cell is not glued onto it.
     """
-    line = json.dumps(cell_json(cell)) + "\n"
+    line = jsonio.dumps(cell_json(cell)) + "\n"
     with open(out / CELLS, "ab+") as f:
         if f.seek(0, os.SEEK_END) > 0:
             f.seek(-1, os.SEEK_END)
@@ -415,7 +416,7 @@ def run_probe(opts: ProbeOptions, data: ProbeData | None = None) -> dict[str, An
             "resumed_cells": len(jobs) - computed,
             "cells": [cell_json(finished[job]) for job in jobs],
         }
-        (opts.out / "probe.json").write_text(json.dumps(result, indent=1))
+        (opts.out / "probe.json").write_text(jsonio.dumps(result, indent=1))
         report.write(result, opts.out)
     return result
 

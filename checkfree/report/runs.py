@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
 from checkfree.report.timing import RunCosts
 from checkfree.settings import canonical_name
 from checkfree.telemetry.metrics import read_metrics
@@ -35,7 +36,7 @@ def _num(value: Any) -> float:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return jsonio.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise RunDirError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
     except OSError as e:

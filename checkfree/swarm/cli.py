@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
 from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
 
 log = logging.getLogger("checkfree.swarm")
@@ -63,6 +64,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "[crash iterations..., sentinel]); default failure_p_configs/RATE.json",
     )
     r.add_argument("--no-schedule", action="store_true", help="no crashes at all")
+    r.add_argument(
+        "--recovery-kills",
+        type=Path,
+        metavar="FILE",
+        help="soak runs: kills while the swarm recovers (a replacement, or the sources it fetches from), "
+        "format checkfree-recovery-kills-v1 (checkfree/swarm/supervisor/recovery_kills.py)",
+    )
     r.add_argument("--start", type=int, default=0, help="first node id this machine starts (START)")
     r.add_argument(
         "--end", type=int, help="one past the last node id this machine starts (END; default: all)"
@@ -204,6 +212,49 @@ def _check_run(
     return end
 
 
+def _memory(args: argparse.Namespace, cfg, strategy, end: int, devices):
+    """This machine's nodes START..END−1, its supervisor (or launcher), forkserver and, under ``checkpoint``, the
+    storage node, against its GPUs and host RAM (checkfree.memory.machine_memory), and what would make them fit:
+    fewer microbatches in flight, or fewer nodes here (the rest on other machines). Builds nothing.
+
+    Returns:
+        (checkfree.memory.MachineMemory, advice: "" when it fits or when neither helps).
+    """
+    from checkfree import memory as M
+    from checkfree.swarm.storage import KEEP_VERSIONS
+
+    model = cfg.model
+    vocab = model.vocab_size if cfg.data == "synthetic" else M.model_vocab_size(model)
+    hosts_supervisor = not (args.bootstrap or args.join_token)
+    processes = [("supervisor" if hosts_supervisor else "launcher", M.PROCESS_BYTES)]
+    processes.append(("forkserver the nodes start from", M.PROCESS_BYTES))
+    if hosts_supervisor and strategy.rollback_on_stage_loss:  # checkpoint: the storage node runs here
+        processes.append(
+            (
+                f"storage node ({KEEP_VERSIONS} snapshots of every stage)",
+                M.storage_node_bytes(model, vocab, KEEP_VERSIONS),
+            )
+        )
+
+    def machine(in_flight: int, last: int) -> M.MachineMemory:
+        nodes = [(n, cfg.stage_of(n), devices.initial(n)) for n in range(args.start, last)]
+        return M.machine_memory(
+            model, vocab, nodes, in_flight, cfg.replicas, strategy.keeps_stage0_copy, processes
+        )
+
+    here = machine(cfg.in_flight, end)
+    if here.fits:
+        return here, ""
+    ways = []
+    fewer = next((k for k in range(cfg.in_flight - 1, 0, -1) if machine(k, end).fits), None)
+    if fewer is not None:
+        ways.append(f"--set in_flight={fewer}")
+    last = next((e for e in range(end - 1, args.start, -1) if machine(cfg.in_flight, e).fits), None)
+    if last is not None:
+        ways.append(f"--end {last} here (nodes {last}..{end - 1} on other machines, docs/swarm.md)")
+    return here, ", or with ".join(ways)
+
+
 def _default_run_dir(args: argparse.Namespace) -> Path:
     base = Path("runs") / f"swarm-{args.setting}-{args.rate}"
     candidate, n = base, 1
@@ -231,7 +282,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
     schedule, schedule_path = _schedule(args)
     end = _check_run(args, cfg, schedule, schedule_path)
+    recovery_kills = None
+    if args.recovery_kills is not None:
+        from checkfree.swarm.supervisor.recovery_kills import load_recovery_kills
+
+        recovery_kills = load_recovery_kills(args.recovery_kills)
     devices = resolve_devices(args.device, args.gpus, args.start)  # before anything is written or started
+    memory, advice = _memory(args, cfg, strategy, end, devices)
+    if not memory.fits and not args.dry_run:
+        raise ValueError(memory.sentence(advice))
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
     if args.dry_run:
@@ -260,6 +319,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             stage = cfg.stage_of(n)
             print(
                 " ".join(host.command(n, stage, cfg.location_of(n), False, host.device_for(n, stage, False)))
+            )
+        for line in memory.lines():
+            print(line)
+        if not memory.fits:
+            print(
+                f"memory: does not fit{f'; it would with {advice}' if advice else ''} (a real run is refused)"
             )
         return 0
     if args.bootstrap and args.join_token is None and not args.insecure:
@@ -301,6 +366,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             advertise_host=args.advertise_host,
             cache_dir=args.cache_dir,
             insecure=args.insecure,
+            recovery_kills=recovery_kills,
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -322,11 +388,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         results = sup.run()
     except SwarmError as exc:
-        log.error("swarm run failed: %s (logs in %s)", exc, run_dir)
+        log.error("swarm run failed: %s (logs and throughput.json, status failed, in %s)", exc, run_dir)
         return 1
     print(summary_table([results]))
     print(
-        f"bytes sent by message type: {json.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}"
+        f"bytes sent by message type: {jsonio.dumps({k: v for k, v in results['bytes_sent_by_type'].items() if v})}"
     )
     print(f"results: {run_dir / 'throughput.json'}")
     return 0
@@ -356,7 +422,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; expected a finished swarm run directory.")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = jsonio.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(
                 f"{path} is not valid JSON; expected the throughput.json of a swarm run."

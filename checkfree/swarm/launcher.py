@@ -9,7 +9,8 @@ only obeys: ``spawn`` (start a node process here, pointed at the bootstrap), ``k
 own nodes by pid: a scheduled crash) and ``shutdown``; it reports ``exited`` when one of its nodes dies by
 itself. All policy (schedule, recovery, results) stays with the supervisor, which writes throughput.json
 on machine A; node logs stay on the machine that ran the node. When the supervisor falls silent for
-``peer_timeout`` seconds the launcher kills its nodes and exits.
+``peer_timeout`` seconds the launcher kills its nodes and exits; so it does on Ctrl-C or SIGTERM (checkfree.cli
+turns SIGTERM into a KeyboardInterrupt, and :func:`run_launcher` reaps its nodes by pid whatever ends it).
 """
 
 from __future__ import annotations

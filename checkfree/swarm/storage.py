@@ -7,8 +7,15 @@ acknowledges each with CONTROL ``stored`` to the supervisor, and answers WEIGHTS
 with that snapshot (an ``error`` answer if it has none).
 
 A checkpoint is stored only if it comes from a node the supervisor lists for that stage, its version is not
-ahead of the iterations the supervisor has begun (``begin`` broadcasts), and every tensor is finite; anything else is dropped and counted (``bad_messages``), so a forged checkpoint can
-neither poison a rollback nor evict a real version.
+ahead of the iterations the supervisor has begun (``begin`` broadcasts), and every tensor is finite; anything
+else is dropped and counted (``bad_messages``, and per sender in ``rejected_from``, the supervisor's evidence
+for evicting a node: checkfree.swarm.supervisor.conduct), so a forged checkpoint can neither poison a rollback
+nor evict a real version.
+
+A snapshot is served only to a node the supervisor lists for that very stage (a replacement rebuilding it by
+the ``storage`` rule, or a replica rolling back: no node learns a stage it does not hold), and to each requester
+at most once per ``request_timeout`` / 2 seconds (a requester asks again only after ``request_timeout``): a
+flood of requests gets at most two answers per ``request_timeout``, the rest is dropped and counted.
 """
 
 from __future__ import annotations
@@ -59,6 +66,12 @@ class StorageNode:
         of a node removed meanwhile is still answered)."""
         self.max_version = 0
         self.bad_messages = 0
+        self.rejected_from: dict[int, int] = {}
+        """Messages dropped, per sender (reported with ``stored`` and ``final``)."""
+        self.answered: dict[int, float] = {}
+        """Requester → when it was last sent a snapshot (monotonic seconds)."""
+        self.request_timeout = 60.0
+        """The config's ``request_timeout`` (from the WELCOME)."""
         self.done = False
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
             MessageType.CONTROL: self._on_control,
@@ -82,6 +95,7 @@ class StorageNode:
                 return 3
             cfg = swarm_config_from_dict(welcome.meta["config"], "WELCOME config")
             self.netem = configure_links(t, cfg)
+            self.request_timeout = cfg.request_timeout
             self.max_version = welcome.meta["iteration"]
             self._peers(welcome.meta)
             record = {"rule": "storage"}
@@ -110,7 +124,11 @@ class StorageNode:
             handler(msg)
         except ProtocolError as exc:
             self.bad_messages += 1
+            self.rejected_from[msg.sender] = self.rejected_from.get(msg.sender, 0) + 1
             log.warning("storage %d: dropped a %s from %d: %s", self.id, msg.type.name, msg.sender, exc)
+
+    def _rejected_from(self) -> dict[str, int]:
+        return {str(n): c for n, c in self.rejected_from.items()}
 
     def _on_control(self, msg: Message) -> None:
         if msg.sender != SUPERVISOR_ID:
@@ -128,6 +146,7 @@ class StorageNode:
             dropped_malformed=stats["dropped_malformed"],
             dropped_spoofed=stats["dropped_spoofed"],
             bad_messages=self.bad_messages,
+            rejected_from=self._rejected_from(),
             stored_versions=self._versions(),
         )
         self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=final)
@@ -166,7 +185,12 @@ class StorageNode:
             msg.sender,
         )
         meta = control.control(
-            "stored", stage=stage, version=version, bytes=nbytes, bad_messages=self.bad_messages
+            "stored",
+            stage=stage,
+            version=version,
+            bytes=nbytes,
+            bad_messages=self.bad_messages,
+            rejected_from=self._rejected_from(),
         )
         self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
 
@@ -176,6 +200,17 @@ class StorageNode:
                 f"a weights request from node {msg.sender}, which the supervisor has not listed"
             )
         stage, version = msg.meta["stage"], msg.meta.get("version")
+        if msg.sender != SUPERVISOR_ID:
+            if self.membership.stage_of(msg.sender) != stage:
+                raise ProtocolError(
+                    f"a request for stage {stage} from node {msg.sender}, which does not hold it"
+                )
+            last = self.answered.get(msg.sender)
+            if last is not None and time.monotonic() - last < self.request_timeout / 2:
+                raise ProtocolError(
+                    f"node {msg.sender} was answered {time.monotonic() - last:.1f} s ago; at most once per "
+                    f"{self.request_timeout / 2:.0f} s"
+                )
         snap = self.snapshots.get(stage, {}).get(version) if version is not None else None
         reply: dict[str, Any] = {"stage": stage, "request": msg.meta["request"]}
         if snap is None:
@@ -186,4 +221,5 @@ class StorageNode:
         tensors: dict[str, torch.Tensor] = snap.tensors
         if not msg.meta.get("optimizer"):
             tensors = {k: v for k, v in tensors.items() if k.startswith("w.")}
+        self.answered[msg.sender] = time.monotonic()
         self.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=meta, tensors=tensors)

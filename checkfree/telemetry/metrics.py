@@ -1,7 +1,9 @@
 """metrics.jsonl: one JSON object per line with a "kind" field, flushed per line.
 
 Each record is written with a single ``write`` of a complete line and flushed, so a run killed with SIGKILL
-leaves a file in which every line parses (at worst the last record is missing).
+leaves a file in which every line parses (at worst the last record is missing). Lines are strict JSON
+(checkfree.jsonio): a NaN or infinite value (a diverging loss) is ``null`` and listed under the line's
+``"nonfinite"`` key; :func:`read_metrics` puts the values back.
 
 Kinds written by the simulator (docs/simulator.md, Outputs): "train", "eval", "failure", "recovery", "rollback",
 "checkpoint", "snapshot", "resume".
@@ -15,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
+
 
 def _finite(value: Any) -> Any:
-    """JSON has no NaN/inf: write them as strings so every line stays valid JSON."""
+    """``value`` with every NaN/inf float as None: what a mirror (TensorBoard) gets, which plots numbers only."""
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
+        return None
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
@@ -37,12 +41,12 @@ class MetricsSink:
         self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
 
     def write(self, kind: str, **fields: Any) -> dict[str, Any]:
-        record = {"kind": kind, **_finite(fields)}
-        if self._file is not None:
-            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        record = {"kind": kind, **fields}
+        if self._file is not None:  # strict JSON: a NaN/inf is null, listed under "nonfinite"
+            self._file.write(jsonio.dumps(record, separators=(",", ":")) + "\n")
             self._file.flush()
         if self.mirror is not None:
-            self.mirror(record)
+            self.mirror(_finite(record))
         return record
 
     def close(self) -> None:
@@ -89,7 +93,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = jsonio.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 continue

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from torch import nn
 from checkfree.config import Config
 from checkfree.model import build_hf_model, split_model
 from checkfree.swarm.devices import autocast_for
-from checkfree.swarm.wire.protocol import ProtocolError
+from checkfree.swarm.wire.protocol import ProtocolError, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,8 @@ class StageWorker:
         self.device = next(module.parameters()).device
         self.autocast = autocast_for(self.device)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.forwarded: set[tuple[int, int]] = set()
+        """Keys whose forward ran this attempt: a second FORWARD of one microbatch is refused."""
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
         self.compute = {
@@ -109,11 +112,20 @@ class StageWorker:
     def reset(self) -> None:
         """Drop every saved activation and accumulated gradient (an aborted or finished attempt)."""
         self.saved.clear()
+        self.forwarded.clear()
         self.microbatches = 0
         self.module.zero_grad(set_to_none=True)
 
     def forward(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
-        """Transformer stage: (B, T, d) → (B, T, d); keeps the graph for the backward."""
+        """Transformer stage: (B, T, d) → (B, T, d); keeps the graph for the backward.
+
+        Raises:
+            ProtocolError: ``key``'s forward ran already this attempt (a second copy of a FORWARD: the first
+                one is kept, so a late copy cannot replace the activations a backward will use).
+        """
+        if key in self.forwarded:
+            raise ProtocolError(f"microbatch {key[1]} of pipeline {key[0]} came twice this attempt")
+        self.forwarded.add(key)
         t0 = self._start()
         x = x.requires_grad_()
         with torch.enable_grad():
@@ -171,7 +183,15 @@ class StageWorker:
         return h.detach()
 
     def head_loss(self, h: torch.Tensor, labels: torch.Tensor, mb_count: int) -> tuple[float, torch.Tensor]:
-        """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count."""
+        """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count.
+
+        Raises:
+            ProtocolError: ``h``'s shape does not fit the labels.
+            Rejected: (counter ``nonfinite``) the loss is NaN or infinite (finite but huge activations, e.g. a
+                forged FORWARD that arrived first): nothing is back-propagated, so the head's gradients stay
+                clean and the genuine activations of the microbatch are still taken when they arrive. The
+                loss is read on the host anyway (it is reported), so the check costs no extra sync.
+        """
         if h.shape[:2] != labels.shape:
             raise ProtocolError(
                 f"final activations are {tuple(h.shape)}; expected {tuple(labels.shape)} x d."
@@ -183,9 +203,15 @@ class StageWorker:
             with self.autocast:
                 logits = self.module.head(h)  # (B, T, V)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                self._count("backward", t0)
+                raise Rejected(
+                    f"the final activations give loss {value}; expected a finite loss", "nonfinite"
+                )
             (loss / mb_count).backward()
         self._count("backward", t0)
-        return float(loss.detach()), h.grad
+        return value, h.grad
 
     def embed_backward(self, key: tuple[int, int], grad: torch.Tensor) -> bool:
         """Stage 0: finish a microbatch's backward through the embedding; False if unknown key.

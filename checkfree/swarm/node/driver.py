@@ -2,7 +2,11 @@
 
 See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each.
 A microbatch that has not come back within ``microbatch_timeout`` seconds is reported to the supervisor
-(CONTROL ``stalled``), which aborts the attempt and redoes the iteration.
+(CONTROL ``stalled``), which aborts the attempt and redoes the iteration. That is also what happens to a
+microbatch whose messages the data plane refused (checkfree.swarm.node.relay) when no genuine copy follows,
+and to one whose final activations give a NaN or infinite loss (nothing is back-propagated from them; the
+``stalled`` reason says so): a run whose loss diverges to NaN stops with the supervisor's ``SwarmError``
+after ``max_attempts`` instead of training on NaN.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from checkfree.pipeline import stage_order
 from checkfree.swarm.config import SwarmConfig, route
 from checkfree.swarm.node.compute import StageWorker, make_batches
 from checkfree.swarm.node.context import NodeContext
-from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, Rejected
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class PipelineDriver:
         self.labels: dict[int, torch.Tensor] = {}
         self.routes: dict[int, list[int]] = {}
         self.losses: dict[int, float] = {}
+        self.refused: dict[int, str] = {}
+        """microbatch → why its last final activations were refused (said in a ``stalled`` report)."""
         self.next_mb = 0
         self.stall_reported = False
         self.t_begin = time.monotonic()
@@ -112,7 +118,11 @@ class PipelineDriver:
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
-            loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
+            try:
+                loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
+            except Rejected as exc:  # nothing recorded: the genuine activations may still come
+                self.refused[mb] = str(exc)
+                raise
             self.losses[mb] = loss
             ctx.send(
                 path[-1],
@@ -167,4 +177,5 @@ class PipelineDriver:
             return
         mb, sent = min(self.inflight.items(), key=lambda kv: kv[1])
         if time.monotonic() - sent > self.cfg.microbatch_timeout:
-            self._stalled(f"microbatch {mb} not back after {self.cfg.microbatch_timeout:.0f} s")
+            why = f" (refused: {self.refused[mb]})" if mb in self.refused else ""
+            self._stalled(f"microbatch {mb} not back after {self.cfg.microbatch_timeout:.0f} s{why}")

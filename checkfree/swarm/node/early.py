@@ -1,8 +1,9 @@
 """Messages that arrive before a node can use them, kept in a buffer bounded in count and bytes.
 
 A node keeps FORWARD/BACKWARD/GRADIENTS of an epoch it has not begun yet (a peer got ``begin`` first), and
-WEIGHTS_REQUESTs from peers the supervisor has not listed yet or that arrive before it serves. A flood of
-either is dropped and counted, never kept for the rest of the run (checkfree.swarm.node.node).
+WEIGHTS_REQUESTs from peers the supervisor has not listed yet, that arrive before it serves, or whose grant has
+not arrived yet (checkfree.swarm.node.parts; at most a few per sender). A flood of either is dropped and counted,
+never kept for the rest of the run (checkfree.swarm.node.node).
 """
 
 from __future__ import annotations
@@ -18,10 +19,13 @@ MAX_FUTURE_BYTES = 512 * 1024**2
 
 
 class FutureBuffer:
-    """Messages that arrived early (a later epoch, a requester not yet listed), bounded in count and bytes."""
+    """Messages that arrived early (a later epoch, a requester not yet listed or granted), bounded in count and
+    bytes, and with ``per_sender`` in messages per sender (one sender cannot fill it for the others)."""
 
-    def __init__(self, max_messages: int = MAX_FUTURE, max_bytes: int = MAX_FUTURE_BYTES) -> None:
-        self.max_messages, self.max_bytes = max_messages, max_bytes
+    def __init__(
+        self, max_messages: int = MAX_FUTURE, max_bytes: int = MAX_FUTURE_BYTES, per_sender: int | None = None
+    ) -> None:
+        self.max_messages, self.max_bytes, self.per_sender = max_messages, max_bytes, per_sender
         self.messages: list[Message] = []
         self.nbytes = 0
 
@@ -33,12 +37,20 @@ class FutureBuffer:
         """Keep ``msg``.
 
         Raises:
-            ProtocolError: the buffer is full (the message is dropped and counted by the caller).
+            ProtocolError: the buffer is full, or holds ``per_sender`` messages of this sender already (the
+                message is dropped and counted by the caller).
         """
         size = self._size(msg)
         if len(self.messages) >= self.max_messages or self.nbytes + size > self.max_bytes:
             raise ProtocolError(
                 f"the buffer for early messages is full ({len(self.messages)} messages, {self.nbytes} bytes)"
+            )
+        if (
+            self.per_sender is not None
+            and sum(m.sender == msg.sender for m in self.messages) >= self.per_sender
+        ):
+            raise ProtocolError(
+                f"the buffer for early messages holds {self.per_sender} of node {msg.sender} already"
             )
         self.messages.append(msg)
         self.nbytes += size

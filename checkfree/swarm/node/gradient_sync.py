@@ -5,11 +5,46 @@ replicas of its stage. Once every one has arrived it sums all of them in node-id
 bit-identical gradients, and divides by the number of pipelines that contributed (total microbatches /
 ``mb_count``; = the number of replicas when each serves one pipeline): **averaged, not summed**. It then records
 the unclipped norm (CheckFree's ω, docs/paper.md §2), clips to ``grad_clip`` and reports ``ready`` to the supervisor.
+
+**Every replica is a possible attacker** (a volunteer's machine), and one replica's gradients enter every
+replica's step: 3e38 in one of them made ω infinite, the clipped step NaN, and the whole stage NaN for the rest
+of the run. So a replica's contribution is accepted only if
+
+* its L2 norm ``‖g_r‖`` is finite (checked on arrival; NaN/inf, and finite values so large that the norm
+  overflows float32, are refused), and a replica that ran no microbatch sends zeros;
+* its norm per microbatch is at most :data:`GRAD_BOUND_K` × the *reference*: the lower median of the norms per
+  microbatch of this round's contributions (this node's own included) from replicas that ran microbatches.
+
+A refused contribution is dropped: the stage averages over the remaining replicas (their microbatches alone
+count as pipelines), the node counts it (``rejected["gradients"]`` in its report) and names the replica in
+``ready`` (``rejected``), which the supervisor writes to throughput.json (``rejected_gradients``). This node's
+own gradients are never dropped. A replica's second GRADIENTS of one epoch is refused (the first is kept), except
+that a contribution dropped on arrival may be replaced by a valid one (a forged copy must not block the
+genuine one).
+
+Why this bound (our choice; the paper's swarm trusts its replicas). ``K = 10``: honest replicas hold the same
+weights and draw i.i.d. batches, so their norms per microbatch differ by small factors (the spread of
+minibatch gradient noise), not by an order of magnitude; an attacker's contribution is held to ≤ 10 × an
+honest one, and clipping (``grad_clip``) bounds the step. The reference is this round's contributions (the
+"recent norms" are the current ones: N = the R replicas of the stage) rather than a history of past rounds
+because (1) right after a recovery the rebuilt stage (a neighbour average or copy with a fresh Adam,
+docs/paper.md §2) is far from the stage that was lost and its gradients can be many times those of the rounds
+before, which a history would mistake for an attack by every honest replica; (2) a replacement starts with no
+history, so replicas with different histories
+would judge one contribution differently and their weights would drift apart, whereas every honest replica
+computes the same norms from the same tensors and applies the same rule, so they still average to the same
+gradients; (3) no warm-up rule is needed: the reference exists from the first iteration. The lower median
+makes one attacker unable to move the reference up: with R = 2 it is the honest replica's norm, with R = 3
+the smaller honest one. What it does not stop: a replica that stays within the bound (any direction, ≤ K × an
+honest norm) or that sends different gradients to different replicas (they then drift apart); robust
+aggregation (a coordinate-wise median) would be the next step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import math
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -19,6 +54,36 @@ from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+
+log = logging.getLogger(__name__)
+
+GRAD_BOUND_K = 10.0
+"""A replica's gradient norm per microbatch may be at most this × the round's reference (module docstring)."""
+
+Contribution = tuple[dict[str, torch.Tensor], int, float]
+"""A replica's gradients by parameter name, the microbatches it ran, and their L2 norm."""
+
+
+def norm_of(tensors: Iterable[torch.Tensor]) -> float:
+    """The L2 norm of all ``tensors`` together (0.0 for none); one host sync on a GPU. inf or NaN when a value
+    is not finite or the values are too large for float32."""
+    norms = [torch.linalg.vector_norm(t) for t in tensors]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def reference_norm(parts: dict[int, Contribution]) -> float | None:
+    """The lower median of the finite norms per microbatch of the contributions that ran microbatches; None when
+    none did."""
+    per_mb = sorted(norm / mbs for _, mbs, norm in parts.values() if mbs > 0 and math.isfinite(norm))
+    return per_mb[(len(per_mb) - 1) // 2] if per_mb else None
+
+
+def over_bound(parts: dict[int, Contribution], own: int, k: float = GRAD_BOUND_K) -> list[int]:
+    """The replicas (never ``own``) whose norm per microbatch exceeds ``k`` × :func:`reference_norm`."""
+    ref = reference_norm(parts)
+    if ref is None:
+        return []
+    return sorted(s for s, (_, mbs, norm) in parts.items() if s != own and mbs > 0 and norm / mbs > k * ref)
 
 
 class GradientSync:
@@ -36,8 +101,12 @@ class GradientSync:
         self, ctx: NodeContext, state: StageState, cfg: SwarmConfig, microbatches: Callable[[], int]
     ) -> None:
         self.ctx, self.state, self.cfg, self.microbatches = ctx, state, cfg, microbatches
-        self.received: dict[int, tuple[dict[str, torch.Tensor], int]] = {}
-        """replica node id → (gradients by parameter name, microbatches it ran)."""
+        self.received: dict[int, Contribution] = {}
+        """replica node id → its accepted contribution of the current epoch."""
+        self.dropped: dict[int, str] = {}
+        """replica node id → why its contribution of the current epoch was dropped (averaged without it)."""
+        self.rejected_count = 0
+        """Contributions dropped since the node started (non-finite or over the bound): its report counter."""
         self.epoch = -1
         """The epoch whose ``sync`` this node has started; -1 when none is under way."""
         self.norm = 1.0
@@ -48,6 +117,7 @@ class GradientSync:
     def reset(self) -> None:
         """Forget the epoch's gradients (a new epoch began, or it was aborted)."""
         self.received.clear()
+        self.dropped.clear()
         self.epoch = -1
         self.reduced = -1
 
@@ -75,14 +145,19 @@ class GradientSync:
         """Keep a replica's gradients of the current epoch.
 
         Raises:
-            ProtocolError: the sender is not a serving replica of this stage, a gradient is missing, extra,
-                of the wrong shape or dtype, or not finite, or the microbatch count is implausible (the node
-                drops the message and counts it).
+            ProtocolError: the sender is not a serving replica of this stage, it sent its gradients of this
+                epoch already, a gradient is missing, extra, of the wrong shape or dtype, the microbatch count
+                is implausible, or (the contribution is then dropped: the stage averages without it unless a
+                valid copy follows) the norm is not finite (NaN/inf) or a replica that ran no microbatch sent
+                a non-zero gradient. The node drops the message and counts it.
         """
-        if msg.meta["stage"] != self.ctx.stage or msg.sender not in self.replicas():
-            raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {msg.sender}, not a replica")
+        sender = msg.sender
+        if msg.meta["stage"] != self.ctx.stage or sender not in self.replicas():
+            raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {sender}, not a replica")
         if self.ctx.clock.epoch_of(msg) is None:
             return
+        if sender in self.received:
+            raise ProtocolError(f"gradients of epoch {msg.meta['epoch']} from node {sender} came twice")
         grads = W.split(msg.tensors, "g")
         params = dict(self.state.module.named_parameters())
         if grads.keys() != params.keys() or len(grads) != len(msg.tensors):
@@ -92,21 +167,54 @@ class GradientSync:
                 raise ProtocolError(
                     f"gradient {name!r} is {tuple(grads[name].shape)}; expected {tuple(p.shape)}"
                 )
-        W.check_finite(grads, f"node {msg.sender}")
-        if msg.meta["microbatches"] > self.cfg.mb_count * self.cfg.replicas:
-            raise ProtocolError(f"{msg.meta['microbatches']} microbatches is implausible")
-        self.received[msg.sender] = (grads, msg.meta["microbatches"])
+        mbs = msg.meta["microbatches"]
+        if mbs > self.cfg.mb_count * self.cfg.replicas:
+            raise ProtocolError(f"{mbs} microbatches is implausible")
+        norm = norm_of(grads.values())
+        if not math.isfinite(norm) or (mbs == 0 and norm > 0):
+            why = (
+                f"norm {norm}: NaN or inf values, or values too large for float32"
+                if not math.isfinite(norm)
+                else f"norm {norm:.3g} from a replica that ran no microbatch"
+            )
+            self._drop(sender, why)
+            self._try_reduce()
+            raise ProtocolError(f"gradients from node {sender} dropped: {why}; expected finite gradients")
+        self.dropped.pop(sender, None)  # a valid copy replaces one dropped on arrival
+        self.received[sender] = (grads, mbs, norm)
         self._try_reduce()
 
+    def _drop(self, sender: int, why: str) -> None:
+        self.dropped[sender] = why
+        self.rejected_count += 1
+        log.warning(
+            "node %d: stage %d averages without node %d's gradients of epoch %d: %s",
+            self.ctx.node_id,
+            self.ctx.stage,
+            sender,
+            self.ctx.clock.epoch,
+            why,
+        )
+
     def _try_reduce(self) -> None:
-        """Average the replicas' gradients once all arrived (node-id order), norm, clip, report ready."""
+        """Average the accepted gradients once every replica's are in (node-id order), norm, clip, report
+        ready (with the replicas dropped)."""
         epoch, module = self.ctx.clock.epoch, self.state.module
-        if self.epoch != epoch or not set(self.replicas()) <= set(self.received):
+        if self.epoch != epoch or not set(self.replicas()) <= set(self.received) | set(self.dropped):
             return
         params = dict(module.named_parameters())
         own = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
-        parts = dict(self.received) | {self.ctx.node_id: (own, self.microbatches())}
-        total_mbs = sum(mbs for _, mbs in parts.values())
+        me = self.ctx.node_id
+        own_norm = norm_of(own.values()) if self.received else 0.0  # alone: nothing to compare (no sync)
+        parts = dict(self.received) | {me: (own, self.microbatches(), own_norm)}
+        ref = reference_norm(parts)
+        for sender in over_bound(parts, me):
+            norm, mbs = parts[sender][2], parts[sender][1]
+            self._drop(
+                sender, f"norm per microbatch {norm / mbs:.3g} > {GRAD_BOUND_K:g} x reference {ref:.3g}"
+            )
+            del parts[sender]
+        total_mbs = sum(mbs for _, mbs, _ in parts.values())
         pipelines = max(total_mbs / self.cfg.mb_count, 1e-12) if total_mbs else 1.0
         with torch.no_grad():
             for name, p in params.items():
@@ -118,9 +226,10 @@ class GradientSync:
         scale_grads(module, clip_coefficient(self.norm, self.cfg.model.grad_clip))
         self.epoch = -1
         self.reduced = epoch
+        extra = {"rejected": sorted(self.dropped)} if self.dropped else {}
         self.ctx.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
             self.ctx.clock.iteration,
-            meta=control("ready", epoch=epoch, grad_norm=self.norm, pipelines=pipelines),
+            meta=control("ready", epoch=epoch, grad_norm=self.norm, pipelines=pipelines, **extra),
         )

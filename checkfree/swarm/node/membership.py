@@ -9,10 +9,10 @@ Used by every process that joins a swarm: a stage replica (checkfree.swarm.node.
 * :class:`PeerSender` is the process's ``send``.
 * :class:`Membership` holds the peer table (``peers``: id → stage, location, address, as the supervisor's
   ``peers`` rows list them) and the serving replicas of each stage (``members``, from WELCOME and ``begin``).
-  :meth:`Membership.admit` applies a ``peers`` command: it admits the listed CURVE keys, dials new or moved
-  peers (a node dials only the peers the supervisor lists), pins each to its WAN location, and forgets peers
-  no longer listed (a stage replica; the storage node keeps them, so a late request of a removed node is still
-  answered).
+  :meth:`Membership.admit` applies a ``peers`` command: it admits the listed CURVE keys (and withdraws the
+  ``revoked`` ones for good), dials new or moved peers (a node dials only the peers the supervisor lists), pins
+  each to its WAN location, and forgets peers no longer listed (a stage replica; the storage node keeps them, so
+  a late request of a removed node is still answered).
 """
 
 from __future__ import annotations
@@ -152,6 +152,8 @@ class Membership:
         (``[id, stage, location, address]`` rows) that is new or moved, and forget peers no longer listed."""
         if "keys" in meta and transport.identity is not None:
             transport.identity.keyring.update({int(k): v for k, v in meta["keys"].items()})
+        if "revoked" in meta and transport.identity is not None:  # evicted nodes (checkfree.swarm.wire.auth)
+            transport.identity.keyring.revoke(meta["revoked"])
         listed = set()
         for pid, stage, location, address in meta["peers"]:
             if pid == self.me or pid < 0:

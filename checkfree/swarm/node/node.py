@@ -12,7 +12,8 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
    answers with the shared recovery math (``copy_state`` / ``weighted_average``) and report ``serving``.
    A rejected or error answer, or a source that leaves the peer table, sends the request to the next
    candidate at once; an unanswered one after ``request_timeout``; after ``max_attempts`` rounds the node
-   reports ``recovery_failed`` and exits (the supervisor retries).
+   reports ``recovery_failed`` and exits (the supervisor retries). When every source is gone it asks the
+   supervisor (``replan``), which sends a new plan (``plan``; also unasked, when a loss event changes it).
 3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration
    (checkfree.swarm.node.iteration): ``begin`` → forward/backward of every microbatch → ``sync`` (the replicas
    average their gradients, checkfree.swarm.node.gradient_sync) → ``commit`` (Adam step) → ``committed``.
@@ -30,7 +31,10 @@ peer table and ``send``). Every message passes the wire format and its schema
 (checkfree.swarm.wire.control) in the transport; the dispatch tables (``handlers`` by message type, ``commands`` by
 CONTROL command, from the supervisor only) route it. A peer message that still makes no sense (a wrong stage, a
 bad shape, NaN weights, an implausible epoch or version) raises ``ProtocolError``, is logged and counted in
-``bad_messages``, and the node keeps serving. Any other exception is a bug: the node exits non-zero with the
+``bad_messages``, and the node keeps serving. FORWARD / BACKWARD pass the data plane's checks first
+(checkfree.swarm.node.relay: finite values, on the received host bytes; the sender and route the epoch
+assigns); what they refuse is also counted in ``rejected`` (``nonfinite``, ``off_route``), with the
+gradients dropped by checkfree.swarm.node.gradient_sync (``gradients``). Any other exception is a bug: the node exits non-zero with the
 traceback in its log, and the supervisor replaces it like any crash.
 """
 
@@ -56,18 +60,20 @@ from checkfree.swarm.node.iteration import IterationCommands
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
 from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node.recovering import Recovery, Rollback
-from checkfree.swarm.node.relay import check_pipeline_message
+from checkfree.swarm.node.relay import check_pipeline_message, check_route
 from checkfree.swarm.policies import make_recovery
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import Identity, read_key_file
 from checkfree.swarm.wire.netem import SwarmNetEm
-from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, Rejected
 from checkfree.swarm.wire.staging import HostStaging
 from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
+HOST_CHECKED = frozenset({MessageType.FORWARD, MessageType.BACKWARD})
+"""Types whose tensors are checked on the received host bytes before they go to the node's device."""
 MAX_WAITING_REQUESTS = 64
 """WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
 
@@ -104,13 +110,17 @@ class Node:
         send = PeerSender(self.transport, node_id, stage, self.staging)
         self.ctx = NodeContext(node_id, stage, EpochClock(), Membership(node_id), send)
         """What every part of this node shares: its id and stage, epoch clock, peer table and ``send``."""
-        self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024)
+        self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024, per_sender=4)
         """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
         self.state: StageState
         """The stage replica it trains (built from the WELCOME's config)."""
         self.serving = False
         self.done = False
         self.bad_messages = 0
+        self.rejected_from: dict[int, int] = {}
+        """Messages dropped by :meth:`reject`, per sender (evidence for the supervisor, ``rejected_from``)."""
+        self.rejected = {"nonfinite": 0, "off_route": 0}
+        """FORWARD / BACKWARD refused by the data plane's checks (checkfree.swarm.node.relay), by counter."""
         self.task: Recovery | Rollback | None = None
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
             MessageType.FORWARD: self._on_pipeline,
@@ -124,6 +134,8 @@ class Node:
         """Message type → handler; JOIN / LEAVE / ITERATION_END / CHECKPOINT addressed to a node are dropped."""
         self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
             "peers": self._on_peers,
+            "grant": self._on_grant,
+            "plan": self._on_plan,
             "rollback": self._rollback,
             "shutdown": self._shutdown,
         }
@@ -242,23 +254,48 @@ class Node:
         if handler is None:
             self.reject(msg, f"a node takes no {msg.type.name}")
             return
-        msg.tensors = self.staging.to_device(msg.tensors)  # compute (and recovery math) where the stage lives
+        if msg.type not in HOST_CHECKED:  # compute (and recovery math) where the stage lives
+            msg.tensors = self.staging.to_device(msg.tensors)
         try:
             handler(msg)
+        except Rejected as exc:
+            self.rejected[exc.counter] += 1
+            self.reject(msg, str(exc))
         except ProtocolError as exc:
             self.reject(msg, str(exc))
 
     def reject(self, msg: Message, why: str) -> None:
         """Count and log a peer message that does not fit (the node keeps serving)."""
         self.bad_messages += 1
+        self.rejected_from[msg.sender] = self.rejected_from.get(msg.sender, 0) + 1
         log.warning("node %d: dropped a %s from %d: %s", self.id, msg.type.name, msg.sender, why)
 
     # ------------------------------------------------------------------ iterations
 
     def _on_pipeline(self, msg: Message) -> None:
+        """A FORWARD / BACKWARD: checked on the received host bytes (shape, finite values), kept for its epoch
+        if that is ahead, checked against the epoch's route (checkfree.swarm.node.relay), then computed on."""
+        path, pos, key, tensor = check_pipeline_message(msg, self.cfg)
         if not self.serving or self.ctx.clock.epoch_of(msg) is None:
             return
-        self.parts.pipeline.on_message(msg, *check_pipeline_message(msg, self.cfg))
+        check_route(msg, path, pos, self.cfg, self.ctx.membership.members, self.strategy.swaps, self.id)
+        msg.tensors = self.staging.to_device(msg.tensors)
+        name = "activations" if msg.type == MessageType.FORWARD else "gradients"
+        self.parts.pipeline.on_message(msg, path, pos, key, msg.tensors[name])
+
+    def _on_plan(self, meta: dict[str, Any]) -> None:
+        """The supervisor's new recovery plan (checkfree.swarm.node.recovering: sources all gone, or the stage
+        planned anew); one that arrives after this node serves is too late and ignored."""
+        if self.serving:
+            log.info("node %d: a new recovery plan arrived after this node serves; ignored", self.id)
+            return
+        if not isinstance(self.task, Recovery) or isinstance(self.task, Rollback):
+            raise ProtocolError("a new recovery plan, but this node is not recovering")
+        try:
+            plan = RecoveryPlan.from_json(meta["plan"], self.cfg.n_stages)
+        except ValueError as exc:
+            raise ProtocolError(f"the new recovery plan is unusable ({exc})") from None
+        self.task.replan(plan, meta["members"], meta["seq"])
 
     def _rollback(self, meta: dict[str, Any]) -> None:
         if meta["version"] > self.ctx.clock.max_version:
@@ -275,8 +312,11 @@ class Node:
             "dropped_malformed": stats["dropped_malformed"],
             "dropped_spoofed": stats["dropped_spoofed"],
             "bad_messages": self.bad_messages,
+            "rejected_from": {str(n): c for n, c in self.rejected_from.items()},
+            "rejected": {**self.rejected, "gradients": self.parts.gradients.rejected_count},
             "compute": {**self.worker.compute, "step_cpu_s": self.steps.step_s},
             "version": self.state.version,
+            **self.parts.stage0_copies.report(),
         }
 
     # ------------------------------------------------------------------ weights and checkpoints
@@ -286,13 +326,20 @@ class Node:
         send_checkpoint(self.ctx, self.state, self.cfg.storage_id)
 
     def _on_weights_request(self, msg: Message) -> None:
-        """Answer a listed peer (checkfree.swarm.node.parts); a request from a peer the supervisor has not
-        listed yet, or before this node serves, waits (the next ``peers`` replays it): a node dials only the
-        peers the supervisor lists."""
-        if not self.serving or msg.sender not in self.ctx.membership.peers and msg.sender != SUPERVISOR_ID:
+        """Answer a listed peer that the supervisor granted it (checkfree.swarm.node.parts); a request from a
+        peer the supervisor has not listed or granted yet, or before this node serves, waits (the next ``peers``
+        or ``grant`` replays it): a node dials only the peers the supervisor lists."""
+        listed = msg.sender in self.ctx.membership.peers or msg.sender == SUPERVISOR_ID
+        if not self.serving or not listed or not self.parts.grants.covers(msg):
             self.waiting.add(msg)
             return
-        answer_weights_request(self.ctx, msg, self.state, self.parts.stage0_copies)
+        answer_weights_request(self.ctx, msg, self.state, self.parts.stage0_copies, self.parts.grants)
+
+    def _on_grant(self, meta: dict[str, Any]) -> None:
+        """The supervisor lets a replacement fetch this node's stage once (checkfree.swarm.node.parts)."""
+        self.parts.grants.grant(meta)
+        if self.serving:
+            self._replay_requests()
 
     def _on_weights_response(self, msg: Message) -> None:
         if self.task is None:

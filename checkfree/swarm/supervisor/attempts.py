@@ -10,12 +10,17 @@ crash then fires at once, not at the estimated moment, which after a long iterat
 can lie minutes past the end of the forward phase. A death before ``commit`` aborts the epoch
 everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
 recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
+
+The attempt in progress (:class:`Epoch`: its number, iteration, members, phase and start) is public, so the
+supervisor's checks of the nodes' reports (checkfree.swarm.supervisor.inbox) can tell a report that fits it
+from an impossible one: a ``ready`` before ``sync``, a ``stalled`` before any microbatch can have timed out.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from checkfree.swarm.config import SwarmConfig
@@ -25,6 +30,30 @@ from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+
+
+@dataclass
+class Epoch:
+    """The attempt in progress, as the checks of the nodes' reports need it.
+
+    Attributes:
+        number: the epoch. iteration: the iteration it attempts. members: stage → the nodes that serve it in
+        this epoch. t_begin: when ``begin`` was broadcast (the attempts' clock, seconds). phase: ``forward``,
+        ``sync`` (broadcast), ``commit`` (broadcast) or ``over`` (committed or aborted: later reports of this
+        epoch are stale). reported: command → the nodes whose report of it this epoch was taken (a second one
+        is refused).
+    """
+
+    number: int
+    iteration: int
+    members: dict[int, list[int]]
+    t_begin: float
+    phase: str = "forward"
+    reported: dict[str, set[int]] = field(default_factory=dict)
+
+    def nodes(self) -> list[int]:
+        """Every member of this epoch."""
+        return [n for ids in self.members.values() for n in ids]
 
 
 class Attempts:
@@ -53,6 +82,8 @@ class Attempts:
         """(slot, iteration) of the scheduled crashes already fired (a redone iteration does not refire)."""
         self.clock = time.monotonic
         """Seconds (monotonic); tests replace it."""
+        self.current: Epoch | None = None
+        """The attempt in progress, or the last one (phase ``over``); None before the first."""
 
     def attempt(self, it: int) -> bool:
         """One epoch of iteration ``it``; True when committed, False when aborted (redo).
@@ -65,14 +96,32 @@ class Attempts:
         epoch, members = self.epoch, roster.members()
         link.inbox.clear()
         self.results.current_iteration = it
-        link.broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
         t_begin = self.clock()
+        self.current = Epoch(epoch, it, members, t_begin)
+        link.broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
         due = [
             s for s in roster.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired
         ]
         crash_at = t_begin + self.cfg.crash_point * self.results.last_wall_s() if due else None
-        nodes = [n for ids in members.values() for n in ids]
-        phase, deadline = "forward", t_begin + self.cfg.iteration_timeout
+        deadline = t_begin + self.cfg.iteration_timeout
+        try:
+            return self._wait(epoch, it, members, due, crash_at, deadline)
+        finally:
+            self.current.phase = "over"  # later reports of this epoch are stale
+
+    def _wait(
+        self,
+        epoch: int,
+        it: int,
+        members: dict[int, list[int]],
+        due: list[Slot],
+        crash_at: float | None,
+        deadline: float,
+    ) -> bool:
+        """The attempt's loop: forward → sync → commit; True when committed, False when aborted."""
+        link, roster, current = self.link, self.roster, self.current
+        assert current is not None
+        nodes, phase = current.nodes(), "forward"
         while True:
             link.poll()
             now = self.clock()
@@ -88,11 +137,11 @@ class Attempts:
                     self._fire(due, it)
                     crash_at = None
                     continue  # the death aborts this attempt
+                phase = current.phase = "sync"
                 link.broadcast("sync", epoch=epoch)
-                phase = "sync"
             elif phase == "sync" and set(nodes) <= set(got.get("ready", {})):
+                phase = current.phase = "commit"
                 self._commit(epoch, it, members)
-                phase = "commit"
             elif phase == "commit" and set(alive) <= set(got.get("committed", {})):
                 self.results.iteration(it, epoch, got["iteration_end"], got["ready"], members)
                 row = self.results.rows[-1]

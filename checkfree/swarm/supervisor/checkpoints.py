@@ -93,7 +93,8 @@ class Checkpoints:
         the nodes restored.
 
         Raises:
-            SwarmError: a node died (``check_deaths`` returned True) or the rollback timed out.
+            SwarmError: a node died (``check_deaths`` returned True), the storage node died (its checkpoints
+                with it), or the rollback timed out.
         """
         targets = {s.occupant for s in self.roster.slots if s.version != version}
         log.warning(
@@ -104,9 +105,11 @@ class Checkpoints:
             self.link.command(node, "rollback", version=version)
         deadline = time.monotonic() + self.cfg.recovery_timeout
         while not targets <= set(self.link.reported("restored")):
-            self.link.poll(0.02)
-            if check_deaths() or time.monotonic() > deadline:
+            self.link.poll(0.02, police=False)  # no eviction mid-rollback: a death here fails the run
+            storage_died = self.roster.storage is not None and self.roster.storage.dead
+            if check_deaths() or storage_died or time.monotonic() > deadline:
                 raise SwarmError(
-                    f"rollback to iteration {version} did not finish (a node died or timed out)."
+                    f"rollback to iteration {version} did not finish (a node or the storage node died, or it "
+                    "timed out)."
                 )
         return sum(m.get("bytes", 0) for m in self.link.reported("restored").values())

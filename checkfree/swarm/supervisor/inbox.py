@@ -5,8 +5,36 @@ A message reaching these handlers has passed the wire format, the sender binding
 itself), then launchers' reports, then, for the current occupant of a slot, the handler of its message type
 (``node_handlers``) and CONTROL command (``node_commands``). A handler that finds a message implausible (a
 version ahead of the iterations begun, a JOIN for a slot that joined already, an address libzmq refuses, a
-``stored`` from a node that is not the storage node) raises ``ProtocolError``; ``handle`` logs it and counts it
-in ``bad_messages`` and never lets it out: one message cannot stop the supervisor.
+``stored`` from a node that is not the storage node) raises ``ProtocolError``; ``handle`` logs it, counts it
+in ``bad_messages`` and as an offence of its sender (checkfree.swarm.supervisor.conduct, which evicts a node
+whose messages keep being rejected), and never lets it out: one message cannot stop the supervisor.
+
+**A node's report is a claim, checked against what the supervisor knows of the attempt in progress**
+(checkfree.swarm.supervisor.attempts ``Epoch``), never a verdict. A report of an epoch that has not begun is
+rejected; one of an epoch that is over (aborted, committed) is stale and ignored; each node reports each of
+``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per epoch, and only as a member of it:
+
+* ``ITERATION_END`` only from a stage-0 member, during the forward phase, with the tokens of a whole pipeline;
+* ``stalled`` (which aborts and redoes the attempt) only from a stage-0 member whose pipeline has not ended,
+  and not before ``microbatch_timeout`` seconds since ``begin`` (by the supervisor's clock): a node reports a
+  stall only after a microbatch has been out that long, and its ``begin`` came after the supervisor's. In a
+  healthy swarm every attempt ends sooner, so no member can abort attempts at will;
+* ``ready`` only after ``sync``, with a finite gradient norm ≥ 0 (the schema), a plausible number of
+  pipelines, and naming as dropped only other replicas of its stage in this epoch (each is evidence against
+  that replica, not a verdict);
+* ``committed`` only after ``commit``, with the version that commit gives (the iteration + 1);
+* ``serving`` only from a node that does not serve yet, with a recovery record of checked fields;
+  ``recovery_failed`` only from one that recovers;
+* ``replan`` only from a replacement that recovers, naming the plan it was sent last; it is answered once per
+  plan and at most ``max_attempts`` times per replacement (its own limit before it gives up).
+
+A replacement's sources learn that it may fetch their weights (CONTROL ``grant``) when it is sent its plan, in
+WELCOME or ``plan`` (checkfree.swarm.supervisor.roster ``Link.grant``; the node's side is
+checkfree.swarm.node.parts).
+
+Two replicas of one stage must serve alike: a replacement that reports ``serving`` rebuilt by another plan
+(rule, source stages, parts, fallback) than a replica of its stage that serves already, rebuilt in this
+recovery, is killed (it raced a new plan); its slot is planned again, as a copy of that replica.
 """
 
 from __future__ import annotations
@@ -17,7 +45,9 @@ from typing import Any
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE, LAUNCHER_STAGE
+from checkfree.swarm.supervisor.attempts import Attempts, Epoch
 from checkfree.swarm.supervisor.checkpoints import Checkpoints
+from checkfree.swarm.supervisor.conduct import Conduct
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.roster import Link, Roster, Slot
@@ -35,7 +65,8 @@ class PeerMessages:
     Args:
         cfg, setting, vocab_size: what WELCOME tells a node. keys: the swarm's keys (None: plain TCP).
         roster, link, checkpoints, processes, results: the supervisor's parts (checkfree.swarm.supervisor.supervisor).
-        epoch: the current epoch (WELCOME carries it).
+        attempts: the attempt in progress (its epoch, which WELCOME carries, members, phase and start).
+        conduct: the evidence against each node (every rejected message is an offence of its sender).
     """
 
     def __init__(
@@ -49,11 +80,12 @@ class PeerMessages:
         checkpoints: Checkpoints,
         processes: Processes,
         results: Results,
-        epoch: Callable[[], int],
+        attempts: Attempts,
+        conduct: Conduct,
     ) -> None:
         self.cfg, self.setting, self.vocab_size, self.keys = cfg, setting, vocab_size, keys
         self.roster, self.link, self.checkpoints, self.processes = roster, link, checkpoints, processes
-        self.results, self.epoch = results, epoch
+        self.results, self.attempts, self.conduct = results, attempts, conduct
         self.bad_messages = 0
         """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
         self.node_handlers: dict[MessageType, Callable[[Slot, Message], None]] = {
@@ -64,12 +96,13 @@ class PeerMessages:
         self.node_commands: dict[str, Callable[[Slot, dict[str, Any]], None]] = {
             "serving": self._on_serving,
             "stored": self._on_stored,
-            "committed": self._on_report,
+            "committed": self._on_committed,
             "final": self._on_report,
             "restored": self._on_restored,
-            "ready": self._to_inbox,
-            "stalled": self._to_inbox,
-            "recovery_failed": self._to_inbox,
+            "ready": self._on_ready,
+            "stalled": self._on_stalled,
+            "recovery_failed": self._on_recovery_failed,
+            "replan": self._on_replan,
         }
         """CONTROL command from a node → handler."""
 
@@ -91,12 +124,126 @@ class PeerMessages:
                 handler(slot, msg)
         except ProtocolError as exc:
             self.bad_messages += 1
+            self.conduct.offence(msg.sender, str(exc))
             log.warning("supervisor: dropped a %s from %d: %s", msg.type.name, msg.sender, exc)
 
+    # ------------------------------------------------------------------ reports of one epoch
+
+    def _claim(self, slot: Slot, command: str, epoch: int, stage0: bool = False) -> Epoch | None:
+        """The attempt a node's report of ``epoch`` belongs to; None for a stale report (an epoch that is over),
+        which is ignored. The caller records it in ``reported`` once its own checks pass.
+
+        Raises:
+            ProtocolError: the epoch has not begun, the node is no member (no stage-0 member, with
+                ``stage0``) of it, or it reported ``command`` in this epoch already.
+        """
+        current, node = self.attempts.current, slot.occupant
+        if epoch > self.attempts.epoch:
+            raise ProtocolError(
+                f"{command!r} of epoch {epoch}, which has not begun (epoch {self.attempts.epoch})"
+            )
+        if current is None or epoch != current.number or current.phase == "over":
+            return None
+        if node not in (current.members.get(0, []) if stage0 else current.nodes()):
+            raise ProtocolError(
+                f"{command!r} of epoch {epoch} from node {node}, no {'stage-0 ' * stage0}member of it"
+            )
+        if node in current.reported.get(command, ()):
+            raise ProtocolError(f"a second {command!r} of epoch {epoch}")
+        return current
+
+    def _take(self, current: Epoch, slot: Slot, meta: dict[str, Any], command: str) -> None:
+        current.reported.setdefault(command, set()).add(slot.occupant)
+        self.link.inbox.setdefault(command, {})[slot.occupant] = meta
+
     def _on_iteration_end(self, slot: Slot, msg: Message) -> None:
-        if slot.stage != 0:
-            raise ProtocolError(f"ITERATION_END from a stage-{slot.stage} node")
-        self.link.inbox.setdefault("iteration_end", {})[msg.sender] = msg.meta
+        meta = msg.meta
+        current = self._claim(slot, "iteration_end", meta["epoch"], stage0=True)
+        if current is None:
+            return
+        if current.phase != "forward":
+            raise ProtocolError(f"ITERATION_END in the {current.phase} phase")
+        tokens = self.cfg.mb_count * self.cfg.model.batch_size * self.cfg.model.seq_l
+        if meta["tokens"] != tokens:
+            raise ProtocolError(f"ITERATION_END of {meta['tokens']} tokens; a pipeline runs {tokens}")
+        self._take(current, slot, meta, "iteration_end")
+
+    def _on_stalled(self, slot: Slot, meta: dict[str, Any]) -> None:
+        """A stage-0 node's pipeline is stuck: the attempt is aborted and redone, if the claim can be true."""
+        current = self._claim(slot, "stalled", meta["epoch"], stage0=True)
+        if current is None:
+            return
+        if slot.occupant in current.reported.get("iteration_end", ()):
+            raise ProtocolError("'stalled' from a node whose pipeline ended in this epoch")
+        elapsed = self.attempts.clock() - current.t_begin
+        if elapsed < 0.99 * self.cfg.microbatch_timeout:  # 1 %: monotonic clocks of two machines
+            raise ProtocolError(
+                f"'stalled' {elapsed:.1f} s after begin; no microbatch can have been out for "
+                f"microbatch_timeout ({self.cfg.microbatch_timeout:.0f} s)"
+            )
+        silent = sorted(set(current.nodes()) & self.link.transport.dead_peers())
+        log.warning(
+            "supervisor: node %d reports epoch %d stalled after %.1f s (%s); nodes silent: %s",
+            slot.occupant,
+            current.number,
+            elapsed,
+            meta["reason"][:200],
+            silent or "none",
+        )
+        self._take(current, slot, meta, "stalled")
+
+    def _on_ready(self, slot: Slot, meta: dict[str, Any]) -> None:
+        current = self._claim(slot, "ready", meta["epoch"])
+        if current is None:
+            return
+        if current.phase == "forward":
+            raise ProtocolError("'ready' before 'sync'")
+        if not meta["pipelines"] <= self.cfg.replicas:
+            raise ProtocolError(
+                f"'ready' averaged {meta['pipelines']} pipelines; the swarm has {self.cfg.replicas}"
+            )
+        dropped = meta.get("rejected", [])
+        replicas = set(current.members.get(slot.stage, [])) - {slot.occupant}
+        if not set(dropped) <= replicas:
+            raise ProtocolError(
+                f"'ready' names {dropped[:8]} as dropped; its replicas are {sorted(replicas)}"
+            )
+        self.conduct.accused(slot.occupant, dropped)
+        self._take(current, slot, meta, "ready")
+
+    def _on_committed(self, slot: Slot, meta: dict[str, Any]) -> None:
+        current = self._claim(slot, "committed", meta["epoch"])
+        if current is None:
+            return
+        if current.phase != "commit":
+            raise ProtocolError(f"'committed' in the {current.phase} phase, before 'commit'")
+        if meta["version"] != current.iteration + 1:
+            raise ProtocolError(
+                f"'committed' version {meta['version']}; committing iteration {current.iteration} gives "
+                f"{current.iteration + 1}"
+            )
+        self._on_report(slot, meta)
+        current.reported.setdefault("committed", set()).add(slot.occupant)
+
+    # ------------------------------------------------------------------ recovery reports
+
+    def _on_recovery_failed(self, slot: Slot, meta: dict[str, Any]) -> None:
+        if slot.serving:
+            raise ProtocolError("'recovery_failed' from a node that serves")
+        self.link.inbox.setdefault("recovery_failed", {})[slot.occupant] = meta
+
+    def _on_replan(self, slot: Slot, meta: dict[str, Any]) -> None:
+        """A recovering replacement asks for a new plan (answered by the supervisor's recovery loop)."""
+        seq = meta["seq"]
+        if slot.serving or slot.address is None:
+            raise ProtocolError("'replan' from a node that does not recover")
+        if seq > slot.plan_seq:
+            raise ProtocolError(f"'replan' of plan {seq}; the node was sent plan {slot.plan_seq} last")
+        if seq < slot.plan_seq:
+            return  # a newer plan is on its way to it already
+        if slot.replans >= self.cfg.max_attempts:
+            raise ProtocolError(f"'replan' after {slot.replans} new plans (max_attempts)")
+        self.link.inbox.setdefault("replan", {})[slot.occupant] = meta
 
     def _on_node_control(self, slot: Slot, msg: Message) -> None:
         command = msg.meta["command"]
@@ -115,13 +262,22 @@ class PeerMessages:
             raise ProtocolError(f"'stored' of stage {meta['stage']} from a node that is not the storage node")
         self._plausible(meta["version"])
         self.checkpoints.record(meta["stage"], meta["version"])
+        self.conduct.reported(slot.occupant, meta.get("rejected_from", {}))
         self.results.node_report(slot.occupant, meta)  # the storage node's counters so far
 
     def _on_report(self, slot: Slot, meta: dict[str, Any]) -> None:
-        """``committed`` / ``final``: the node's cumulative statistics."""
+        """``committed`` / ``final``: the node's cumulative statistics (its ``rejected_from`` is evidence against
+        their senders), and the version of the stage-0 copy a holder (stage 1 or S) holds, which the plan of a
+        lost stage 0 needs."""
         if "version" in meta:
             self._plausible(meta["version"])
             slot.version = meta["version"]
+        if "stage0_copy" in meta:
+            if slot.stage not in (1, self.cfg.n_stages):
+                raise ProtocolError(f"a stage-0 copy reported by a stage-{slot.stage} node, which holds none")
+            self._plausible(meta["stage0_copy"])
+            slot.copy_version = meta["stage0_copy"]
+        self.conduct.reported(slot.occupant, meta.get("rejected_from", {}))
         self.results.node_report(slot.occupant, meta)
         self.link.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
 
@@ -129,10 +285,6 @@ class PeerMessages:
         self._plausible(meta["version"])
         slot.version = meta["version"]
         self.link.inbox.setdefault("restored", {})[slot.occupant] = meta
-
-    def _to_inbox(self, slot: Slot, meta: dict[str, Any]) -> None:
-        """``ready`` / ``stalled`` / ``recovery_failed``: kept for the waiting loop."""
-        self.link.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
 
     def _on_launcher_message(self, msg: Message) -> None:
         if msg.type != MessageType.CONTROL or msg.meta["command"] != "exited":
@@ -197,12 +349,15 @@ class PeerMessages:
             rank=slot.slot % self.cfg.replicas,
             checkpoint_version=self.checkpoints.newest_complete(),
             iteration=self.results.current_iteration + 1,
-            epoch=self.epoch(),
+            epoch=self.attempts.epoch,
             **self._keys(),
+            **({"revoked": sorted(self.roster.revoked)} if self.roster.revoked else {}),
             **({"plan": slot.plan.to_json()} if slot.plan is not None else {}),
         )
+        if meta.get("replacement"):
+            self.link.grant(slot)  # before its WELCOME: the grant is on its way before any request
         self.link.send(node, MessageType.CONTROL, welcome)
-        self.link.broadcast("peers", peers=self.roster.peer_rows(), **self._keys())
+        self.link.broadcast("peers", **self.roster.peers_fields(), **self._keys())
         log.info(
             "supervisor: node %d joined (stage %d, %s, %s)", node, slot.stage, slot.location, slot.address
         )
@@ -214,22 +369,44 @@ class PeerMessages:
         ids = [s.occupant for s in self.roster.all()] + list(
             range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
         )
-        return {"keys": {str(i): self.keys.public_key(i) for i in ids}}
+        return {"keys": {str(i): self.keys.public_key(i) for i in ids if i not in self.roster.revoked}}
 
     def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> None:
+        if slot.serving:
+            raise ProtocolError("'serving' from a node that serves already")
         if meta["stage"] != slot.stage:
             raise ProtocolError(
                 f"'serving' stage {meta['stage']} from the occupant of a stage-{slot.stage} slot"
             )
         self._plausible(meta["version"])
-        slot.serving, slot.version = True, meta["version"]
+        record = meta["record"]
+        rebuilt = rebuilt_by(record)
+        other = next(
+            (
+                s
+                for s in self.roster.slots
+                if s is not slot and s.stage == slot.stage and s.serving and s.rebuilt not in (None, rebuilt)
+            ),
+            None,
+        )
+        if rebuilt is not None and other is not None:
+            self.processes.kill(
+                slot,
+                f"rebuilt by rule {record.get('rule')} from stages {record.get('source_stages')}, but node "
+                f"{other.occupant} serves stage {slot.stage} rebuilt by {other.rebuilt[0]} from stages "
+                f"{other.rebuilt[1]}",
+            )
+            return
+        slot.serving, slot.version, slot.rebuilt = True, meta["version"], rebuilt
         slot.deadline = float("inf")
+        if slot is self.roster.storage:
+            slot.tries = 0  # a storage node that serves again is no failing start, however often it dies
         restarted = self.results.open_crash(slot) is not None
         if slot is self.roster.storage and restarted and self.results.rows:
             self.link.broadcast(
                 "checkpoint", checkpoint_senders=[ids[0] for ids in self.roster.members().values() if ids]
             )
-        crash = self.results.served(slot, meta["record"])
+        crash = self.results.served(slot, record)
         if crash is not None:
             log.info(
                 "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
@@ -239,3 +416,18 @@ class PeerMessages:
                 crash.rule,
                 crash.sources,
             )
+
+
+def rebuilt_by(record: dict[str, Any]) -> tuple[Any, ...] | None:
+    """(rule, source stages, parts, fallback) of a ``serving`` node's recovery record; None for an initial node
+    and for exact copies (a live replica, a checkpoint), which cannot differ from their stage's other replicas."""
+    rule = record.get("rule")
+    if rule in (None, "initial", "replica", "storage"):
+        return None
+    stages, parts = record.get("source_stages"), record.get("parts")
+    return (
+        str(rule),
+        tuple(stages) if isinstance(stages, list) else (),
+        tuple(parts) if isinstance(parts, list) else (),
+        str(record.get("fallback")),
+    )

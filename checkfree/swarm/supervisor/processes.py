@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
@@ -72,9 +72,13 @@ class Processes:
                 f"{slot.tries - 1} times; giving up."
             )
         if replacement:
+            while roster.next_id in roster.revoked:  # an evicted id (a key misused ahead of its spawn)
+                roster.next_id += 1
             slot.occupant, roster.next_id = roster.next_id, roster.next_id + 1
             self.admit_window()
         slot.address, slot.serving, slot.dead = None, False, False
+        slot.plan_seq, slot.rebuilt, slot.copy_version = 0, None, None  # a new occupant: nothing sent, held
+        slot.replans = 0
         slot.deadline = time.monotonic() + self.cfg.recovery_timeout
         roster.by_node[slot.occupant] = slot
         if slot.local:
@@ -114,7 +118,7 @@ class Processes:
             self.checkpoints.forget(self.results.current_iteration)
         self.results.crashed(slot, why)
         self.link.transport.disconnect(slot.occupant)
-        self.link.broadcast("peers", peers=self.roster.peer_rows())
+        self.link.broadcast("peers", **self.roster.peers_fields())
 
     def check_deaths(self) -> bool:
         """Mark exited or silent processes dead; True if a stage node died since the last call."""
@@ -136,11 +140,15 @@ class Processes:
         died, self.deaths = self.deaths > 0, 0
         return died
 
-    def wait_serving(self, initial: bool = False) -> Iterator[set[int]]:
+    def wait_serving(
+        self, initial: bool = False, tick: Callable[[], None] | None = None
+    ) -> Iterator[set[int]]:
         """Until every slot serves: replace dead slots (local ones, or through their launcher), enforce
         deadlines. Yields the lost stages (no serving replica) whenever a stage node died meanwhile: a new
         loss event, which the caller plans before any replacement of it starts. On the ``initial`` start
-        nothing is yielded: a node that failed to start is started again, not recovered.
+        nothing is yielded: a node that failed to start is started again, not recovered. ``tick`` (not on
+        the initial start) runs after each poll, before deaths are checked: a node it kills is planned for
+        before its replacement starts.
 
         Raises:
             SwarmError: a slot failed ``max_attempts`` times, or no launcher took the remote slots in time.
@@ -148,6 +156,8 @@ class Processes:
         roster = self.roster
         while True:
             self.link.poll(0.02)
+            if tick is not None and not initial:
+                tick()
             if self.check_deaths() and not initial:
                 yield roster.lost_stages()
             orphans = [s.slot for s in roster.slots if not s.local and s.launcher is None]

@@ -13,20 +13,34 @@
 * ``bytes_sent_by_type``: summed over every node (crashed nodes count up to their last commit).
 * ``loss_curve``: [iteration, loss] in execution order; ``rollbacks``; ``skipped_crashes`` (no_failure).
 * ``node_devices``: node id → ``cpu`` / ``cuda:N`` of every node this machine started (replacements too).
+* ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
+  error) or ``interrupted`` (SIGINT / SIGTERM), and ``cause`` (None when completed). The file is written
+  whatever ends the run (checkfree.swarm.supervisor.supervisor), with every iteration committed so far.
+* ``rejected_messages``: node id → what its data-plane checks refused (``nonfinite`` and ``off_route``
+  FORWARD / BACKWARD, dropped replica ``gradients``; checkfree.swarm.node.relay, .gradient_sync), as of its last
+  report; ``rejected_gradients``: per committed iteration, each replica whose gradients its stage averaged
+  without (iteration, epoch, stage, replica, and the replicas that reported it); ``evictions``: nodes evicted
+  for misbehaving, with the cause and the evidence (checkfree.swarm.supervisor.conduct).
+
+The file is strict JSON (checkfree.jsonio): a NaN/inf loss or gradient norm of a diverging run is ``null``,
+listed under ``"nonfinite"``.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from checkfree import jsonio
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.roster import Slot
 from checkfree.swarm.wire.protocol import MessageType
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -125,6 +139,10 @@ class Results:
         self.vocab_size: int | None = None
         self.node_devices: dict[int, str] = {}
         """node id → device of the nodes this machine started (``swarm run --device``)."""
+        self.evictions: list[dict[str, Any]] = []
+        """Nodes evicted for misbehaving (checkfree.swarm.supervisor.conduct), one record each."""
+        self.rejected_gradients: list[dict[str, Any]] = []
+        """Replicas whose gradients a stage averaged without, per committed iteration (``ready``'s ``rejected``)."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -149,8 +167,28 @@ class Results:
         prev = self.rows[-1]["t_commit"] if self.rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
         norms: dict[str, float] = {}
+        rejected: dict[tuple[int, int], list[int]] = {}  # (stage, replica) → the replicas that dropped it
         for node, meta in ready.items():
             norms.setdefault(str(stage_of[node]), float(meta["grad_norm"]))
+            for replica in meta.get("rejected", []):
+                rejected.setdefault((stage_of[node], replica), []).append(node)
+        for (stage, replica), by in sorted(rejected.items()):
+            self.rejected_gradients.append(
+                {
+                    "iteration": it,
+                    "epoch": epoch,
+                    "stage": stage,
+                    "replica": replica,
+                    "reported_by": sorted(by),
+                }
+            )
+            log.warning(
+                "supervisor: iteration %d: stage %d averaged without node %d's gradients (reported by %s)",
+                it,
+                stage,
+                replica,
+                sorted(by),
+            )
         losses = [float(m["loss"]) for m in ends.values()]
         self.rows.append(
             {
@@ -231,7 +269,15 @@ class Results:
     def compute(self) -> dict[str, dict[str, float]]:
         return {str(n): m["compute"] for n, m in self.reports.items() if "compute" in m}
 
-    def finish(self, run_dir: Path) -> dict[str, Any]:
+    def finish(self, run_dir: Path, status: str = "completed", cause: str | None = None) -> dict[str, Any]:
+        """Write ``run_dir/throughput.json`` (strict JSON) and return its content.
+
+        Args:
+            status: ``completed``, ``failed`` or ``interrupted``; cause: why it did not complete (None if it did).
+
+        Raises:
+            OSError: the file cannot be written.
+        """
         total = self.rows[-1]["t_commit"] if self.rows else 0.0
         completed = self.rows[-1]["iteration"] + 1 if self.rows else 0
         walls = [r["wall_s"] for r in self.rows]
@@ -239,6 +285,8 @@ class Results:
         quiet = [r["wall_s"] for r in self.rows if r["iteration"] not in crash_iters]
         latencies = [c.latency_s for c in self.crashes if c.latency_s is not None]
         out = {
+            "status": status,
+            "cause": cause,
             "setting": self.setting,
             "nodes": self.cfg.n_nodes,
             "stages": self.cfg.n_stages + 1,
@@ -267,13 +315,27 @@ class Results:
             "iterations": self.rows,
             "node_compute": self.compute(),
             "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
+            "rejected_messages": {str(n): m["rejected"] for n, m in self.reports.items() if "rejected" in m},
+            "rejected_gradients": self.rejected_gradients,
+            "evictions": self.evictions,
             "vocab_size": self.vocab_size,
             "node_devices": {str(n): d for n, d in self.node_devices.items()},
             "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run_dir) / "throughput.json").write_text(json.dumps(out, indent=1))
+        (Path(run_dir) / "throughput.json").write_text(jsonio.dumps(out, indent=1))
         return out
+
+    def finish_early(self, run_dir: Path, status: str, cause: str) -> None:
+        """:meth:`finish` for a run that stops before its last iteration (``failed`` or ``interrupted``):
+        throughput.json with every iteration committed so far. A failure to write it is logged, not raised:
+        the error that stopped the run is the one to report."""
+        try:
+            self.finish(run_dir, status, cause)
+        except OSError as exc:
+            log.error("supervisor: could not write %s: %s", Path(run_dir) / "throughput.json", exc)
+            return
+        log.info("supervisor: %s run; %d committed iterations in %s", status, len(self.rows), run_dir)
 
 
 def summary_table(results: list[dict[str, Any]]) -> str:

@@ -44,7 +44,19 @@ class Slot:
         self.launcher: int | None = None
         """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
         self.plan: RecoveryPlan | None = None
-        """How this slot's replacement rebuilds its stage: planned once per loss event by the supervisor."""
+        """How this slot's replacement rebuilds its stage: planned once per loss event by the supervisor, and
+        again when a recovering replacement's sources are all gone (sent to it as CONTROL ``plan``)."""
+        self.plan_seq = 0
+        """How many new plans the occupant was sent after its WELCOME's (its ``replan`` names the one it runs)."""
+        self.replans = 0
+        """How many of the occupant's ``replan`` requests were answered (at most one per plan, at most
+        ``max_attempts`` in all: checkfree.swarm.supervisor.inbox)."""
+        self.rebuilt: tuple[Any, ...] | None = None
+        """(rule, source stages, parts, fallback) the occupant was rebuilt by, unless it is an initial node or
+        a copy of a live replica: two replicas of one stage must not serve rebuilt by different plans."""
+        self.copy_version: int | None = None
+        """The version of the CheckFree+ stage-0 copy the occupant last reported holding (stages 1 and S;
+        None: it reported none, e.g. a holder rebuilt since stage 0 last pushed its copies)."""
 
 
 class Roster:
@@ -68,6 +80,8 @@ class Roster:
         """Ids of the other machines' launchers that joined."""
         self.next_id = cfg.first_replacement_id
         """The id the next replacement gets."""
+        self.revoked: set[int] = set()
+        """Evicted node ids, whose keys every process withdrew (checkfree.swarm.supervisor.conduct)."""
 
     def all(self) -> list[Slot]:
         """The stage slots, then the storage node's slot (if any)."""
@@ -85,6 +99,10 @@ class Roster:
         """Stages with no serving replica."""
         return {stage for stage, nodes in self.members().items() if not nodes}
 
+    def holding_stages(self) -> set[int]:
+        """Stages with a serving replica that reported holding its stage-0 copy (CheckFree+, docs/paper.md §3)."""
+        return {s.stage for s in self.slots if s.serving and s.copy_version is not None}
+
     def peer_rows(self) -> list[list[Any]]:
         """``[node, stage, location, address]`` of every live occupant that joined (the ``peers`` table)."""
         return [
@@ -92,6 +110,10 @@ class Roster:
             for s in self.all()
             if s.address is not None and not s.dead
         ]
+
+    def peers_fields(self) -> dict[str, Any]:
+        """The fields of a ``peers`` command: the peer table, and the evicted ids whose keys nodes withdraw."""
+        return {"peers": self.peer_rows()} | ({"revoked": sorted(self.revoked)} if self.revoked else {})
 
     def all_serving(self) -> bool:
         return all(s.serving for s in self.all())
@@ -108,6 +130,8 @@ class Link:
     def __init__(self, transport: Transport, roster: Roster) -> None:
         self.transport, self.roster = transport, roster
         self.handle: Callable[[Message], None] = lambda msg: None
+        self.police: Callable[[], None] = lambda: None
+        """Called after each :meth:`poll` (the supervisor evicts misbehaving nodes there)."""
         self.inbox: dict[str, dict[int, dict[str, Any]]] = {}
         """CONTROL command → node → its meta: the reports the waiting loops look for."""
 
@@ -129,12 +153,37 @@ class Link:
             if slot.address is not None and not slot.dead:
                 self.send(slot.occupant, MessageType.CONTROL, msg)
 
-    def poll(self, timeout: float = POLL_S) -> None:
-        """Handle every message that arrives within ``timeout`` seconds (and those queued behind it)."""
+    def poll(self, timeout: float = POLL_S, police: bool = True) -> None:
+        """Handle every message that arrives within ``timeout`` seconds (and those queued behind it), then (with
+        ``police``) evict the nodes whose messages were rejected too often (:attr:`police`)."""
         msg = self.transport.recv(timeout)
         while msg is not None:
             self.handle(msg)
             msg = self.transport.recv(0)
+        if police:
+            self.police()
+
+    def grant(self, slot: Slot) -> None:
+        """Tell the serving nodes of every source stage of ``slot``'s plan that its occupant may fetch their
+        weights (or the stage-0 part they hold) once under this plan (CONTROL ``grant``; a node answers no
+        other request, checkfree.swarm.node.parts). The storage node needs none: it serves a node only the
+        checkpoint of the stage the supervisor lists it for (checkfree.swarm.storage)."""
+        plan = slot.plan
+        if plan is None or plan.rule == "storage":
+            return
+        members = self.roster.members()
+        for i, stage in enumerate(plan.sources):
+            part = plan.parts[i] if plan.parts else None
+            meta = control(
+                "grant",
+                requester=slot.occupant,
+                stage=0 if part is not None else stage,
+                optimizer=plan.with_optimizer,
+                seq=slot.plan_seq,
+                **({"part": part} if part is not None else {}),
+            )
+            for node in members.get(stage, []):
+                self.send(node, MessageType.CONTROL, meta)
 
     def reported(self, command: str) -> dict[int, dict[str, Any]]:
         """Node → meta of the ``command`` reports received since the inbox was last cleared."""

@@ -24,13 +24,25 @@ A death after ``commit`` was broadcast no longer aborts: the survivors step, and
 the stepped state. Under ``checkpoint``, a whole-stage loss rolls every node back to the newest checkpoint
 that every stage stored, and the iterations since are redone.
 
+**Re-planning.** The supervisor plans each loss event once, for every slot without a serving node, and sends
+the plan in the replacement's WELCOME. When a later loss event changes the plan of a stage whose replacement
+is already recovering, or a replacement reports that every source of its plan is gone (CONTROL ``replan``),
+it plans that stage again from the stages that serve now and sends the new plan (CONTROL ``plan``) to every
+replacement of the stage still recovering: replicas of one stage are rebuilt by one plan, and a replacement
+never waits on a dead source (checkfree.swarm.node.recovering). A lost stage 0 is planned from a copy holder
+(stage 1 or S) only once a serving node of it reported holding its copy (``committed``); else that part takes
+the random-init fallback at once.
+
 **Parts.** The slots and messages to nodes (checkfree.swarm.supervisor.roster: ``Roster``, ``Link``), the
 node processes and their deaths (checkfree.swarm.supervisor.processes: ``Processes``), the checkpoints and
 rollback (checkfree.swarm.supervisor.checkpoints: ``Checkpoints``), the attempt loop
 (checkfree.swarm.supervisor.attempts: ``Attempts``), the handlers of peer messages
 (checkfree.swarm.supervisor.inbox: ``PeerMessages``) and the measurements with their crash records
-(checkfree.swarm.supervisor.results: ``Results``) are small objects wired here, and public: tests drive them
-directly. This module plans each loss event and runs the whole: start, iterate, recover, shut down.
+(checkfree.swarm.supervisor.results: ``Results``) and the soak runs' kills during recoveries
+(checkfree.swarm.supervisor.recovery_kills: ``RecoveryKills``, ``swarm run --recovery-kills``) and the evidence
+against misbehaving nodes with their eviction (checkfree.swarm.supervisor.conduct: ``Conduct``) are small objects
+wired here, and public: tests drive them directly. This module plans each loss event and runs the whole:
+start, iterate, recover, shut down.
 
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
 report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
@@ -41,7 +53,6 @@ themselves when the supervisor falls silent. Processes are killed by pid only.
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -50,15 +61,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from checkfree.recovery.planner import RecoveryImpossible
+from checkfree import jsonio
+from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.policies import make_recovery
 from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.checkpoints import Checkpoints
+from checkfree.swarm.supervisor.conduct import Conduct
 from checkfree.swarm.supervisor.inbox import PeerMessages
 from checkfree.swarm.supervisor.processes import Processes
+from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
 from checkfree.swarm.wire import control as schemas
@@ -83,6 +97,7 @@ class Supervisor:
         on_recovered: called as ``on_recovered(supervisor, crash_records)`` after every recovery, while the
         swarm is paused, with the recovered crashes as throughput.json lists them (tests inspect weights
         through :meth:`fetch_weights`).
+        recovery_kills: kills during recoveries (soak runs; checkfree.swarm.supervisor.recovery_kills).
     """
 
     def __init__(
@@ -101,6 +116,7 @@ class Supervisor:
         cache_dir: Path | None = None,
         on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None,
         insecure: bool = False,
+        recovery_kills: list[RecoveryKill] | None = None,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
@@ -127,7 +143,7 @@ class Supervisor:
             heartbeat_interval=cfg.heartbeat_interval,
             peer_timeout=cfg.peer_timeout,
             identity=identity,
-            validate=schemas.check,
+            validate=schemas.check_counting(lambda msg, exc: self.conduct.refused(msg, exc)),
         )
         self.address = self.transport.address
         if advertise_host:
@@ -145,6 +161,7 @@ class Supervisor:
         self.attempts = Attempts(
             cfg, self.strategy, schedule, self.roster, self.link, self.processes, self.results
         )
+        self.conduct = Conduct(self.roster, self.link, self.processes, self.results, self.keys)
         self.peer_messages = PeerMessages(
             cfg,
             setting,
@@ -155,9 +172,12 @@ class Supervisor:
             self.checkpoints,
             self.processes,
             self.results,
-            epoch=lambda: self.attempts.epoch,
+            self.attempts,
+            self.conduct,
         )
         self.link.handle = self.peer_messages.handle
+        self.link.police = self.conduct.enforce
+        self.recovery_kills = RecoveryKills(recovery_kills or [], self.roster, self.processes, self.results)
 
     @property
     def token_path(self) -> Path:
@@ -171,19 +191,27 @@ class Supervisor:
 
         Raises:
             SwarmError: a retry limit was exceeded, or an internal error (a bug) stopped the run: its
-                traceback is appended to ``<run_dir>/supervisor.log``. Every node is reaped either way.
+                traceback is appended to ``<run_dir>/supervisor.log``. Every node is reaped either way, and
+                throughput.json is written with ``"status": "failed"`` and the cause (``"interrupted"`` on a
+                KeyboardInterrupt: SIGINT, or SIGTERM through checkfree.cli), holding the committed iterations.
         """
         try:
             return self._run()
-        except SwarmError:
+        except SwarmError as exc:
+            self.results.finish_early(self.run_dir, "failed", str(exc))
+            raise
+        except KeyboardInterrupt as exc:
+            self.results.finish_early(self.run_dir, "interrupted", str(exc) or "SIGINT")
             raise
         except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
             with open(self.run_dir / "supervisor.log", "a") as f:
                 f.write(f"internal error of the supervisor:\n{traceback.format_exc()}")
-            raise SwarmError(
+            error = SwarmError(
                 f"internal error of the supervisor ({type(exc).__name__}: {exc}); traceback in "
                 f"{self.run_dir / 'supervisor.log'}."
-            ) from exc
+            )
+            self.results.finish_early(self.run_dir, "failed", str(error))
+            raise error from exc
         finally:
             self.host.reap_all()
             self.transport.close()
@@ -232,25 +260,78 @@ class Supervisor:
         return slot.address if slot is not None else None
 
     def write_config(self) -> None:
-        (self.run_dir / "swarm_config.json").write_text(json.dumps(self.cfg.to_json(), indent=1))
+        (self.run_dir / "swarm_config.json").write_text(jsonio.dumps(self.cfg.to_json(), indent=1))
 
     # ------------------------------------------------------------------ loss events
 
+    def _plan(self, stage: int, lost: set[int]) -> RecoveryPlan:
+        """The plan of a replacement of ``stage`` when ``lost`` have no serving replica (a lost stage 0 only
+        from the copy holders that hold their copy).
+
+        Raises:
+            SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
+        """
+        try:
+            return self.strategy.plan(stage, lost, self.cfg.n_stages, holding=self.roster.holding_stages())
+        except RecoveryImpossible as exc:
+            raise SwarmError(str(exc)) from None
+
+    def _assign(self, slot: Slot, plan: RecoveryPlan, force: bool = False) -> None:
+        """Make ``plan`` the slot's plan; a replacement that joined and still recovers gets it (CONTROL
+        ``plan``) when it changed, or with ``force`` (it asked for one)."""
+        changed, slot.plan = plan != slot.plan, plan
+        if (changed or force) and slot.address is not None and not slot.serving and not slot.dead:
+            slot.plan_seq += 1
+            members = {str(k): v for k, v in self.roster.members().items()}
+            self.link.grant(slot)  # its sources may answer it under this plan
+            self.link.command(slot.occupant, "plan", plan=plan.to_json(), members=members, seq=slot.plan_seq)
+            log.info(
+                "supervisor: node %d (stage %d) gets plan %d: %s from stages %s%s",
+                slot.occupant,
+                slot.stage,
+                slot.plan_seq,
+                plan.rule,
+                list(plan.sources),
+                f" ({plan.fallback})" if plan.fallback else "",
+            )
+
     def _plan_event(self, lost: set[int]) -> None:
         """Plan, once for this loss event (``lost``: the stages with no serving replica), how every slot
-        without a serving node is rebuilt. Replacements execute these plans and never re-plan, so replicas of
-        one stage lost together are rebuilt alike, whatever order they join in.
+        without a serving node is rebuilt. Replacements execute these plans and never re-plan themselves; a
+        recovering replacement whose plan this event changes is sent the new one, so replicas of one stage
+        lost together are rebuilt alike, whatever order they join in.
 
         Raises:
             SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
         """
         for slot in self.roster.slots:
-            if slot.serving:
-                continue
-            try:
-                slot.plan = self.strategy.plan(slot.stage, lost, self.cfg.n_stages)
-            except RecoveryImpossible as exc:
-                raise SwarmError(str(exc)) from None
+            if not slot.serving:
+                self._assign(slot, self._plan(slot.stage, lost))
+
+    def _answer_replans(self) -> None:
+        """A recovering replacement whose sources are all gone asked for a new plan: plan its stage again from
+        the stages that serve now, for every replacement of that stage (the asker gets it in any case)."""
+        for node, meta in sorted(self.link.inbox.pop("replan", {}).items()):
+            slot = self.roster.by_node.get(node)
+            if (
+                slot is None
+                or slot.occupant != node
+                or slot.serving
+                or slot.dead
+                or meta["seq"] < slot.plan_seq
+            ):
+                continue  # gone, serving, or a newer plan is on its way to it already
+            log.warning("supervisor: node %d asks for a new plan: %s", node, meta["reason"][:200])
+            slot.replans += 1  # at most max_attempts answers (checkfree.swarm.supervisor.inbox)
+            plan = self._plan(slot.stage, self.roster.lost_stages())
+            for other in self.roster.slots:
+                if other.stage == slot.stage and not other.serving:
+                    self._assign(other, plan, force=other is slot)
+
+    def _recovery_tick(self) -> None:
+        """Between polls while the swarm recovers: answer requests for a new plan, fire due recovery kills."""
+        self._answer_replans()
+        self.recovery_kills.tick()
 
     def _ensure_serving(self, it: int) -> int:
         """Recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
@@ -259,12 +340,23 @@ class Supervisor:
         lost = self.roster.lost_stages()
         self._plan_event(lost)
         rollback = bool(lost) and self.strategy.rollback_on_stage_loss
-        if rollback and not self.checkpoints.has_complete():
-            cause = self.checkpoints.missing_cause()
-            raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
+
+        def check_rollback() -> None:  # raises once no checkpoint every stage stored is left
+            if rollback and not self.checkpoints.has_complete():
+                cause = self.checkpoints.missing_cause()
+                raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
+
+        def tick() -> None:
+            check_rollback()  # the storage node died during this recovery: its checkpoints went with it
+            self._recovery_tick()
+
+        check_rollback()
         pending = {c.node for c in map(self.results.open_crash, self.roster.slots) if c is not None}
-        for new_loss in self.processes.wait_serving():
+        for new_loss in self.processes.wait_serving(tick=tick):
             self._plan_event(new_loss)  # before any replacement of this loss starts
+            if new_loss and self.strategy.rollback_on_stage_loss and not rollback:
+                rollback, lost = True, new_loss  # a stage lost while a partial loss recovers
+                check_rollback()
         if rollback:
             version = self.checkpoints.newest_complete()
             self.results.rollback_bytes += self.checkpoints.rollback(version, self.processes.check_deaths)

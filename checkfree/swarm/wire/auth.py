@@ -16,6 +16,14 @@ only (a key file, mode 0600, written by whoever starts it) and learns its peers'
 supervisor (WELCOME / ``peers``: every live node plus the next :data:`KEY_WINDOW` replacement ids, so a
 replacement is admitted before it dials). A node therefore can speak only as itself.
 
+Eviction. The supervisor evicts a node that misbehaves (checkfree.swarm.supervisor.conduct): it revokes the
+node's id in its own :class:`KeyRing`, in its :class:`SwarmKeys` (key files it writes afterwards do not list it;
+a launcher on another machine does not know, so its nodes admit the id until their WELCOME) and, through
+``revoked`` in every WELCOME and ``peers``, in every node's keyring. A revoked id is never admitted
+again, whatever a later ``keys`` lists. Its next connection fails the ZAP check; a connection it holds already
+is not closed by libzmq, but every message on it is dropped (its key no longer maps to an id, so the sender
+binding fails: ``dropped_spoofed``).
+
 The join token (``<run_dir>/join_token.json``, mode 0600, written by the supervisor) holds the bootstrap
 address, the supervisor's public key and ``S``. A second machine needs it to host nodes (``swarm run
 --bootstrap-token FILE``); treat it like an SSH private key: whoever holds it can act as any node.
@@ -37,6 +45,8 @@ from pathlib import Path
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
+from checkfree import jsonio
+
 log = logging.getLogger(__name__)
 
 ZAP_DOMAIN = "checkfree-swarm"
@@ -57,6 +67,8 @@ class SwarmKeys:
             raise AuthError(f"swarm secret is {len(secret)} bytes; expected 32.")
         self._secret = secret
         self._public: dict[int, str] = {}
+        self.revoked: set[int] = set()
+        """Evicted ids: key files written from now on do not admit them."""
 
     @classmethod
     def new(cls) -> SwarmKeys:
@@ -99,7 +111,7 @@ class SwarmKeys:
             "node": ident,
             "secret_key": self.secret_key(ident).decode("ascii"),
             "supervisor_key": self.public_key(-1),
-            "keys": {str(i): self.public_key(i) for i in range(upto + 1)},
+            "keys": {str(i): self.public_key(i) for i in range(upto + 1) if i not in self.revoked},
         }
         _write_private(path, data)
 
@@ -108,7 +120,7 @@ def _write_private(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
+        f.write(jsonio.dumps(data))
 
 
 def _read_json(path: Path, what: str, fields: tuple[str, ...]) -> dict:
@@ -220,20 +232,37 @@ class KeyRing:
         self._lock = threading.Lock()
         self._by_id: dict[int, str] = {}
         self._by_key: dict[str, int] = {}
+        self._revoked: set[int] = set()
         self.refusals = RefusalLog()
         """The refused connections (count and rate-limited log); used by the ZAP thread only."""
         if keys:
             self.update(keys)
 
     def update(self, keys: dict[int, str]) -> None:
-        """Admit (or re-bind) these ids' keys."""
+        """Admit (or re-bind) these ids' keys; a revoked id stays out."""
         with self._lock:
             for ident, key in keys.items():
+                if ident in self._revoked:
+                    continue
                 old = self._by_id.get(ident)
                 if old is not None:
                     self._by_key.pop(old, None)
                 self._by_id[ident] = key
                 self._by_key[key] = ident
+
+    def revoke(self, idents: list[int] | set[int]) -> None:
+        """Withdraw these ids' keys for good: their next handshake is refused, and a message on a connection they
+        hold already no longer maps to an id (the transport drops it as spoofed)."""
+        with self._lock:
+            for ident in idents:
+                self._revoked.add(ident)
+                key = self._by_id.pop(ident, None)
+                if key is not None:
+                    self._by_key.pop(key, None)
+
+    def revoked(self, ident: int) -> bool:
+        with self._lock:
+            return ident in self._revoked
 
     def key_of(self, ident: int) -> str | None:
         with self._lock:

@@ -15,24 +15,37 @@ A schema maps a field name to a kind (below); a name ending in ``?`` is optional
 ``stage``  an integer in [-2, 4096] (-1 = the storage node, -2 = a launcher)
 ``node``   an integer in [-1, 2**62] (a node id, -1 = the supervisor)
 ``num``    a finite number (int or float)
-``real``   a number, NaN and inf allowed (a diverging run's loss and gradient norm must still be reported)
+``norm``   a finite number ≥ 0 (a loss, a gradient norm, a learning rate, seconds)
 ``str``    a string of at most 4096 characters
+``ostr``   a ``str`` or null
 ``bool``   true / false
 ``addr``   ``tcp://HOST:PORT``, at most 256 characters
 ``nodes``  a list of at most 4096 node ids
 ``obj``    any JSON object (nested content is the wire format's concern: depth and size are bounded)
 ``peers``  a list of ``[node, stage, location, address]`` rows
-``members`` an object ``{"<stage>": [node, ...]}``
+``members`` an object ``{"<stage>": [nat, ...]}`` (the serving replicas of each stage; stored versions)
 ``counts`` an object ``{name: nat}``
-``nums``   an object ``{name: num}``
+``tally``  an object ``{"<node>": nat}`` (a node's rejected messages per sender)
+``nums``   an object ``{name: norm}`` (compute seconds)
 ``keys``   an object ``{"<node>": CURVE public key (40 Z85 characters)}``
+``record`` a recovery record (:data:`RECORD`)
 =========  ==============================================================================================
+
+Objects and lists hold at most 4096 entries. Every number is finite: a NaN or an infinity in a ``loss``,
+``grad_norm`` or ``lr`` is refused here, so no peer's number can make a supervisor's ω or loss NaN
+(throughput.json) or a replacement's CheckFree weights invalid. A diverging run does not need to report one:
+stage 0 back-propagates nothing from a non-finite loss (checkfree.swarm.node.driver), and the run stops with the
+supervisor's ``SwarmError``.
+
+:func:`check_counting` wraps :func:`check` for a transport and tells a callback the sender of each message it
+refuses (the supervisor's evidence for evicting a node, checkfree.swarm.supervisor.conduct).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
@@ -52,6 +65,14 @@ def _num(v: Any) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
+def _norm(v: Any) -> bool:
+    return _num(v) and v >= 0
+
+
+def _sized(v: Any, kind: type) -> bool:
+    return isinstance(v, kind) and len(v) <= _MAX_LIST
+
+
 def _peer_row(v: Any) -> bool:
     return (
         isinstance(v, list)
@@ -69,30 +90,54 @@ _KINDS: dict[str, Any] = {
     "stage": lambda v: _int(v, -2, _MAX_LIST),
     "node": lambda v: _int(v, -1, _NAT_MAX),
     "num": _num,
-    "real": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "norm": _norm,
     "str": lambda v: isinstance(v, str) and len(v) <= _MAX_STR,
+    "ostr": lambda v: v is None or (isinstance(v, str) and len(v) <= _MAX_STR),
     "bool": lambda v: isinstance(v, bool),
     "addr": lambda v: isinstance(v, str) and v.startswith("tcp://") and len(v) <= 256,
-    "nodes": lambda v: isinstance(v, list) and len(v) <= _MAX_LIST and all(_int(x, -1, _NAT_MAX) for x in v),
+    "nodes": lambda v: _sized(v, list) and all(_int(x, -1, _NAT_MAX) for x in v),
     "obj": lambda v: isinstance(v, dict),
-    "peers": lambda v: isinstance(v, list) and len(v) <= _MAX_LIST and all(_peer_row(r) for r in v),
+    "peers": lambda v: _sized(v, list) and all(_peer_row(r) for r in v),
     "members": lambda v: (
-        isinstance(v, dict)
+        _sized(v, dict)
         and all(
-            k.isdigit() and isinstance(ids, list) and all(_int(x, 0, _NAT_MAX) for x in ids)
+            k.isdigit() and _sized(ids, list) and all(_int(x, 0, _NAT_MAX) for x in ids)
             for k, ids in v.items()
         )
     ),
-    "counts": lambda v: isinstance(v, dict) and all(_int(x, 0, _NAT_MAX) for x in v.values()),
-    "nums": lambda v: isinstance(v, dict) and all(_num(x) for x in v.values()),
+    "counts": lambda v: _sized(v, dict) and all(_int(x, 0, _NAT_MAX) for x in v.values()),
+    "tally": lambda v: (
+        _sized(v, dict) and all(re.fullmatch(r"-?\d{1,19}", k) and _int(x, 0, _NAT_MAX) for k, x in v.items())
+    ),
+    "nums": lambda v: _sized(v, dict) and all(_norm(x) for x in v.values()),
     "keys": lambda v: (
-        isinstance(v, dict)
-        and len(v) <= _MAX_LIST
+        _sized(v, dict)
         and all(
             re.fullmatch(r"-?\d{1,19}", k) and isinstance(x, str) and _Z85_KEY.match(x) for k, x in v.items()
         )
     ),
+    "strs": lambda v: v is None or (_sized(v, list) and all(isinstance(x, str) and len(x) <= 64 for x in v)),
+    "norms": lambda v: v is None or (_sized(v, list) and all(_norm(x) for x in v)),
+    "record": lambda v: isinstance(v, dict) and _fits(v, RECORD),
 }
+
+RECORD: dict[str, str] = {
+    "rule": "str",
+    "sources?": "nodes",
+    "source_stages?": "nodes",
+    "parts?": "strs",
+    "rung?": "ostr",
+    "omegas?": "norms",
+    "grad_norm_mode?": "ostr",
+    "fallback?": "ostr",
+    "lr?": "norm",
+    "version?": "nat",
+    "bytes?": "nat",
+    "fetch_s?": "norm",
+}
+"""A recovery record (checkfree.swarm.node.recovering), which ``serving`` and ``restored`` carry and the supervisor
+writes to throughput.json: rule, source nodes and stages, parts, ladder rung, CheckFree weights ω, fallback, lr,
+version, bytes fetched, seconds."""
 
 _REPORT = {
     "sent_bytes": "counts",
@@ -100,10 +145,15 @@ _REPORT = {
     "dropped_malformed": "nat",
     "dropped_spoofed?": "nat",
     "bad_messages": "nat",
+    "rejected?": "counts",
+    "rejected_from?": "tally",
     "compute": "nums",
     "version": "nat",
+    "stage0_copy?": "nat",
 }
-"""The cumulative statistics a node reports with ``committed`` and ``final``."""
+"""The cumulative statistics a node reports with ``committed`` and ``final`` (``stage0_copy``: the version of
+the CheckFree+ stage-0 copy a stage-1 or stage-S node holds, absent when it holds none; ``rejected_from``: the
+messages it refused, per sender, which the supervisor weighs as evidence, checkfree.swarm.supervisor.conduct)."""
 
 COMMANDS: dict[str, dict[str, str]] = {
     # supervisor -> node / storage
@@ -118,31 +168,41 @@ COMMANDS: dict[str, dict[str, str]] = {
         "iteration": "nat",
         "epoch": "nat",
         "keys?": "keys",
+        "revoked?": "nodes",
         "plan?": "obj",
     },
-    "peers": {"peers": "peers", "keys?": "keys"},
+    "peers": {"peers": "peers", "keys?": "keys", "revoked?": "nodes"},
     "begin": {"epoch": "nat", "iteration": "nat", "members": "members"},
     "sync": {"epoch": "nat"},
     "commit": {"epoch": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
     "abort": {"epoch": "nat"},
     "checkpoint": {"checkpoint_senders": "nodes"},
     "rollback": {"version": "nat"},
+    "plan": {"plan": "obj", "members": "members", "seq": "nat"},
+    "grant": {"requester": "nat", "stage": "stage", "part?": "str", "optimizer": "bool", "seq": "nat"},
     "shutdown": {},
     # supervisor -> launcher
     "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
     "kill": {"node": "nat"},
     # node / storage / launcher -> supervisor
-    "serving": {"stage": "stage", "version": "nat", "record": "obj"},
-    "stored": {"stage": "stage", "version": "nat", "bytes": "nat", "bad_messages?": "nat"},
+    "serving": {"stage": "stage", "version": "nat", "record": "record"},
+    "stored": {
+        "stage": "stage",
+        "version": "nat",
+        "bytes": "nat",
+        "bad_messages?": "nat",
+        "rejected_from?": "tally",
+    },
     "committed": {"epoch": "nat", **_REPORT},
     "final": {
         **{k if k.endswith("?") else k + "?": v for k, v in _REPORT.items()},
-        "stored_versions?": "obj",
+        "stored_versions?": "members",
     },
-    "ready": {"epoch": "nat", "grad_norm": "real", "pipelines": "num"},
+    "ready": {"epoch": "nat", "grad_norm": "norm", "pipelines": "norm", "rejected?": "nodes"},
     "stalled": {"epoch": "nat", "reason": "str"},
-    "restored": {"version": "nat", "bytes": "nat", "record": "obj"},
+    "restored": {"version": "nat", "bytes": "nat", "record": "record"},
     "recovery_failed": {"reason": "str"},
+    "replan": {"reason": "str", "seq": "nat"},
     "exited": {"node": "nat", "code": "int"},
 }
 """CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
@@ -155,9 +215,9 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
     MessageType.ITERATION_END: {
         "stage": "stage",
         "epoch": "nat",
-        "loss": "real",
+        "loss": "norm",
         "tokens": "nat",
-        "seconds": "num",
+        "seconds": "norm",
     },
     MessageType.GRADIENTS: {"stage": "stage", "epoch": "nat", "microbatches": "nat"},
     MessageType.WEIGHTS_REQUEST: {
@@ -171,8 +231,8 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "stage": "stage",
         "request": "str",
         "version?": "nat",
-        "grad_norm?": "num",
-        "lr?": "num",
+        "grad_norm?": "norm",
+        "lr?": "norm",
         "step?": "nat",
         "part?": "str",
         "error?": "str",
@@ -190,12 +250,20 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
     MessageType.CHECKPOINT: {
         "stage": "stage",
         "version": "nat",
-        "grad_norm": "num",
-        "lr": "num",
+        "grad_norm": "norm",
+        "lr": "norm",
         "step": "nat",
     },
 }
 """Message type → schema of its meta (CONTROL: see :data:`COMMANDS`)."""
+
+
+def _fits(meta: dict[str, Any], schema: dict[str, str]) -> bool:
+    try:
+        _check_fields(meta, schema, "record")
+    except ProtocolError:
+        return False
+    return True
 
 
 def _check_fields(meta: dict[str, Any], schema: dict[str, str], what: str) -> None:
@@ -230,6 +298,20 @@ def check(msg: Message) -> None:
         _check_fields(rest, COMMANDS[command], f"CONTROL {command!r}")
         return
     _check_fields(msg.meta, SCHEMAS[msg.type], f"{msg.type.name} meta")
+
+
+def check_counting(on_refused: Callable[[Message, ProtocolError], None]) -> Callable[[Message], None]:
+    """:func:`check` that first tells ``on_refused(msg, error)`` of every message it refuses (the transport runs it
+    on its receiving thread: the callback must be thread-safe), then raises as :func:`check` does."""
+
+    def validate(msg: Message) -> None:
+        try:
+            check(msg)
+        except ProtocolError as exc:
+            on_refused(msg, exc)
+            raise
+
+    return validate
 
 
 class SchemaBug(RuntimeError):

@@ -1,0 +1,200 @@
+"""Misbehaving members are removed: the supervisor's evidence against each node, and the eviction.
+
+A volunteer's node holds its own key, so it passes CURVE and the sender binding (checkfree.swarm.wire.auth) and
+can send anything that node could send. Every check of the swarm drops what does not fit; this module removes a
+node whose messages keep being dropped, so it cannot keep the swarm busy with them.
+
+**Evidence** (one count per rejected message, each with the time it was seen):
+
+* *the supervisor's own verdicts*: a node's message that fails its schema (counted in the transport's
+  ``validate`` hook, checkfree.swarm.wire.control.check_counting) or the supervisor's checks of its claims
+  (checkfree.swarm.supervisor.inbox: a ``stalled`` before any microbatch can have timed out, a ``ready`` before
+  ``sync``, a second report of one epoch, a ``replan`` for a plan never sent, …);
+* *what nodes report*: every ``committed`` / ``final`` / ``stored`` carries ``rejected_from``, the messages the
+  reporter refused per sender (cumulative; the increase since its last report counts), and every ``ready`` names
+  the replicas whose gradients it averaged without (one count each).
+
+A node's word about another node is evidence, not a verdict: a member could otherwise frame any other. So, per
+accused node, the reports of its largest accuser are left out: one key can add nothing, and a node is accused
+by reports only as far as a second reporter saw it misbehave too (our choice; an attacker holding one key
+cannot produce two reporters). A node flooding one peer only is therefore not evicted on that peer's word; its
+messages are still dropped there, and the bounded buffers keep the flood harmless.
+
+**Verdict.** A node is evicted once more than :data:`EVICT_THRESHOLD` rejected messages counted within the
+last :data:`EVICT_WINDOW_S` seconds (our choice: an honest node sees a few rejections at most, a late answer
+or a message of an epoch that was just aborted, and a flood is hundreds a second). The supervisor then:
+
+1. revokes its key in its own keyring and in the swarm keys (checkfree.swarm.wire.auth: every message on a
+   connection the node holds is dropped from now on, and its next handshake is refused), and in every node's
+   keyring (``revoked`` in every ``peers`` and WELCOME from now on; a revoked id is never admitted again);
+2. if it occupies a slot, kills it by pid (or through its launcher) and replaces it as if it had crashed:
+   the crash record's cause (throughput.json ``crashes``) starts with ``evicted:``.
+
+Each eviction is recorded (node, slot, stage, iteration, time, cause, evidence: the supervisor's count and each
+reporter's) in throughput.json's ``evictions``. Launchers and the storage node are never evicted (the storage
+node restarts under its own id), nor is anyone before training starts (an initial node that fails to start is
+started again under its id).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from checkfree.swarm.launcher import LAUNCHER_ID_BASE
+from checkfree.swarm.supervisor.processes import Processes
+from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.roster import Link, Roster
+from checkfree.swarm.wire.auth import SwarmKeys
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, ProtocolError
+
+log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+
+EVICT_THRESHOLD = 16
+"""A node is evicted once more than this many of its messages were rejected within :data:`EVICT_WINDOW_S`."""
+EVICT_WINDOW_S = 60.0
+"""Seconds over which rejected messages are counted."""
+
+
+class Conduct:
+    """The evidence against each node, and the eviction of those over the threshold.
+
+    Args:
+        roster, link, processes, results: the supervisor's parts (whom a node occupies, the ``peers`` broadcast,
+            the kill, the eviction records). keys: the swarm keys (None: plain TCP, nothing to revoke).
+        threshold, window_s: the verdict's limit (:data:`EVICT_THRESHOLD`, :data:`EVICT_WINDOW_S`).
+        clock: seconds (monotonic); tests replace it.
+    """
+
+    def __init__(
+        self,
+        roster: Roster,
+        link: Link,
+        processes: Processes,
+        results: Results,
+        keys: SwarmKeys | None,
+        threshold: int = EVICT_THRESHOLD,
+        window_s: float = EVICT_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.roster, self.link, self.processes, self.results, self.keys = (
+            roster,
+            link,
+            processes,
+            results,
+            keys,
+        )
+        self.threshold, self.window_s, self.clock = threshold, window_s, clock
+        self._lock = threading.Lock()  # offences also arrive from the transport's receiving thread
+        self._events: dict[int, deque[tuple[float, int, int]]] = {}
+        """Accused node → (time, reporter (-1: the supervisor itself), count), oldest first."""
+        self._last_why: dict[int, str] = {}
+        self._reported: dict[int, dict[int, int]] = {}
+        """Reporter → sender → the cumulative count it last reported."""
+        self.evictions: list[dict[str, Any]] = results.evictions
+        """One record per eviction (the results' list: throughput.json's ``evictions``)."""
+
+    # ------------------------------------------------------------------ evidence
+
+    def offence(self, node: int, why: str) -> None:
+        """The supervisor rejected a message of ``node`` (thread-safe)."""
+        self._add(node, SUPERVISOR_ID, 1, why)
+
+    def refused(self, msg: Message, exc: ProtocolError) -> None:
+        """The transport refused ``msg`` (its schema); the ``validate`` hook's callback."""
+        self.offence(msg.sender, f"a {msg.type.name} that fails its schema ({exc})")
+
+    def reported(self, reporter: int, rejected_from: dict[str, int]) -> None:
+        """A node's cumulative ``rejected_from`` (sender → messages it refused): the increase since its last
+        report is evidence against each sender."""
+        last = self._reported.setdefault(reporter, {})
+        for key, total in rejected_from.items():
+            sender = int(key)
+            new, last[sender] = total - last.get(sender, 0), max(total, last.get(sender, 0))
+            if new > 0:
+                self._add(sender, reporter, new, f"{new} message(s) refused by node {reporter}")
+
+    def accused(self, reporter: int, replicas: list[int]) -> None:
+        """A ``ready`` of ``reporter`` names replicas whose gradients it averaged without."""
+        for replica in replicas:
+            self._add(replica, reporter, 1, f"gradients dropped by node {reporter}")
+
+    def _add(self, node: int, reporter: int, count: int, why: str) -> None:
+        if node == reporter or node < 0 or node >= LAUNCHER_ID_BASE:
+            return  # the supervisor, launchers and a node's word about itself are not accused
+        with self._lock:
+            self._events.setdefault(node, deque()).append((self.clock(), reporter, count))
+            self._last_why[node] = why
+
+    def evidence(self, node: int) -> tuple[int, dict[int, int]]:
+        """The supervisor's own count against ``node`` and each reporter's, within the window."""
+        cutoff = self.clock() - self.window_s
+        own, by = 0, {}
+        with self._lock:
+            events = self._events.get(node, deque())
+            while events and events[0][0] < cutoff:
+                events.popleft()
+            for _, reporter, count in events:
+                if reporter == SUPERVISOR_ID:
+                    own += count
+                else:
+                    by[reporter] = by.get(reporter, 0) + count
+        return own, by
+
+    def score(self, node: int) -> int:
+        """Rejected messages of ``node`` within the window: the supervisor's own, plus the reports of every
+        reporter but its largest accuser."""
+        own, by = self.evidence(node)
+        return own + sum(by.values()) - max(by.values(), default=0)
+
+    # ------------------------------------------------------------------ verdict
+
+    def enforce(self) -> None:
+        """Evict every node over the threshold (the supervisor calls this after each poll)."""
+        if self.results.t0 is None:
+            return  # not before training starts: an initial node is restarted under its own id
+        with self._lock:
+            accused = [n for n in self._events if n not in self.roster.revoked]
+        for node in accused:
+            if self.score(node) > self.threshold:
+                self.evict(node)
+
+    def evict(self, node: int) -> None:
+        """Revoke ``node``'s key everywhere and, if it occupies a slot, replace it as if it had crashed."""
+        slot = self.roster.by_node.get(node)
+        if slot is not None and slot is self.roster.storage:
+            return
+        own, by = self.evidence(node)
+        cause = (
+            f"more than {self.threshold} rejected messages within {self.window_s:.0f} s ({own} rejected by the "
+            f"supervisor, {sum(by.values())} reported by nodes {sorted(by)}); last: {self._last_why.get(node)}"
+        )
+        self.roster.revoked.add(node)
+        if self.keys is not None:
+            self.keys.revoked.add(node)
+        identity = self.link.transport.identity
+        if identity is not None:
+            identity.keyring.revoke([node])
+        occupies = slot is not None and slot.occupant == node and not slot.dead
+        self.evictions.append(
+            {
+                "node": node,
+                "slot": slot.slot if slot is not None else None,
+                "stage": slot.stage if slot is not None else None,
+                "iteration": self.results.current_iteration,
+                "t": self.results.now(),
+                "cause": cause,
+                "rejected_by_supervisor": own,
+                "reported_by": {str(r): n for r, n in sorted(by.items())},
+                "replaced": occupies,
+            }
+        )
+        log.warning("supervisor: node %d evicted: %s", node, cause)
+        if occupies:
+            self.processes.kill(slot, f"evicted: {cause}")  # its peers learn the revocation from 'peers'
+        else:
+            self.link.broadcast("peers", **self.roster.peers_fields())
