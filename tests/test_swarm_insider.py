@@ -43,9 +43,9 @@ def _strict(text: str) -> dict:
     return json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
 
 
-@pytest.fixture(scope="module")
-def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    tmp = tmp_path_factory.mktemp("insider")
+def running_swarm(tmp: Path) -> Iterator[Supervisor]:
+    """A live 2-stage × 2-replica ``ours`` swarm in ``tmp`` that has committed two iterations; shut down in order
+    after the yield (the module fixtures of the insider tests)."""
     cfg = _config(tmp, replicas=2, model={"n_stages": 2}, microbatch_timeout=10, iteration_timeout=40)
     sup = Supervisor(cfg, "ours", {}, iterations=10_000, run_dir=tmp / "run", vocab_size=300)
     result: dict = {}
@@ -57,6 +57,11 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     yield sup
     sup.iterations = 0  # finish the current iteration, then shut down in order
     thread.join(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    yield from running_swarm(tmp_path_factory.mktemp("insider"))
 
 
 def _rejected(sup: Supervisor, node: int) -> dict[str, int]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import zmq
-from test_swarm_live import _config
+from test_swarm_insider import running_swarm
 from test_swarm_security import Attacker, _after_commits, _report, _wait
 from zmq.utils.monitor import recv_monitor_message
 
@@ -254,18 +253,7 @@ def test_replan_is_answered_once_per_plan_and_only_to_a_recovering_replacement(s
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
-    tmp = tmp_path_factory.mktemp("insider_control")
-    cfg = _config(tmp, replicas=2, model={"n_stages": 2}, microbatch_timeout=10, iteration_timeout=40)
-    sup = Supervisor(cfg, "ours", {}, iterations=10_000, run_dir=tmp / "run", vocab_size=300)
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
-    thread.start()
-    sup.thread = thread  # type: ignore[attr-defined]
-    sup.result = result  # type: ignore[attr-defined]
-    _wait(lambda: len(sup.results.rows) >= 2, sup, thread)
-    yield sup
-    sup.iterations = 0  # finish the current iteration, then shut down in order
-    thread.join(timeout=60)
+    yield from running_swarm(tmp_path_factory.mktemp("insider_control"))
 
 
 def _serving(sup: Supervisor, stage: int, index: int) -> int:
