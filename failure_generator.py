@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from checkfree.cli import OneLineParser
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"failure_generator.py: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... --describe FILE | head`: the reader left; nothing is lost
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs advise (signal)
+        return 0
 
 
 if __name__ == "__main__":

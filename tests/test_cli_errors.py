@@ -38,6 +38,9 @@ def files(tmp_path) -> dict[str, str]:
         (ckpt / "meta.json").write_bytes(meta)
         (ckpt / "meta.sha256").write_text(hashlib.sha256(meta).hexdigest())
     (tmp_path / "nodes.json").write_text(json.dumps({"0": [3, 9], "1": [3, 9]}))
+    downtime = {"format": "checkfree-slot-downtime-v1", "stages": 12, "replicas": 2, "iterations": 9}
+    (tmp_path / "trace_12x2.json").write_text(json.dumps(downtime | {"iteration_seconds": 300, "slots": {}}))
+    (tmp_path / "stage_format.json").write_text(json.dumps({"format": "checkfree-stage-failures-v1"}))
     (tmp_path / "empty_dir").mkdir()
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
@@ -60,7 +63,7 @@ def files(tmp_path) -> dict[str, str]:
         "foreign",
         "model",
     ]
-    names += ["sw_bad", "sw_partial", "no_ckpt"]
+    names += ["sw_bad", "sw_partial", "no_ckpt", "trace_12x2.json", "stage_format.json"]
     out = {n: str(tmp_path / n) for n in names}
     out.update(missing=str(tmp_path / "missing"), new=str(tmp_path / "new"), tmp=str(tmp_path))
     out.update(
@@ -134,6 +137,11 @@ SWARM_RUN = {
     "schedule missing": (["--schedule", "@missing"], "does not exist"),
     "schedule not JSON": (["--schedule", "@broken.json"], "is not valid JSON"),
     "paper schedule on the tiny swarm": (["--rate", "16"], "names nodes 10..20"),
+    "trace schedule for 12 × 2 on the tiny swarm": (
+        ["--schedule", "@trace_12x2.json"],
+        "maps 12 stages × 2 replicas, but the swarm of swarm_tiny.json has 4 transformer stages × 2 replicas",
+    ),
+    "a simulator stage schedule": (["--schedule", "@stage_format.json"], "a swarm replays"),
     "unknown setting": (["--setting", "magic"], "argument --setting"),
     "cuda without CUDA": (["--device", "cuda"], "--device cuda was given, but torch sees no CUDA device"),
     "gpus with the cpu": (["--device", "cpu", "--gpus", "0"], "--gpus 0 was given with --device cpu"),

@@ -35,7 +35,8 @@ LINKED = (
 )
 LINKED_FILES = ("setup.sh", "failure_generator.py", "pyproject.toml", "requirements.txt")
 DRY = re.compile(
-    r"(simulate_training/run(_2)?\.sh|communication/run_throughput\.sh|paper_comparison\.sh|fig2_probe\.sh)"
+    r"(simulate_training/run(_2)?\.sh|communication/run_throughput\.sh|paper_comparison\.sh|fig2_probe\.sh"
+    r"|trace_replay(_swarm)?\.sh)"
 )
 
 
@@ -108,10 +109,9 @@ def _run(command: str, cwd: Path) -> tuple[str, subprocess.CompletedProcess]:
 
 def test_every_readme_command_runs_as_written(sandbox):
     commands = list(dict.fromkeys(runnable(c) for c in readme_commands()))
-    # these read what an earlier command writes: export's model, the mapped trace schedule
-    later = [
-        c for c in commands if " generate " in c or ("p3_12x2.json" in c and "--out runs/p3_12x2" not in c)
-    ]
+    # these read what an earlier command writes: export's model, the mapped trace schedules
+    outs = {path for c in commands for path in re.findall(r"--out (runs/\S+\.json)", c)}
+    later = [c for c in commands if " generate " in c or any(o in c and f"--out {o}" not in c for o in outs)]
     first = [c for c in commands if c not in later]
     with ThreadPoolExecutor(max_workers=3) as pool:
         results = list(pool.map(lambda c: _run(c, sandbox), first))

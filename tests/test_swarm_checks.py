@@ -23,6 +23,7 @@ from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
 from checkfree.swarm.node.recovering import FetchContext, Recovery
 from checkfree.swarm.supervisor.attempts import Attempts
+from checkfree.swarm.supervisor.outages import Outages
 from checkfree.swarm.supervisor.roster import Roster
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
@@ -397,11 +398,12 @@ def test_a_scheduled_crash_fires_at_its_point_or_at_the_latest_when_the_attempt_
         failed_attempts={},
     )
     strategy = SimpleNamespace(loses_state=True)
-    attempts = Attempts(cfg, strategy, {1: [3]}, roster, fake, fake, results)  # type: ignore[arg-type]
+    outages = Outages({1: [3]}, roster)
+    attempts = Attempts(cfg, strategy, outages, roster, fake, fake, results)  # type: ignore[arg-type]
     attempts.clock = lambda: fake.t
     assert attempts.attempt(3) is False  # the death aborts the attempt
     assert fake.kills == [pytest.approx(fires_at, abs=0.02)]
     assert (
         "sync" not in [c for c, _ in fake.sent] and ("abort", pytest.approx(fires_at, abs=0.03)) in fake.sent
     )
-    assert (1, 3) in attempts.fired and roster.slots[1].dead
+    assert (1, 3) in outages.fired and roster.slots[1].dead

@@ -18,7 +18,7 @@ from checkfree.failures.rates import (
     SWARM_FAILURE_PROBABILITIES,
     resolve_failure_probability,
 )
-from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
+from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule, parse_downtime
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +81,24 @@ def load_node_schedule(path: str | Path) -> dict[int, list[int]]:
     Raises FileNotFoundError or ValueError (one sentence naming the file and the bad value).
     """
     return _parse_node_schedule(_read_json(path), path)
+
+
+def load_swarm_schedule(path: str | Path) -> dict[int, list[int]] | DowntimeSchedule:
+    """A swarm's failure schedule: the authors' node format (:func:`load_node_schedule`: {node id: crash
+    iterations}) or slot down intervals mapped from a preemption trace (``checkfree-slot-downtime-v1``,
+    :class:`checkfree.failures.traces.DowntimeSchedule`; replayed by checkfree.swarm.supervisor.outages).
+
+    Raises FileNotFoundError or ValueError (one sentence naming the file and the bad value).
+    """
+    data = _read_json(path)
+    if isinstance(data, dict) and "format" in data:
+        if data["format"] != DOWNTIME_FORMAT:
+            raise ValueError(
+                f"failure schedule {str(path)!r} has format {data['format']!r}: a swarm replays "
+                f"{DOWNTIME_FORMAT!r} (failure_generator.py --trace) or the authors' node format."
+            )
+        return parse_downtime(data, f"failure schedule {str(path)!r}")
+    return _parse_node_schedule(data, path)
 
 
 def node_to_stage_failures(nodes: Mapping[int, list[int]], replicas: int) -> list[tuple[int, int]]:

@@ -237,6 +237,13 @@ class DowntimeSchedule:
         """Iterations in which every replica of ``stage`` was down."""
         return [k for k, n in enumerate(self._down_counts(stage)) if n == self.replicas]
 
+    def iterations_with_every_stage(self) -> int:
+        """Iterations in which no stage has all its replicas down."""
+        lost: set[int] = set()
+        for stage in range(1, self.stages + 1):
+            lost.update(self.lost_iterations(stage))
+        return self.iterations - len(lost)
+
     def stage_losses(self) -> list[tuple[int, int]]:
         """(iteration, stage) of every whole-stage loss: the first iteration of each run of lost iterations."""
         out = []
@@ -279,7 +286,9 @@ class DowntimeSchedule:
         lines = [
             f"{self.stages} stages × {self.replicas} replicas, {self.iterations} iterations of "
             f"{self.iteration_seconds:g} s ({self.iterations * self.iteration_seconds / 3600:.2f} h); "
-            f"{sum(len(v) for v in self.slots.values())} slot outages, {len(self.stage_losses())} stage losses"
+            f"{sum(len(v) for v in self.slots.values())} slot outages, {len(self.stage_losses())} stage losses; "
+            f"{self.iterations_with_every_stage()} iterations with every stage alive (what a swarm replaying "
+            "the whole window trains at least: it waits out the others)"
         ]
         for stage in range(1, self.stages + 1):
             short = self.short_iterations(stage)

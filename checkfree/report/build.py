@@ -27,6 +27,7 @@ from checkfree.report.analysis import (
 )
 from checkfree.report.runs import Run, SwarmRun, load_runs
 from checkfree.report.table2 import Table2, summarise
+from checkfree.report.traces import TraceReplays, collect
 from checkfree.rundir import check_output_dir, claim_output_dir
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 __all__ = ["REPORT_MARKER", "ReportResult", "add_parser", "build_report"]
 
 REPORT_MARKER = "checkfree_report.json"
-"""Written first into a report directory (run directories, target): marks it as a report that may be replaced."""
+"""Written first into a report directory (run directories, target, the trace-replay rows of
+checkfree.report.traces): marks it as a report that may be replaced."""
 
 
 @dataclass
@@ -51,6 +53,8 @@ class ReportResult:
     target: float
     table2: Table2 = field(default_factory=lambda: Table2({}))
     """Paper Table 2's numbers at this scale, per recovery-cost factor (checkfree.report.table2)."""
+    traces: TraceReplays = field(default_factory=TraceReplays)
+    """Rows of the runs that replayed a preemption trace (checkfree.report.traces)."""
 
 
 def build_report(
@@ -95,8 +99,15 @@ def build_report(
     groups = analyse(runs, models, target)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
     table2 = summarise(groups, runs, models, target)
+    traces = collect(runs, swarms)
     claim_output_dir(
-        out, REPORT_MARKER, {"run_dirs": [str(Path(p).resolve()) for p in run_dirs], "target": target}
+        out,
+        REPORT_MARKER,
+        {
+            "run_dirs": [str(Path(p).resolve()) for p in run_dirs],
+            "target": target,
+            "trace_replays": traces.to_json(),
+        },
     )
     pngs: list[Path] = []
     if groups and plots:
@@ -110,7 +121,17 @@ def build_report(
         pngs += [plotting.training_plot(g, out) for g in groups]
         pngs += [p for p in [plotting.recovery_plot(runs, out)] if p is not None]
     text = markdown.render(
-        groups, models, target, target_source, verdicts, swarms, skipped, runs, pngs, table2=table2
+        groups,
+        models,
+        target,
+        target_source,
+        verdicts,
+        swarms,
+        skipped,
+        runs,
+        pngs,
+        table2=table2,
+        traces=traces,
     )
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
@@ -122,7 +143,7 @@ def build_report(
         len(skipped),
         len(pngs),
     )
-    return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target, table2)
+    return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target, table2, traces)
 
 
 def _positive(text: str) -> float:

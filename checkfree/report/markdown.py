@@ -8,6 +8,7 @@ from pathlib import Path
 
 from checkfree.report import recoveries, seeds
 from checkfree.report import table2 as table2_md
+from checkfree.report import traces as traces_md
 from checkfree.report.analysis import Group, Row, Verdict, rate_context
 from checkfree.report.runs import Run, SwarmRun
 from checkfree.report.timing import (
@@ -257,6 +258,7 @@ def render(
     runs: list[Run],
     plots: list[Path],
     table2: table2_md.Table2 | None = None,
+    traces: traces_md.TraceReplays | None = None,
 ) -> str:
     lines = [
         "# CheckFree run report",
@@ -281,6 +283,8 @@ def render(
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += swarm_section(swarms)
+    if traces is not None:
+        lines += traces_md.section(traces)
     if skipped:
         lines += ["## Skipped run directories", ""] + [f"- `{p}`: {why}" for p, why in skipped] + [""]
     warn = [f"- `{r.name}`: {w}" for r in runs for w in r.warnings]

@@ -17,10 +17,13 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from checkfree import jsonio
 from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
+
+if TYPE_CHECKING:
+    from checkfree.failures.traces import DowntimeSchedule
 
 log = logging.getLogger("checkfree.swarm")
 
@@ -60,8 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--schedule",
         type=Path,
-        help="crash schedule in the authors' format (node id -> "
-        "[crash iterations..., sentinel]); default failure_p_configs/RATE.json",
+        help="crash schedule in the authors' format (node id -> [crash iterations..., sentinel]), or slot "
+        "down intervals from a preemption trace (failure_generator.py --trace; a slot stays down until it "
+        "comes back); default failure_p_configs/RATE.json",
     )
     r.add_argument("--no-schedule", action="store_true", help="no crashes at all")
     r.add_argument(
@@ -160,15 +164,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _schedule(args: argparse.Namespace) -> tuple[dict[int, list[int]], str | None]:
-    from checkfree.failures.schedules import load_node_schedule
+def _schedule(args: argparse.Namespace) -> tuple[dict[int, list[int]] | DowntimeSchedule, str | None]:
+    from checkfree.failures.schedules import load_swarm_schedule
 
     if args.no_schedule:
         return {}, None
     path = args.schedule or Path("failure_p_configs") / f"{args.rate}.json"
     if not path.is_absolute() and not path.exists():
         path = Path(__file__).resolve().parents[2] / path
-    return load_node_schedule(path), str(path)
+    return load_swarm_schedule(path), str(path)
 
 
 def _vocab_size(cfg, cache_dir: Path | None) -> int:
@@ -185,7 +189,10 @@ def _vocab_size(cfg, cache_dir: Path | None) -> int:
 
 
 def _check_run(
-    args: argparse.Namespace, cfg, schedule: dict[int, list[int]], schedule_path: str | None
+    args: argparse.Namespace,
+    cfg,
+    schedule: dict[int, list[int]] | DowntimeSchedule,
+    schedule_path: str | None,
 ) -> int:
     """Everything ``swarm run`` can check before it starts or writes anything; returns END.
 
@@ -197,7 +204,17 @@ def _check_run(
     if args.iterations < 1:
         raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
     end = node_range(cfg.n_nodes, args.start, args.end, args.config)
-    bad = sorted(n for n in schedule if n >= cfg.n_nodes)
+    from checkfree.failures.traces import DowntimeSchedule
+
+    if isinstance(schedule, DowntimeSchedule):
+        if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
+            raise ValueError(
+                f"the schedule {schedule_path} maps {schedule.stages} stages × {schedule.replicas} replicas, but "
+                f"the swarm of {args.config} has {cfg.n_stages} transformer stages × {cfg.replicas} replicas; "
+                f"write one for it (python failure_generator.py --trace FILE --stages {cfg.n_stages} "
+                f"--replicas {cfg.replicas} --out FILE)."
+            )
+    bad = sorted(n for n in schedule if n >= cfg.n_nodes) if isinstance(schedule, dict) else []
     if bad:
         raise ValueError(
             f"the schedule {schedule_path} names nodes {bad[0]}..{bad[-1]}, but the swarm of {args.config} has "
@@ -367,6 +384,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             insecure=args.insecure,
             recovery_kills=recovery_kills,
+            schedule_path=schedule_path,
         )
     except zmq.ZMQError as exc:
         raise ValueError(

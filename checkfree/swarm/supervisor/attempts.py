@@ -4,7 +4,8 @@
     → sync → every node averages its stage's gradients with its replicas → ready (grad norm)
     → commit → Adam step → committed (stats)        — the commit time is the aggregation timestamp
 
-Scheduled crashes fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
+Scheduled crashes (checkfree.swarm.supervisor.outages: which slots, and whether a slot then stays away for a
+while) fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
 in flight, or at the latest when the attempt reaches ``sync`` (every pipeline's ITERATION_END is in): the
 crash then fires at once, not at the estimated moment, which after a long iteration (one with a recovery)
 can lie minutes past the end of the forward phase. A death before ``commit`` aborts the epoch
@@ -25,6 +26,7 @@ from typing import Any
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.policies import SwarmRecovery
+from checkfree.swarm.supervisor.outages import Outages
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
@@ -61,25 +63,23 @@ class Attempts:
 
     Args:
         cfg: topology and limits. strategy: the setting (does it kill, does it keep checkpoints).
-        schedule: {slot: crash iterations}. roster, link, processes, results: the supervisor's parts.
+        outages: the failure schedule's replay. roster, link, processes, results: the supervisor's parts.
     """
 
     def __init__(
         self,
         cfg: SwarmConfig,
         strategy: SwarmRecovery,
-        schedule: dict[int, list[int]],
+        outages: Outages,
         roster: Roster,
         link: Link,
         processes: Processes,
         results: Results,
     ) -> None:
-        self.cfg, self.strategy, self.schedule = cfg, strategy, schedule
+        self.cfg, self.strategy, self.outages = cfg, strategy, outages
         self.roster, self.link, self.processes, self.results = roster, link, processes, results
         self.epoch = 0
         """The current attempt's number (stale messages of older epochs are dropped by the nodes)."""
-        self.fired: set[tuple[int, int]] = set()
-        """(slot, iteration) of the scheduled crashes already fired (a redone iteration does not refire)."""
         self.clock = time.monotonic
         """Seconds (monotonic); tests replace it."""
         self.current: Epoch | None = None
@@ -99,9 +99,7 @@ class Attempts:
         t_begin = self.clock()
         self.current = Epoch(epoch, it, members, t_begin)
         link.broadcast("begin", epoch=epoch, iteration=it, members={str(k): v for k, v in members.items()})
-        due = [
-            s for s in roster.slots if it in self.schedule.get(s.slot, []) and (s.slot, it) not in self.fired
-        ]
+        due = self.outages.due(it)
         crash_at = t_begin + self.cfg.crash_point * self.results.last_wall_s() if due else None
         deadline = t_begin + self.cfg.iteration_timeout
         try:
@@ -144,6 +142,7 @@ class Attempts:
                 self._commit(epoch, it, members)
             elif phase == "commit" and set(alive) <= set(got.get("committed", {})):
                 self.results.iteration(it, epoch, got["iteration_end"], got["ready"], members)
+                self.outages.committed()
                 row = self.results.rows[-1]
                 log.info(
                     "supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"]
@@ -156,17 +155,24 @@ class Attempts:
 
     def _fire(self, due: list[Slot], it: int) -> None:
         for slot in due:
-            self.fired.add((slot.slot, it))
-            if not self.strategy.loses_state:
-                self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
-                log.info(
-                    "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)",
-                    slot.slot,
-                    it,
-                )
-                continue
+            self.crash(slot, it, self.outages.fire(slot, it))
+
+    def crash(self, slot: Slot, it: int, down: int) -> None:
+        """The scheduled crash of ``slot`` at schedule iteration ``down`` (during training iteration ``it``): kill
+        its node and keep the slot away as long as the schedule says; ``no_failure`` logs it and kills nobody."""
+        if not self.strategy.loses_state:
+            self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
+            log.info(
+                "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)", slot.slot, it
+            )
+            return
+        if (
+            not slot.dead
+        ):  # else its node is gone already (it came back and was not replaced yet): it stays away
             self.results.scheduled_kill(slot, it)
             self.processes.kill(slot, f"scheduled crash at iteration {it}")
+        if self.outages.keep_away(slot, down):
+            self.results.kept_away(slot)
 
     def _commit(self, epoch: int, it: int, members: dict[int, list[int]]) -> None:
         meta: dict[str, Any] = {"epoch": epoch, "iteration": it}

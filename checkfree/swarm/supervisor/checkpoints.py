@@ -89,14 +89,15 @@ class Checkpoints:
             self.link.poll(0.02)
 
     def rollback(self, version: int, check_deaths: Callable[[], bool]) -> int:
-        """Roll every node not at ``version`` back to it and wait until each restored it; returns the bytes
+        """Roll every serving node not at ``version`` back to it (a slot the schedule keeps away copies a live
+        replica when it comes back) and wait until each restored it; returns the bytes
         the nodes restored.
 
         Raises:
             SwarmError: a node died (``check_deaths`` returned True), the storage node died (its checkpoints
                 with it), or the rollback timed out.
         """
-        targets = {s.occupant for s in self.roster.slots if s.version != version}
+        targets = {s.occupant for s in self.roster.slots if s.serving and s.version != version}
         log.warning(
             "supervisor: a whole stage was lost; rolling %d nodes back to iteration %d", len(targets), version
         )

@@ -143,7 +143,7 @@ class Processes:
     def wait_serving(
         self, initial: bool = False, tick: Callable[[], None] | None = None
     ) -> Iterator[set[int]]:
-        """Until every slot serves: replace dead slots (local ones, or through their launcher), enforce
+        """Until every slot serves (but those the schedule keeps away): replace dead slots (local ones, or through their launcher), enforce
         deadlines. Yields the lost stages (no serving replica) whenever a stage node died meanwhile: a new
         loss event, which the caller plans before any replacement of it starts. On the ``initial`` start
         nothing is yielded: a node that failed to start is started again, not recovered. ``tick`` (not on
@@ -167,7 +167,7 @@ class Processes:
                     f"them with run_throughput.sh START END ... --bootstrap {self.bootstrap}."
                 )
             for slot in roster.all():
-                if slot.dead and (slot.local or slot.launcher is not None):
+                if slot.dead and not slot.away and (slot.local or slot.launcher is not None):
                     if initial:
                         self.results.forget_crash(slot)  # an initial node that failed to start: a plain retry
                     self.spawn(slot, replacement=not initial and slot is not roster.storage)

@@ -13,7 +13,15 @@
 * ``bytes_sent_by_type``: summed over every node (crashed nodes count up to their last commit).
 * ``loss_curve``: [iteration, loss] in execution order; ``rollbacks``; ``skipped_crashes`` (no_failure).
 * ``node_devices``: node id → ``cpu`` / ``cuda:N`` of every node this machine started (replacements too).
-* ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
+* Down-interval schedules (a preemption trace, checkfree.swarm.supervisor.outages): ``schedule`` (file, format,
+  length, iteration seconds, source), ``schedule_clock`` (schedule iterations elapsed), ``replica_shortage``:
+  per stage, the committed iterations it ran short of replicas and their wall seconds (``short_iterations``,
+  ``short_s``), the schedule iterations and seconds the swarm waited with it lost (``waiting_iterations``,
+  ``waiting_s``) and its ``losses`` (whole-stage losses recovered, with a wait or not); ``waits`` (one record per wait); ``still_away`` (slots down
+  when the run ended; their crashes are under ``open_crashes``); per crash ``down_until`` (the schedule iteration
+  its slot came back) and ``recovery_s`` (replacement started → serving); ``mean_recovery_s``.
+* ``ended_by``: ``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended
+  first). ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
   error) or ``interrupted`` (SIGINT / SIGTERM), and ``cause`` (None when completed). The file is written
   whatever ends the run (checkfree.swarm.supervisor.supervisor), with every iteration committed so far.
 * ``rejected_messages``: node id → what its data-plane checks refused (``nonfinite`` and ``off_route``
@@ -31,6 +39,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +68,8 @@ class CrashRecord:
         t_serving: when the slot served again (None: not yet).
         rule, sources, source_stages, parts, omegas, fallback, fetched_bytes, fetch_s: the recovery record
             the replacement reported with ``serving`` (checkfree.swarm.node.recovering).
+        away, down_until: the schedule kept the slot down until schedule iteration ``down_until`` (None: to the
+            end of the schedule) before its replacement started.
     """
 
     slot: int
@@ -79,11 +90,20 @@ class CrashRecord:
     fallback: str | None = None
     fetched_bytes: int = 0
     fetch_s: float | None = None
+    away: bool = False
+    down_until: int | None = None
 
     @property
     def latency_s(self) -> float | None:
         """Crash → serving, seconds (None while the slot does not serve again)."""
         return None if self.t_serving is None else self.t_serving - self.t_crash
+
+    @property
+    def recovery_s(self) -> float | None:
+        """Replacement started → serving, seconds (None while the slot does not serve again)."""
+        if self.t_serving is None or self.t_spawn is None:
+            return None
+        return self.t_serving - self.t_spawn
 
     def to_json(self) -> dict[str, Any]:
         """The row of ``crashes`` in throughput.json (a key appears once its event happened)."""
@@ -95,6 +115,8 @@ class CrashRecord:
             "cause": self.cause,
             "t_crash": self.t_crash,
         }
+        if self.away:
+            out["down_until"] = self.down_until
         if self.t_spawn is not None:
             out |= {"replacement_node": self.replacement_node, "t_spawn": self.t_spawn}
         if self.t_join is not None:
@@ -103,6 +125,7 @@ class CrashRecord:
             out |= {
                 "t_serving": self.t_serving,
                 "latency_s": self.latency_s,
+                "recovery_s": self.recovery_s,
                 "rule": self.rule,
                 "sources": self.sources,
                 "source_stages": self.source_stages,
@@ -143,6 +166,20 @@ class Results:
         """Nodes evicted for misbehaving (checkfree.swarm.supervisor.conduct), one record each."""
         self.rejected_gradients: list[dict[str, Any]] = []
         """Replicas whose gradients a stage averaged without, per committed iteration (``ready``'s ``rejected``)."""
+        self.schedule: dict[str, Any] = {}
+        """The failure schedule's file, format and, for down intervals, length and source (set by the supervisor)."""
+        self.schedule_clock: Callable[[], int] = lambda: 0
+        """Schedule iterations elapsed (down-interval schedules: committed + waited iterations; the supervisor
+        points it at checkfree.swarm.supervisor.outages.Outages.clock)."""
+        self.shortage: dict[int, dict[str, float]] = {
+            s: {"short_iterations": 0, "short_s": 0.0, "waiting_iterations": 0, "waiting_s": 0.0, "losses": 0}
+            for s in range(cfg.n_stages + 1)
+        }
+        """Stage → the iterations (and seconds) it ran short of replicas, the waits with it lost, and its losses."""
+        self.waits: list[dict[str, Any]] = []
+        self.still_away: list[int] = []
+        self.ended_by = "iterations"
+        """``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended first)."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -150,6 +187,36 @@ class Results:
     def now(self) -> float:
         """Seconds since training started (negative times never occur: before start it is 0)."""
         return 0.0 if self.t0 is None else time.monotonic() - self.t0
+
+    def reference_iteration_s(self) -> float:
+        """How long one waited schedule iteration lasts: the median committed iteration so far (1 s before the
+        first), so the swarm waits for a returning node as long as training those iterations would have taken."""
+        return statistics.median(r["wall_s"] for r in self.rows) if self.rows else 1.0
+
+    def waited(
+        self, it: int, waited: dict[int, int], reference_s: float, seconds: float, start: int, end: int
+    ) -> None:
+        """The swarm waited ``seconds`` before training iteration ``it`` (schedule iterations ``start`` →
+        ``end``, ``reference_s`` each), stage s lost for ``waited[s]`` of them."""
+        for stage, n in waited.items():
+            row = self.shortage[stage]
+            row["waiting_iterations"] += n
+            row["waiting_s"] += n * reference_s
+        self.waits.append(
+            {
+                "iteration": it,
+                "from": start,
+                "to": end,
+                "stages": sorted(waited),
+                "seconds": seconds,
+                "t": self.now(),
+            }
+        )
+
+    def stages_lost(self, stages: set[int]) -> None:
+        """A recovery begins with ``stages`` lost (no serving replica): one whole-stage loss each."""
+        for stage in stages:
+            self.shortage[stage]["losses"] += 1
 
     def last_wall_s(self) -> float:
         """The previous iteration's wall time (1 s before the first), for placing a crash mid-iteration."""
@@ -189,6 +256,13 @@ class Results:
                 replica,
                 sorted(by),
             )
+        wall = t - prev
+        for stage, ids in members.items():
+            if (
+                0 < len(ids) < self.cfg.replicas
+            ):  # a stage short of replicas: its live ones carry every pipeline
+                self.shortage[stage]["short_iterations"] += 1
+                self.shortage[stage]["short_s"] += wall
         losses = [float(m["loss"]) for m in ends.values()]
         self.rows.append(
             {
@@ -196,7 +270,7 @@ class Results:
                 "epoch": epoch,
                 "attempts": 1 + self.failed_attempts.get(it, 0),
                 "t_commit": t,
-                "wall_s": t - prev,
+                "wall_s": wall,
                 "loss": sum(losses) / len(losses),
                 "tokens": sum(int(m["tokens"]) for m in ends.values()),
                 "grad_norms": norms,
@@ -219,6 +293,12 @@ class Results:
     def scheduled_kill(self, slot: Slot, iteration: int) -> None:
         """The crash schedule kills ``slot``'s node now, during ``iteration``."""
         self._crash(slot, "scheduled SIGKILL", iteration)
+
+    def kept_away(self, slot: Slot) -> None:
+        """The schedule keeps ``slot`` down until ``slot.back_at`` (checkfree.swarm.supervisor.outages)."""
+        crash = self._open.get(slot.slot)
+        if crash is not None:
+            crash.away, crash.down_until = True, slot.back_at
 
     def forget_crash(self, slot: Slot) -> None:
         """An initial node failed to start: its restart is a plain retry, not a crash."""
@@ -284,6 +364,7 @@ class Results:
         crash_iters = {c.iteration for c in self.crashes} | {r["at_iteration"] for r in self.rollbacks}
         quiet = [r["wall_s"] for r in self.rows if r["iteration"] not in crash_iters]
         latencies = [c.latency_s for c in self.crashes if c.latency_s is not None]
+        recoveries = [c.recovery_s for c in self.crashes if c.recovery_s is not None]
         out = {
             "status": status,
             "cause": cause,
@@ -295,6 +376,7 @@ class Results:
             "in_flight": self.cfg.in_flight,
             "time_scale": self.cfg.time_scale,
             "iterations_target": self.target,
+            "ended_by": self.ended_by,
             "iterations_completed": completed,
             "iterations_executed": len(self.rows),
             "total_s": total,
@@ -305,8 +387,10 @@ class Results:
             "crashes_count": len(self.crashes),
             "recovered_count": len(latencies),
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
+            "mean_recovery_s": statistics.mean(recoveries) if recoveries else None,
             "aborted_attempts": self.aborts,
             "crashes": [c.to_json() for c in self.crashes],
+            "open_crashes": [c.to_json() for c in self._open.values()],
             "skipped_crashes": self.skipped,
             "rollbacks": self.rollbacks,
             "rollback_bytes": self.rollback_bytes,
@@ -320,6 +404,11 @@ class Results:
             "evictions": self.evictions,
             "vocab_size": self.vocab_size,
             "node_devices": {str(n): d for n, d in self.node_devices.items()},
+            "schedule": self.schedule,
+            "schedule_clock": self.schedule_clock(),
+            "replica_shortage": {str(s): row for s, row in self.shortage.items()},
+            "waits": self.waits,
+            "still_away": self.still_away,
             "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -339,7 +428,9 @@ class Results:
 
 
 def summary_table(results: list[dict[str, Any]]) -> str:
-    """A Markdown table, one row per run: setting, iterations, crashes/recovered, times, loss."""
+    """A Markdown table, one row per run: setting, iterations, crashes/recovered, times, loss; and, when a run
+    replayed down intervals (a preemption trace), a second table: per run the stage losses, the seconds spent
+    short of replicas and waiting for a lost stage's node, recovery time and the slots still down at the end."""
     head = (
         "| setting | iterations (executed) | crashes | recovered | mean iteration s | w/o crashes s | "
         "crash→serving s | tokens/s | first → last loss |"
@@ -354,7 +445,34 @@ def summary_table(results: list[dict[str, Any]]) -> str:
             f"{_f(lat)} | {_f(r['tokens_per_s'], 0)} | "
             f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} |"
         )
+    traced = [r for r in results if (r.get("schedule") or {}).get("format") == "checkfree-slot-downtime-v1"]
+    if traced:
+        lines += [
+            "",
+            "Trace replays (per run, summed over stages): stage losses = waits for a lost stage's returning node; "
+            "short = committed iterations (and their seconds) a stage ran on fewer replicas; waiting = schedule "
+            "iterations (and seconds) the swarm waited with a stage lost; recovery = replacement started → "
+            "serving.",
+            "",
+            "| setting | trace | schedule iterations | stage losses | short iterations (s) | waiting iterations (s) "
+            "| recovery s | slots down at the end |",
+            "|" + "---|" * 8,
+        ]
+        for r in traced:
+            shortage = (r.get("replica_shortage") or {}).values()
+            total = {k: sum(row.get(k, 0) for row in shortage) for k in _SHORTAGE_KEYS}
+            source = r["schedule"].get("source") or {}
+            lines.append(
+                f"| {r['setting']} | {source.get('trace', r['schedule'].get('path'))} | "
+                f"{r.get('schedule_clock')} of {r['schedule'].get('iterations')} | {total['losses']} | "
+                f"{total['short_iterations']} ({_f(total['short_s'], 1)}) | "
+                f"{total['waiting_iterations']} ({_f(total['waiting_s'], 1)}) | {_f(r.get('mean_recovery_s'))} | "
+                f"{r.get('still_away') or '—'} |"
+            )
     return "\n".join(lines)
+
+
+_SHORTAGE_KEYS = ("losses", "short_iterations", "short_s", "waiting_iterations", "waiting_s")
 
 
 def _f(x: float | None, digits: int = 3) -> str:

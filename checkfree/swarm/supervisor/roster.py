@@ -54,6 +54,11 @@ class Slot:
         self.rebuilt: tuple[Any, ...] | None = None
         """(rule, source stages, parts, fallback) the occupant was rebuilt by, unless it is an initial node or
         a copy of a live replica: two replicas of one stage must not serve rebuilt by different plans."""
+        self.away = False
+        """Kept down by a down-interval schedule (no replacement) until the schedule clock reaches ``back_at``
+        (checkfree.swarm.supervisor.outages)."""
+        self.back_at: int | None = None
+        """The schedule iteration an away slot comes back (None: not within the schedule)."""
         self.copy_version: int | None = None
         """The version of the CheckFree+ stage-0 copy the occupant last reported holding (stages 1 and S;
         None: it reported none, e.g. a holder rebuilt since stage 0 last pushed its copies)."""
@@ -116,7 +121,8 @@ class Roster:
         return {"peers": self.peer_rows()} | ({"revoked": sorted(self.revoked)} if self.revoked else {})
 
     def all_serving(self) -> bool:
-        return all(s.serving for s in self.all())
+        """Every slot serves, except those the schedule keeps away."""
+        return all(s.serving or s.away for s in self.all())
 
 
 class Link:

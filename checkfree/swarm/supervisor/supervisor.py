@@ -12,7 +12,9 @@ WELCOME (config, peers) and the others get the new peer table. Then, per iterati
 crashes. During the first attempt of iteration i, ``crash_point`` × (last iteration time) seconds after
 ``begin`` — microbatches are then in flight — the supervisor SIGKILLs the slot's current process (all
 replicas of a stage at once when the schedule says so: a whole-stage failure), or at the latest when the
-attempt reaches ``sync``. ``no_failure`` logs the scheduled crashes and kills nobody.
+attempt reaches ``sync``. ``no_failure`` logs the scheduled crashes and kills nobody. A schedule of slot down
+intervals (a real preemption trace) keeps a crashed slot away until it comes back: its stage trains on the
+replicas left, and a stage with none left is waited for (checkfree.swarm.supervisor.outages: ``Outages``).
 
 **In-flight microbatches.** A death noticed before ``commit`` aborts the epoch everywhere (``abort``): every
 node drops that epoch's activations and accumulated gradients, and stale messages are dropped by their epoch.
@@ -62,6 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
+from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
@@ -71,6 +74,7 @@ from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.checkpoints import Checkpoints
 from checkfree.swarm.supervisor.conduct import Conduct
 from checkfree.swarm.supervisor.inbox import PeerMessages
+from checkfree.swarm.supervisor.outages import Outages
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
@@ -92,7 +96,9 @@ class Supervisor:
 
     Args:
         cfg: the topology. setting: no_failure | checkpoint | ours | ours-plus. schedule: {node id: crash
-        iterations} (checkfree.failures.schedules.load_node_schedule). run_dir: logs and throughput.json go here.
+        iterations} (checkfree.failures.schedules.load_node_schedule), or slot down intervals replayed from a
+        preemption trace (checkfree.failures.traces.DowntimeSchedule; checkfree.swarm.supervisor.outages).
+        run_dir: logs and throughput.json go here. schedule_path: the schedule's file, for throughput.json.
         start, end: the initial node ids this machine starts (others join from elsewhere at ``address``).
         on_recovered: called as ``on_recovered(supervisor, crash_records)`` after every recovery, while the
         swarm is paused, with the recovered crashes as throughput.json lists them (tests inspect weights
@@ -104,7 +110,7 @@ class Supervisor:
         self,
         cfg: SwarmConfig,
         setting: str,
-        schedule: dict[int, list[int]],
+        schedule: dict[int, list[int]] | DowntimeSchedule,
         iterations: int,
         run_dir: Path,
         vocab_size: int,
@@ -117,18 +123,16 @@ class Supervisor:
         on_recovered: Callable[[Supervisor, list[dict[str, Any]]], None] | None = None,
         insecure: bool = False,
         recovery_kills: list[RecoveryKill] | None = None,
+        schedule_path: str | None = None,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
         self.run_dir, self.vocab_size, self.on_recovered = Path(run_dir), vocab_size, on_recovered
         end = node_range(cfg.n_nodes, start, end)
-        bad = sorted(n for n in schedule if n >= cfg.n_nodes)
-        if bad:
-            raise ValueError(
-                f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}."
-            )
+        check_schedule(schedule, cfg)
         self.schedule = schedule
         self.roster = Roster(cfg, start, end, storage=self.strategy.rollback_on_stage_loss)
+        self.outages = Outages(schedule, self.roster)
         self.keys = None if insecure else SwarmKeys.new()
         identity = None
         if self.keys is not None:
@@ -153,13 +157,15 @@ class Supervisor:
         )
         self.results = Results(cfg, setting, iterations)
         self.results.vocab_size = vocab_size
+        self.results.schedule = schedule_info(schedule, schedule_path)
+        self.results.schedule_clock = lambda: self.outages.clock
         self.link = Link(self.transport, self.roster)
         self.checkpoints = Checkpoints(cfg, self.roster, self.link)
         self.processes = Processes(
             cfg, self.roster, self.link, self.host, self.results, self.checkpoints, self.keys, self.address
         )
         self.attempts = Attempts(
-            cfg, self.strategy, schedule, self.roster, self.link, self.processes, self.results
+            cfg, self.strategy, self.outages, self.roster, self.link, self.processes, self.results
         )
         self.conduct = Conduct(self.roster, self.link, self.processes, self.results, self.keys)
         self.peer_messages = PeerMessages(
@@ -231,6 +237,14 @@ class Supervisor:
         it = 0
         while it < self.iterations:
             it = self._ensure_serving(it)
+            if self.outages.over():  # a replayed trace's window is over
+                self.results.ended_by = "schedule"
+                log.warning(
+                    "supervisor: the schedule's %d iterations are over after %d committed iterations; the run ends",
+                    self.outages.clock,
+                    it,
+                )
+                break
             if self.attempts.attempt(it):
                 it += 1
         self._shutdown()
@@ -305,7 +319,7 @@ class Supervisor:
             SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
         """
         for slot in self.roster.slots:
-            if not slot.serving:
+            if not slot.serving and not slot.away:
                 self._assign(slot, self._plan(slot.stage, lost))
 
     def _answer_replans(self) -> None:
@@ -333,11 +347,49 @@ class Supervisor:
         self._answer_replans()
         self.recovery_kills.tick()
 
+    def _idle(self, seconds: float) -> None:
+        """Serve messages and notice deaths for ``seconds`` (while the swarm waits for a returning node)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.link.poll(min(0.02, max(0.0, deadline - time.monotonic())))
+            self.processes.check_deaths()
+
+    def _wait_for_returns(self, it: int) -> None:
+        """A stage whose every replica the schedule keeps away is lost: wait, as the schedule's time passes,
+        until a node of it comes back (checkfree.swarm.supervisor.outages); its replacement then recovers the
+        stage by the setting's rule."""
+        stranded = self.outages.stranded()
+        if not stranded:
+            return
+        reference = self.results.reference_iteration_s()
+        log.warning(
+            "supervisor: stages %s lost with every replica down (schedule iteration %d); waiting for a node to "
+            "come back, %.3f s per schedule iteration",
+            stranded,
+            self.outages.clock,
+            reference,
+        )
+        waited, seconds, start = self.outages.wait_for_returns(
+            reference, self._idle, lambda slot, down: self.attempts.crash(slot, it, down)
+        )
+        self.results.waited(it, waited, reference, seconds, start, self.outages.clock)
+        log.warning(
+            "supervisor: waited %.1f s (schedule iterations %d → %d) for stages %s",
+            seconds,
+            start,
+            self.outages.clock,
+            sorted(waited),
+        )
+
     def _ensure_serving(self, it: int) -> int:
-        """Recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
-        if self.roster.all_serving():
+        """Bring back the slots whose down interval ended, wait while a stage has no replica left to come back,
+        then recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
+        self.outages.bring_back()
+        self._wait_for_returns(it)
+        if self.roster.all_serving() or self.outages.over():
             return it
         lost = self.roster.lost_stages()
+        self.results.stages_lost(lost)
         self._plan_event(lost)
         rollback = bool(lost) and self.strategy.rollback_on_stage_loss
 
@@ -376,6 +428,7 @@ class Supervisor:
         return it
 
     def _shutdown(self) -> None:
+        self.results.still_away = [s.slot for s in self.roster.slots if s.away]
         self.link.inbox.clear()
         self.link.broadcast("shutdown")
         expected = {s.occupant for s in self.roster.all() if not s.dead}
@@ -389,3 +442,34 @@ class Supervisor:
         for launcher in self.roster.launchers:
             self.link.command(launcher, "shutdown")
         self.host.wait_all(timeout=10.0)
+
+
+def check_schedule(schedule: dict[int, list[int]] | DowntimeSchedule, cfg: SwarmConfig) -> None:
+    """Raise ValueError (one sentence) when ``schedule`` names a node outside the swarm, or its down intervals are
+    for another number of stages or replicas than ``cfg``'s."""
+    if isinstance(schedule, DowntimeSchedule):
+        if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
+            raise ValueError(
+                f"the schedule maps {schedule.stages} stages × {schedule.replicas} replicas, but the swarm has "
+                f"{cfg.n_stages} transformer stages × {cfg.replicas} replicas; expected the same (python "
+                f"failure_generator.py --trace FILE --stages {cfg.n_stages} --replicas {cfg.replicas} ...)."
+            )
+        return
+    bad = sorted(n for n in schedule if n >= cfg.n_nodes)
+    if bad:
+        raise ValueError(f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}.")
+
+
+def schedule_info(schedule: dict[int, list[int]] | DowntimeSchedule, path: str | None) -> dict[str, Any]:
+    """What throughput.json says of the schedule: its file, its format and, for down intervals, their length
+    and source."""
+    if isinstance(schedule, DowntimeSchedule):
+        return {
+            "path": path,
+            "format": DOWNTIME_FORMAT,
+            "iterations": schedule.iterations,
+            "iteration_seconds": schedule.iteration_seconds,
+            "source": schedule.source,
+            "stage_losses": len(schedule.stage_losses()),
+        }
+    return {"path": path, "format": "node-crash-iterations" if schedule else None}
