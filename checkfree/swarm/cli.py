@@ -79,7 +79,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--end", type=int, help="one past the last node id this machine starts (END; default: all)"
     )
-    r.add_argument("--iterations", type=int, default=500, help="committed iterations to train")
+    r.add_argument(
+        "--iterations",
+        type=int,
+        default=500,
+        help="committed iterations to train (a replayed trace also ends with its window: throughput.json ended_by)",
+    )
     r.add_argument(
         "--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>, -2, -3… if taken)"
     )

@@ -6,7 +6,8 @@
   loss over pipelines (nats), tokens, per-stage gradient norms.
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
   ``mean_iteration_s`` (total time / executed), ``tokens_per_s`` (net tokens / total time).
-* ``crashes``: per crash (:class:`CrashRecord`): slot, killed node, stage, iteration, replacement node, rule,
+* ``crashes``: per crash whose slot serves again (:class:`CrashRecord`; the others are ``open_crashes``, and
+  ``crashes_count`` counts both, ``recovered_count`` the first): slot, killed node, stage, iteration, replacement node, rule,
   source peers, ω (CheckFree weights), bytes fetched, crash → join and crash → serving latency (seconds). The
   supervisor's parts report a crash's events here (:meth:`Results.crashed`, :meth:`Results.spawned`,
   :meth:`Results.joined`, :meth:`Results.served`); the record is built and changed only by :class:`Results`.
@@ -384,7 +385,7 @@ class Results:
             "median_iteration_s": statistics.median(walls) if walls else None,
             "mean_iteration_s_without_crashes": statistics.mean(quiet) if quiet else None,
             "tokens_per_s": completed * self.cfg.tokens_per_iteration() / total if total else None,
-            "crashes_count": len(self.crashes),
+            "crashes_count": len(self.crashes) + len(self._open),  # open: not served again (yet)
             "recovered_count": len(latencies),
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
             "mean_recovery_s": statistics.mean(recoveries) if recoveries else None,
@@ -449,10 +450,9 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     if traced:
         lines += [
             "",
-            "Trace replays (per run, summed over stages): stage losses = waits for a lost stage's returning node; "
-            "short = committed iterations (and their seconds) a stage ran on fewer replicas; waiting = schedule "
-            "iterations (and seconds) the swarm waited with a stage lost; recovery = replacement started → "
-            "serving.",
+            "Trace replays (per run, summed over stages): stage losses = whole-stage losses recovered; short = "
+            "committed iterations (and their seconds) a stage ran on fewer replicas; waiting = schedule iterations "
+            "(and seconds) the swarm waited with a stage lost; recovery = replacement started → serving.",
             "",
             "| setting | trace | schedule iterations | stage losses | short iterations (s) | waiting iterations (s) "
             "| recovery s | slots down at the end |",
