@@ -212,7 +212,10 @@ def test_swarm_trace_runs_get_one_row_each(tmp_path):
         mean_recovery_s=None,
         crashes_count=2,
         recovered_count=2,
-        open_crashes=[{"node": 7, "stage": 3, "iteration": 28, "down_until": None}],
+        open_crashes=[  # one slot the trace keeps down to the end, one replacement that never served
+            {"node": 7, "stage": 3, "iteration": 28, "down_until": None},
+            {"node": 8, "stage": 4, "iteration": 29},
+        ],
         waits="garbled",
     )
     lean["crashes"] = lean["crashes"][:2]
@@ -231,7 +234,8 @@ def test_swarm_trace_runs_get_one_row_each(tmp_path):
     assert lean_row.schedule == "S.json" and lean_row.waits is None
     assert lean_row.mean_crash_to_serving_s == pytest.approx(7.5)  # (6 + 9) / 2
     assert lean_row.mean_recovery_s == pytest.approx(2.25)  # (2 + 2.5) / 2
-    assert (lean_row.crashes, lean_row.recovered, lean_row.every_loss_recovered) == (3, 2, False)
+    assert (lean_row.crashes, lean_row.recovered, lean_row.held_down) == (4, 2, 1)
+    assert lean_row.every_loss_recovered is False  # the replacement that never served; the kept-down slot is fine
     sec = section_of(text)
     assert "Simulator runs:" not in sec and "*waiting s*:" in sec
     assert (
@@ -239,7 +243,7 @@ def test_swarm_trace_runs_get_one_row_each(tmp_path):
         in sec
     )
     assert (
-        "| ours-plus <br>`sw_lean` | `S.json` | 30 | 2 | 22.0 | 8.0 | 7.50 | 2.25 | no (2 of 3) | 512.5 |"
+        "| ours-plus <br>`sw_lean` | `S.json` | 30 | 2 | 22.0 | 8.0 | 7.50 | 2.25 | no (2 of 4; 1 kept down by the trace to its end) | 512.5 |"
         in sec
     )
     (row,) = [r for r in marker["trace_replays"]["swarm"] if r["run"] == "sw_trace"]

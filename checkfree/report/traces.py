@@ -8,7 +8,8 @@ its slots are down, and *lost* in one where all are (docs/paper.md §1: only a w
   ``all_replicas_down_iterations`` (stage → iteration count, checkfree.sim.launch.replica_shortage), or when its
   options' ``failure_schedule`` names a readable downtime schedule. The schedule file is looked for as written
   (relative to the current directory), then relative to the directory the run was launched from (recovered from
-  options.json's ``run_dir``), then by its name inside the run directory.
+  options.json's ``run_dir``), then by its name inside the run directory and the two directories above it (an
+  archive that keeps the schedule beside its runs, as benchmarks/results/trace_p3/ does).
 - A **swarm run** replayed one when throughput.json's ``schedule.format`` is ``checkfree-slot-downtime-v1``; its
   ``replica_shortage`` (stage → short/waiting iterations and seconds, losses), ``waits``, ``crashes`` (with
   ``recovery_s``), ``mean_recovery_s`` and counts are read defensively: a missing or malformed value is shown as
@@ -69,7 +70,7 @@ def _candidates(run: Run, written: str) -> list[Path]:
         here = run.path.resolve()
         if len(here.parts) > len(tail) and here.parts[-len(tail) :] == tail:
             out.append(here.parents[len(tail) - 1] / p)  # the directory the run was launched from
-    out.append(run.path / p.name)
+    out += [run.path / p.name, run.path.parent / p.name, run.path.parent.parent / p.name]  # an archived copy
     return out
 
 
@@ -116,6 +117,9 @@ class SwarmTraceRow:
     recovered: int | None
     every_loss_recovered: bool | None
     tokens_per_s: float | None
+    held_down: int = 0
+    """Open crashes whose slot the schedule kept down to the end of the run (``down_until`` in the record): not
+    a failed recovery, the trace brought no node back in time."""
 
 
 @dataclass
@@ -219,6 +223,7 @@ def swarm_row(swarm: SwarmRun) -> SwarmTraceRow | None:
         # "crashes" holds the recovered ones, "open_crashes" those whose slot never served again
         seen = len(crashes) + len(_dicts(data.get("open_crashes")))
         n_crashes = seen if n_crashes is None else max(n_crashes, seen)
+    held_down = sum(1 for c in _dicts(data.get("open_crashes")) if "down_until" in c)
     recovered = _count(data.get("recovered_count"))
     if recovered is None and isinstance(data.get("crashes"), list):
         recovered = sum(1 for c in crashes if _num(c.get("latency_s")) is not None)
@@ -243,7 +248,10 @@ def swarm_row(swarm: SwarmRun) -> SwarmTraceRow | None:
         mean_recovery_s=recovery,
         crashes=n_crashes,
         recovered=recovered,
-        every_loss_recovered=None if n_crashes is None or recovered is None else recovered >= n_crashes,
+        every_loss_recovered=None
+        if n_crashes is None or recovered is None
+        else recovered + held_down >= n_crashes,
+        held_down=held_down,
         tokens_per_s=swarm.tokens_per_second,
     )
 
@@ -326,7 +334,8 @@ def section(traces: TraceReplays) -> list[str]:
             "- *mean crash→serving s*: mean seconds from a node's crash until its slot serves again.",
             "- *mean recovery s*: mean seconds from the node's return (or its replacement's start) until it serves.",
             "- *every loss recovered*: whether every crashed node's slot served again by the end (recovered of "
-            "crashes, the crashes still open when the run ended included).",
+            "crashes, the crashes still open when the run ended included), except slots the trace kept down to "
+            "the run's end.",
             "- *tokens/s*: training tokens per second over the whole run.",
             "",
         ]
@@ -335,7 +344,8 @@ def section(traces: TraceReplays) -> list[str]:
             if r.every_loss_recovered is None:
                 recovered = "—"
             else:
-                recovered = f"{'yes' if r.every_loss_recovered else 'no'} ({r.recovered} of {r.crashes})"
+                recovered = f"{'yes' if r.every_loss_recovered else 'no'} ({r.recovered} of {r.crashes}"
+                recovered += f"; {r.held_down} kept down by the trace to its end)" if r.held_down else ")"
             waiting = _f(r.waiting_s, ".1f") + (f" ({r.waits} waits)" if r.waits is not None else "")
             body.append(
                 [
