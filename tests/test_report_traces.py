@@ -235,9 +235,8 @@ def test_swarm_trace_runs_get_one_row_each(tmp_path):
     assert lean_row.mean_crash_to_serving_s == pytest.approx(7.5)  # (6 + 9) / 2
     assert lean_row.mean_recovery_s == pytest.approx(2.25)  # (2 + 2.5) / 2
     assert (lean_row.crashes, lean_row.recovered, lean_row.held_down) == (4, 2, 1)
-    assert (
-        lean_row.every_loss_recovered is False
-    )  # the replacement that never served; the kept-down slot is fine
+    # the replacement that never served is a loss not recovered; the slot the trace kept down is not
+    assert lean_row.every_loss_recovered is False
     sec = section_of(text)
     assert "Simulator runs:" not in sec and "*waiting s*:" in sec
     assert (
