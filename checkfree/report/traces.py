@@ -58,6 +58,16 @@ def _read_schedule(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def _schedule_name(source: Any, path: Any) -> str:
+    """The trace file a schedule was mapped from (its ``source``), else the schedule file's name, else "—"."""
+    trace = source.get("trace") if isinstance(source, dict) else None
+    if isinstance(trace, str) and trace:
+        return trace
+    if isinstance(path, str) and path:
+        return Path(path).name
+    return "—"
+
+
 def _candidates(run: Run, written: str) -> list[Path]:
     """Where the schedule ``written`` in options.json may be, most likely first (see the module docstring)."""
     p = Path(written)
@@ -160,14 +170,7 @@ def simulator_row(
     lost = _stage_sum(run.summary.get("all_replicas_down_iterations"))
     if not downtime and short is None and lost is None:
         return None
-    source = schedule.get("source") if schedule is not None else None
-    trace = source.get("trace") if isinstance(source, dict) else None
-    if isinstance(trace, str) and trace:
-        name = trace
-    elif isinstance(written, str) and written:
-        name = Path(written).name
-    else:
-        name = "—"
+    name = _schedule_name(schedule.get("source") if schedule is not None else None, written)
     fe = run.final_eval
     return SimulatorTraceRow(
         run=run.name,
@@ -206,15 +209,7 @@ def swarm_row(swarm: SwarmRun) -> SwarmTraceRow | None:
     schedule = data.get("schedule")
     if not isinstance(schedule, dict) or schedule.get("format") != DOWNTIME_FORMAT:
         return None
-    source = schedule.get("source")
-    trace = source.get("trace") if isinstance(source, dict) else None
-    path = schedule.get("path")
-    if isinstance(trace, str) and trace:
-        name = trace
-    elif isinstance(path, str) and path:
-        name = Path(path).name
-    else:
-        name = "—"
+    name = _schedule_name(schedule.get("source"), schedule.get("path"))
     shortage = data.get("replica_shortage")
     losses = _shortage_sum(shortage, "losses")
     crashes = _dicts(data.get("crashes"))

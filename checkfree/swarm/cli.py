@@ -209,16 +209,10 @@ def _check_run(
     if args.iterations < 1:
         raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
     end = node_range(cfg.n_nodes, args.start, args.end, args.config)
-    from checkfree.failures.traces import DowntimeSchedule
+    if not isinstance(schedule, dict):  # down intervals: their stages × replicas must be the swarm's
+        from checkfree.swarm.supervisor.supervisor import check_schedule
 
-    if isinstance(schedule, DowntimeSchedule):
-        if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
-            raise ValueError(
-                f"the schedule {schedule_path} maps {schedule.stages} stages × {schedule.replicas} replicas, but "
-                f"the swarm of {args.config} has {cfg.n_stages} transformer stages × {cfg.replicas} replicas; "
-                f"write one for it (python failure_generator.py --trace FILE --stages {cfg.n_stages} "
-                f"--replicas {cfg.replicas} --out FILE)."
-            )
+        check_schedule(schedule, cfg, schedule_path, f"the swarm of {args.config}")
     bad = sorted(n for n in schedule if n >= cfg.n_nodes) if isinstance(schedule, dict) else []
     if bad:
         raise ValueError(

@@ -148,8 +148,8 @@ class Outages:
                 waited[stage] = waited.get(stage, 0) + 1
             idle(reference_s)
             self.clock += 1
-            for slot in self.due(-1):
-                kill(slot, self.fire(slot, -1))
+            for slot in self.due(self.clock):  # down intervals go by the clock, not a training iteration
+                kill(slot, self.fire(slot, self.clock))
             self.bring_back()
             stranded = self.stranded()
         return waited, time.monotonic() - t0, start_clock

@@ -444,20 +444,26 @@ class Supervisor:
         self.host.wait_all(timeout=10.0)
 
 
-def check_schedule(schedule: dict[int, list[int]] | DowntimeSchedule, cfg: SwarmConfig) -> None:
-    """Raise ValueError (one sentence) when ``schedule`` names a node outside the swarm, or its down intervals are
-    for another number of stages or replicas than ``cfg``'s."""
+def check_schedule(
+    schedule: dict[int, list[int]] | DowntimeSchedule,
+    cfg: SwarmConfig,
+    path: str | None = None,
+    swarm: str = "the swarm",
+) -> None:
+    """Raise ValueError (one sentence naming ``path`` and ``swarm``) when ``schedule`` names a node outside the
+    swarm, or its down intervals are for another number of stages or replicas than ``cfg``'s."""
+    where = f"the schedule {path}" if path else "the schedule"
     if isinstance(schedule, DowntimeSchedule):
         if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
             raise ValueError(
-                f"the schedule maps {schedule.stages} stages × {schedule.replicas} replicas, but the swarm has "
-                f"{cfg.n_stages} transformer stages × {cfg.replicas} replicas; expected the same (python "
-                f"failure_generator.py --trace FILE --stages {cfg.n_stages} --replicas {cfg.replicas} ...)."
+                f"{where} maps {schedule.stages} stages × {schedule.replicas} replicas, but {swarm} has "
+                f"{cfg.n_stages} transformer stages × {cfg.replicas} replicas; write one for it (python "
+                f"failure_generator.py --trace FILE --stages {cfg.n_stages} --replicas {cfg.replicas} --out FILE)."
             )
         return
     bad = sorted(n for n in schedule if n >= cfg.n_nodes)
     if bad:
-        raise ValueError(f"the schedule names node {bad[0]}, but the swarm has nodes 0..{cfg.n_nodes - 1}.")
+        raise ValueError(f"{where} names node {bad[0]}, but {swarm} has nodes 0..{cfg.n_nodes - 1}.")
 
 
 def schedule_info(schedule: dict[int, list[int]] | DowntimeSchedule, path: str | None) -> dict[str, Any]:
