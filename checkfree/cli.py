@@ -157,6 +157,19 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         help="stop after this many wall-clock iterations, keeping everything written (default: 20 × "
         "max_iterations; rollbacks make a run longer than max_iterations)",
     )
+    p.add_argument(
+        "--stop-at-loss",
+        type=float,
+        metavar="LOSS",
+        help="stop at the first validation with loss <= LOSS (nats); a run that reaches --max-iterations or "
+        "--max-wall-iterations first is censored (summary.json: target)",
+    )
+    p.add_argument(
+        "--no-final-checkpoint",
+        dest="final_checkpoint",
+        action="store_false",
+        help="write no run checkpoint when training ends (the --checkpoint-interval ones are still written)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
         "--cache-dir",

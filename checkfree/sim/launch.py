@@ -368,6 +368,8 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             swaps=opts.swaps,
             max_wall_iterations=opts.max_wall_iterations,
             data_fingerprint=pre.data_fingerprint,
+            stop_at_loss=opts.stop_at_loss,
+            final_checkpoint=opts.final_checkpoint,
         )
         if pre.resume is not None:
             trainer.resume(Path(pre.resume))

@@ -55,6 +55,11 @@ class SimulateOptions:
     """Resume a checkpoint on other data (dataset or tokenizer) than it was trained on, with a warning."""
     max_wall_iterations: int | None = None
     """Stop after this many wall-clock iterations (None = 20 × max_iterations)."""
+    stop_at_loss: float | None = None
+    """Stop at the first validation whose loss (nats) is ≤ this target; a run that ends at a cap
+    (``max_iterations`` or ``max_wall_iterations``) first is *censored* (summary.json ``target``)."""
+    final_checkpoint: bool = True
+    """Write a run checkpoint when training ends (``--no-final-checkpoint``: only the interval ones)."""
     recovery_accounting: bool = True
     """Add weight distances and probe losses to each recovery record (checkfree.telemetry.recovery_accounting)."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -415,6 +415,10 @@ def preflight(opts: SimulateOptions) -> Preflight:
         raise ValueError(
             f"--max-wall-iterations is {opts.max_wall_iterations}; expected a positive number of iterations."
         )
+    if opts.stop_at_loss is not None and not (math.isfinite(opts.stop_at_loss) and opts.stop_at_loss > 0):
+        raise ValueError(
+            f"--stop-at-loss is {opts.stop_at_loss!r}; expected a positive validation loss in nats."
+        )
     source = _failure_source(opts, cfg, p)
     if opts.failure_schedule is not None:
         warnings += _schedule_warnings(opts.failure_schedule, cfg.max_iterations)

@@ -137,12 +137,17 @@ class Trainer:
         config_json: dict[str, Any] | None = None,
         max_wall_iterations: int | None = None,
         data_fingerprint: dict[str, Any] | None = None,
+        stop_at_loss: float | None = None,
+        final_checkpoint: bool = True,
     ):
         """``max_wall_iterations``: stop after this many wall-clock iterations (None = 20 × max_iterations,
         :class:`checkfree.sim.progress.WallClockGuard`); ``data_fingerprint``: recorded in every run checkpoint so
-        that a resume on other data is refused."""
+        that a resume on other data is refused; ``stop_at_loss``: end at the first validation loss (nats) ≤ it,
+        and treat reaching a cap first as censoring, not a failure (the summary's ``target``);
+        ``final_checkpoint``: write a run checkpoint when training ends."""
         self.cfg, self.batches, self.val_batches = cfg, batches, val_batches
         self.guard = WallClockGuard(cfg.max_iterations, max_wall_iterations)
+        self.stop_at_loss, self.final_checkpoint = stop_at_loss, final_checkpoint
         self.data_fingerprint = data_fingerprint
         self.strategy, self.failures, self.ctx, self.swaps = strategy, failures, ctx, swaps
         self.config_json = config_json or cfg.to_json()
@@ -386,6 +391,35 @@ class Trainer:
         return consistent
 
     # ------------------------------------------------------------------ the loop
+    def _target_reached(self) -> bool:
+        """Whether ``stop_at_loss`` is set and the last validation loss is at or below it."""
+        return self.stop_at_loss is not None and self.last_eval.get("val_loss", math.inf) <= self.stop_at_loss
+
+    def _target_summary(self, reached: bool, ended_by: str) -> dict[str, Any] | None:
+        """summary.json's ``target``: the loss aimed at, whether it was reached and where, or the cap at which the
+        run was censored with its last validation loss (a censored run has no time to target)."""
+        if self.stop_at_loss is None:
+            return None
+        st, last = self.state, self.last_eval
+        out: dict[str, Any] = {
+            "loss": self.stop_at_loss,
+            "reached": reached,
+            "iteration": st.iteration,
+            "effective_iteration": st.effective_iteration,
+            "val_loss": last.get("val_loss"),
+        }
+        if not reached:
+            out["censored_by"] = ended_by
+            log.info(
+                "censored: validation loss %.4f at iteration %d (effective %d) has not reached %.4f by %s",
+                last.get("val_loss", math.nan),
+                st.iteration,
+                st.effective_iteration,
+                self.stop_at_loss,
+                ended_by.replace("_", "-"),
+            )
+        return out
+
     def train(self) -> dict[str, Any]:
         """Train until effective_iteration reaches max_iterations; returns the summary."""
         cfg, st = self.cfg, self.state
@@ -400,11 +434,14 @@ class Trainer:
         )
         if expected is not None and (warning := guard.expected_length_warning(expected)):
             log.warning("%s", warning)
-        stopped = None
-        while st.effective_iteration < cfg.max_iterations:
+        stopped, ended_by = None, "max_iterations"
+        reached = self._target_reached()
+        while st.effective_iteration < cfg.max_iterations and not reached:
             if guard.exceeded(st.iteration):
-                stopped = guard.stop_sentence(st.iteration, st.effective_iteration)
-                log.warning("%s", stopped)
+                ended_by = "max_wall_iterations"
+                if self.stop_at_loss is None:
+                    stopped = guard.stop_sentence(st.iteration, st.effective_iteration)
+                    log.warning("%s", stopped)
                 break
             last_loss = self.step()
             it = st.effective_iteration
@@ -427,11 +464,21 @@ class Trainer:
             if it % cfg.eval_interval == 0 or it == cfg.max_iterations:
                 val, ppl = self.evaluate()
                 log.info("iter %6d | val_loss %.4f | perplexity %.2f", st.iteration, val, ppl)
-            if cfg.checkpoint_interval and it % cfg.checkpoint_interval == 0 and it != cfg.max_iterations:
+                reached = self._target_reached()
+            if (
+                cfg.checkpoint_interval
+                and it % cfg.checkpoint_interval == 0
+                and it != cfg.max_iterations
+                and not reached
+            ):
                 self.save_checkpoint()
+        if reached:
+            ended_by = "target"
         self.strategy.finish(st)
         self._write_strategy_records()
-        self.save_checkpoint()
+        if self.final_checkpoint:
+            self.save_checkpoint()
+        target = self._target_summary(reached, ended_by)
         return {
             "replicas_consistent": self.replicas_consistent(),
             "iterations": st.iteration,
@@ -440,6 +487,8 @@ class Trainer:
             "first_eval": self.first_eval,
             "final_eval": self.last_eval,
             "stopped": stopped,
+            "ended_by": ended_by,
+            **({"target": target} if target is not None else {}),
             "progress_rate": round(guard.rate(st.effective_iteration, st.iteration, start[1], start[0]), 4),
             **self.counts,
             "seconds": round(time.perf_counter() - t_start, 3),
