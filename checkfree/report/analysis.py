@@ -33,6 +33,8 @@ class TimingOptions:
     iteration_seconds: float | None = None
     forward_seconds: float | None = None
     recovery_seconds: float | None = None
+    redundant_ratio: str = "measured"
+    """"measured" or "paper" (checkfree.report.timing.TimingModel.redundant_source)."""
 
 
 @dataclass
@@ -52,6 +54,8 @@ class Row:
 class Group:
     key: tuple[Any, ...]
     rows: list[Row] = field(default_factory=list)
+    target: float | None = None
+    """The validation loss (nats) this group's runs aim at (:class:`Targets`); None: no target for its seed."""
 
     @property
     def config(self) -> str:
@@ -158,8 +162,85 @@ def timing_models(runs: list[Run], swarms: list[SwarmRun], opts: TimingOptions) 
             compute_seconds=compute,
             explicit_recovery_seconds=opts.recovery_seconds,
             swarm_recovery_seconds=swarm_rec,
+            redundant=opts.redundant_ratio,
         )
     return models
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The validation loss (nats) each comparison group aims at: one number for every group, or one per
+    (config, failure seed, world size) for ``--target-loss nofail@N``."""
+
+    default: float | None
+    source: str
+    per_seed: dict[tuple[str, Any, int], float] = field(default_factory=dict)
+
+    def of(self, config: str, seed: Any, world_size: int) -> float | None:
+        """The target of the groups of ``config``, ``seed`` and ``world_size``; None when there is none."""
+        return self.per_seed.get((config, seed, world_size), self.default)
+
+    @property
+    def headline(self) -> float:
+        """The one target, or the first per-seed target (for a single number in a title)."""
+        return self.default if self.default is not None else next(iter(self.per_seed.values()))
+
+    def describe(self) -> str:
+        """Markdown: the target(s) and where they come from."""
+        if not self.per_seed:
+            return f"Target validation loss **{self.headline:.4f}** ({self.source})."
+        each = "; ".join(
+            f"{config} seed {seed} (W {world}): **{loss:.4f}**"
+            for (config, seed, world), loss in sorted(self.per_seed.items(), key=lambda kv: str(kv[0]))
+        )
+        return f"Target validation loss per seed ({self.source}): {each}."
+
+    def to_json(self) -> Any:
+        if not self.per_seed:
+            return self.default
+        return {f"{c} seed {s} W {w}": loss for (c, s, w), loss in self.per_seed.items()}
+
+
+NOFAIL_PREFIX = "nofail@"
+"""``--target-loss nofail@N``: per seed, the no-failure (no swaps) run's validation loss at effective iteration N."""
+
+
+def resolve_targets(runs: list[Run], spec: float | str) -> Targets:
+    """The :class:`Targets` of ``--target-loss``: a number, "auto" (:func:`auto_target`) or "nofail@N".
+
+    "nofail@N": for every (config, failure seed, world size) with a no-failure run without swaps, that run's
+    validation loss at effective iteration N (the paper's target is where its no-failure run crosses a loss:
+    here the loss is taken where the no-failure run stands at N, seed by seed; each seed's failure runs aim at
+    their own seed's loss).
+
+    Raises:
+        ValueError: a malformed spec, "auto" without a no-failure run, or "nofail@N" where no no-failure run has a
+            validation at effective iteration N.
+    """
+    if not isinstance(spec, str):
+        return Targets(float(spec), "given")
+    if spec == "auto":
+        loss, source = auto_target(runs)
+        return Targets(loss, source)
+    if not spec.startswith(NOFAIL_PREFIX) or not spec[len(NOFAIL_PREFIX) :].isdigit():
+        raise ValueError(f"--target-loss {spec!r} is invalid; expected a number, 'auto' or 'nofail@N'.")
+    n = int(spec[len(NOFAIL_PREFIX) :])
+    per_seed: dict[tuple[str, Any, int], float] = {}
+    for r in sorted(runs, key=lambda r: r.name):
+        if r.strategy != "no_failure" or r.swaps:
+            continue
+        at = [loss for e, loss in r.evals_by_effective if e == n]
+        key = (r.config_name, r.failure_seed, r.world_size)
+        if at and key not in per_seed:
+            per_seed[key] = at[-1]
+    if not per_seed:
+        raise ValueError(
+            f"--target-loss {spec}: no no-failure run without swaps has a validation at effective iteration "
+            f"{n}; expected such a run per seed among the run directories."
+        )
+    return Targets(
+        None, f"the no-failure run without swaps of each seed at effective iteration {n}", per_seed
+    )
 
 
 def auto_target(runs: list[Run], fraction: float = AUTO_TARGET_FRACTION) -> tuple[float, str]:
@@ -183,15 +264,21 @@ def auto_target(runs: list[Run], fraction: float = AUTO_TARGET_FRACTION) -> tupl
     )
 
 
-def analyse(runs: list[Run], models: dict[str, TimingModel], target: float) -> list[Group]:
-    """Rows with time to target, grouped by identical failures, with speed-ups versus ``checkpoint``."""
+def analyse(runs: list[Run], models: dict[str, TimingModel], target: float | Targets) -> list[Group]:
+    """Rows with time to target, grouped by identical failures, with speed-ups versus ``checkpoint``.
+
+    ``target``: one validation loss (nats) for every group, or :class:`Targets`; a group without a target has
+    no crossing (its rows never reach it)."""
+    targets = target if isinstance(target, Targets) else Targets(float(target), "given")
     groups: dict[tuple[Any, ...], Group] = {}
     for run in runs:
+        key = group_key(run)
+        goal = targets.of(run.config_name, run.failure_seed, run.world_size)
         tl = models[run.config_name].timeline(run.costs())
-        cross = crossing_iteration(run.evals, target)
+        cross = crossing_iteration(run.evals, goal) if goal is not None else Crossing(None)
         hours = tl.hours_at(cross.iteration) if cross.reached else None
         row = Row(run, tl, cross, hours, tl.hours_at(run.iterations))
-        groups.setdefault(group_key(run), Group(group_key(run))).rows.append(row)
+        groups.setdefault(key, Group(key, target=goal)).rows.append(row)
     out = []
     for g in sorted(
         groups.values(), key=lambda g: (g.config, g.rate if math.isfinite(g.rate) else 1e9, str(g.key))
@@ -326,10 +413,17 @@ TABLE2_PAIRS: dict[float, tuple[tuple[str, str], ...]] = {
         ("checkfree", "checkpoint"),
         ("checkfree_plus", "checkfree"),
     ),
-    16.0: (("redundant", "checkfree_plus"), ("redundant", "checkpoint")),
+    16.0: (
+        ("redundant", "checkfree_plus"),
+        ("redundant", "checkpoint"),
+        ("checkfree_plus", "checkpoint"),
+        ("checkfree", "checkpoint"),
+        ("checkfree_plus", "checkfree"),
+    ),
 }
 """Per failure rate (%/h), the pairwise orderings (faster, slower) of hours to target that paper Table 2 shows
-(docs/paper.md §7: e.g. at 5 %/h CheckFree+ 355.13 h < redundant 419.56 h < checkpointing 558.23 h)."""
+(docs/paper.md §7: e.g. at 5 %/h CheckFree+ 355.13 h < redundant 419.56 h < checkpointing 558.23 h; at 16 %/h
+redundant 419.56 h < CheckFree+ 460.6 h < CheckFree 562.96 h < checkpointing 634.35 h)."""
 
 
 def table2_statement(faster: str, slower: str) -> str:
@@ -388,24 +482,39 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
     return out
 
 
-def fig4c_verdict(runs: list[Run]) -> list[Verdict]:
-    """Paper Fig. 4c: with no failures, swapping (CheckFree+ execution) slows convergence slightly."""
-    out = []
-    refs = [r for r in runs if r.strategy == "no_failure"]
+def swap_pairs(runs: list[Run]) -> dict[tuple[Any, ...], dict[bool, Run]]:
+    """(config, seed, world size) → {swaps: the no-failure run}: the pairs of paper Fig. 4c, the first run by name
+    of each kind."""
     pairs: dict[tuple[Any, ...], dict[bool, Run]] = {}
-    for r in refs:
-        pairs.setdefault((r.config_name, r.config.get("seed"), r.world_size, r.iterations), {})[r.swaps] = r
-    for key, pair in sorted(pairs.items(), key=lambda kv: str(kv[0])):
+    for r in sorted((r for r in runs if r.strategy == "no_failure"), key=lambda r: r.name):
+        pairs.setdefault((r.config_name, r.config.get("seed"), r.world_size), {}).setdefault(r.swaps, r)
+    return pairs
+
+
+def last_common_eval(a: Run, b: Run) -> tuple[int, float, float] | None:
+    """The last wall-clock iteration both runs validated at, with each one's loss there; None when none is shared
+    (two runs that stopped at different iterations are compared where both stand)."""
+    la, lb = dict(a.evals), dict(b.evals)
+    common = sorted(set(la) & set(lb))
+    return (common[-1], la[common[-1]], lb[common[-1]]) if common else None
+
+
+def fig4c_verdict(runs: list[Run]) -> list[Verdict]:
+    """Paper Fig. 4c: with no failures, swapping (CheckFree+ execution) slows convergence slightly; judged on the
+    validation loss at the last iteration both no-failure runs of a seed (without and with swaps) evaluated."""
+    out = []
+    for key, pair in sorted(swap_pairs(runs).items(), key=lambda kv: str(kv[0])):
         statement = "Fig. 4c: with no failures, swaps give a slightly higher validation loss"
         claim = f"Fig. 4c ({key[0]}, seed {key[1]}): with no failures, swaps give a slightly higher validation loss"
-        scope = (key[0], key[2], key[3])
-        if len(pair) < 2:
-            evidence = "needs no_failure runs both with and without swaps"
+        scope = (key[0], key[2])
+        common = last_common_eval(pair[False], pair[True]) if len(pair) == 2 else None
+        if common is None:
+            evidence = "needs no_failure runs both with and without swaps, validated at a common iteration"
             out.append(Verdict(claim, None, evidence, statement, scope, key[1]))
             continue
-        a, b = pair[False].final_eval["val_loss"], pair[True].final_eval["val_loss"]
+        it, a, b = common
         evidence = (
-            f"final validation loss: no swaps {a:.4f} ({pair[False].name}), swaps "
+            f"validation loss at iteration {it}: no swaps {a:.4f} ({pair[False].name}), swaps "
             f"{b:.4f} ({pair[True].name}); difference {b - a:+.4f}"
         )
         out.append(Verdict(claim, b > a, evidence, statement, scope, key[1]))

@@ -15,18 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checkfree.report.analysis import (
+    NOFAIL_PREFIX,
     Group,
+    Targets,
     TimingOptions,
     Verdict,
     analyse,
-    auto_target,
     fig2_verdict,
     fig4c_verdict,
+    resolve_targets,
     table2_verdicts,
     timing_models,
 )
+from checkfree.report.replay import Replays, replay_baselines
 from checkfree.report.runs import Run, SwarmRun, load_runs
 from checkfree.report.table2 import Table2, summarise
+from checkfree.report.timing import REDUNDANT_RATIO_SOURCES
 from checkfree.report.traces import TraceReplays, collect
 from checkfree.rundir import check_output_dir, claim_output_dir
 
@@ -55,6 +59,10 @@ class ReportResult:
     """Paper Table 2's numbers at this scale, per recovery-cost factor (checkfree.report.table2)."""
     traces: TraceReplays = field(default_factory=TraceReplays)
     """Rows of the runs that replayed a preemption trace (checkfree.report.traces)."""
+    targets: Targets | None = None
+    """The target of every comparison group (one number, or one per seed)."""
+    replays: Replays = field(default_factory=Replays)
+    """The replayed exact baselines and their checks against real runs (checkfree.report.replay)."""
 
 
 def build_report(
@@ -63,12 +71,16 @@ def build_report(
     out: Path,
     timing: TimingOptions | None = None,
     plots: bool = True,
+    replay: bool = False,
 ) -> ReportResult:
     """Read ``run_dirs``, write ``out/report.md`` and its PNGs.
 
     Args:
-        target_loss: validation loss (nats) to reach, or "auto" (see :func:`analysis.auto_target`).
+        target_loss: validation loss (nats) to reach, "auto" or "nofail@N" (per seed; see
+            :func:`analysis.resolve_targets`).
         plots: write the PNGs (the tables alone are much faster).
+        replay: add checkpointing and redundant computation computed by replay from each seed's no-failure run
+            where no real run exists, and check the real ones against their replay (checkfree.report.replay).
     ``out`` must be new, empty or an earlier report (recognised by :data:`REPORT_MARKER`); it is checked before
     anything is read.
 
@@ -89,23 +101,21 @@ def build_report(
     if not runs and not swarms:
         reasons = "; ".join(f"{p}: {why}" for p, why in skipped) or "no directories given"
         raise ValueError(f"no usable run directory among the {len(run_dirs)} given ({reasons}).")
-    if isinstance(target_loss, str):
-        if target_loss != "auto":
-            raise ValueError(f"--target-loss {target_loss!r} is invalid; expected a number or 'auto'.")
-        target, target_source = auto_target(runs)
-    else:
-        target, target_source = float(target_loss), "given"
+    targets = resolve_targets(runs, target_loss)
     models = timing_models(runs, swarms, timing or TimingOptions())
-    groups = analyse(runs, models, target)
+    replays = replay_baselines(runs, targets) if replay else Replays()
+    runs = runs + replays.runs
+    groups = analyse(runs, models, targets)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
-    table2 = summarise(groups, runs, models, target)
+    table2 = summarise(groups, runs, models, targets)
     traces = collect(runs, swarms)
     claim_output_dir(
         out,
         REPORT_MARKER,
         {
             "run_dirs": [str(Path(p).resolve()) for p in run_dirs],
-            "target": target,
+            "target": targets.to_json(),
+            "replayed_runs": [r.name for r in replays.runs],
             "trace_replays": traces.to_json(),
         },
     )
@@ -117,14 +127,13 @@ def build_report(
         for r in runs:
             if r.strategy == "no_failure" and not r.swaps:
                 refs.setdefault((r.config_name, r.failure_seed, r.world_size), r)
-        pngs += plotting.validation_plots(groups, refs, target, out)
+        pngs += plotting.validation_plots(groups, refs, out)
         pngs += [plotting.training_plot(g, out) for g in groups]
         pngs += [p for p in [plotting.recovery_plot(runs, out)] if p is not None]
     text = markdown.render(
         groups,
         models,
-        target,
-        target_source,
+        targets,
         verdicts,
         swarms,
         skipped,
@@ -132,6 +141,7 @@ def build_report(
         pngs,
         table2=table2,
         traces=traces,
+        replays=replays,
     )
     report = out / "report.md"
     report.write_text(text, encoding="utf-8")
@@ -143,7 +153,20 @@ def build_report(
         len(skipped),
         len(pngs),
     )
-    return ReportResult(report, pngs, groups, verdicts, runs, swarms, skipped, target, table2, traces)
+    return ReportResult(
+        report,
+        pngs,
+        groups,
+        verdicts,
+        runs,
+        swarms,
+        skipped,
+        targets.headline,
+        table2,
+        traces,
+        targets,
+        replays,
+    )
 
 
 def _positive(text: str) -> float:
@@ -157,12 +180,12 @@ def _positive(text: str) -> float:
 
 
 def _target(text: str) -> float | str:
-    if text == "auto":
+    if text == "auto" or (text.startswith(NOFAIL_PREFIX) and text[len(NOFAIL_PREFIX) :].isdigit()):
         return text
     try:
         return _positive(text)
     except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number or 'auto'") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number, 'auto' or 'nofail@N'") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -183,8 +206,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--target-loss",
         default="auto",
         type=_target,
-        help="validation loss (nats) to reach, or 'auto' (default) = the no_failure run's loss at 75%% "
-        "of training",
+        help="validation loss (nats) to reach; 'auto' (default) = the no_failure run's loss at 75%% "
+        "of training; 'nofail@N' = per seed, that seed's no_failure run (no swaps) at effective iteration N",
     )
     p.add_argument("--out", required=True, type=Path, help="output directory for report.md and the PNGs")
     p.add_argument(
@@ -202,6 +225,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=_positive,
         help="seconds per stage recovery (default: swarm measured, else the paper's 30 s / 91.32 s ratio)",
     )
+    p.add_argument(
+        "--redundant-ratio",
+        choices=REDUNDANT_RATIO_SOURCES,
+        default="measured",
+        help="redundant computation's iteration-time ratio: measured (default; the paper's when a run timed "
+        "none) or paper (151.04 s / 91.32 s)",
+    )
+    p.add_argument(
+        "--replay-baselines",
+        action="store_true",
+        help="compute checkpointing and redundant computation by replay from each seed's no_failure run where "
+        "no real run exists, and check real runs against their replay (docs/reports.md)",
+    )
     p.set_defaults(func=cmd_report)
 
 
@@ -210,7 +246,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         args.run_dirs,
         args.target_loss,
         args.out,
-        TimingOptions(args.iteration_seconds, args.forward_seconds, args.recovery_seconds),
+        TimingOptions(
+            args.iteration_seconds, args.forward_seconds, args.recovery_seconds, args.redundant_ratio
+        ),
+        replay=args.replay_baselines,
     )
     for p, why in res.skipped:
         print(f"skipped {p}: {why}")

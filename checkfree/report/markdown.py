@@ -6,10 +6,11 @@ import math
 import statistics
 from pathlib import Path
 
-from checkfree.report import recoveries, seeds
+from checkfree.report import recoveries, seeds, swap_cost
 from checkfree.report import table2 as table2_md
 from checkfree.report import traces as traces_md
-from checkfree.report.analysis import Group, Row, Verdict, rate_context
+from checkfree.report.analysis import Group, Row, Targets, Verdict, rate_context
+from checkfree.report.replay import Replays
 from checkfree.report.runs import Run, SwarmRun
 from checkfree.report.timing import (
     PAPER_ITERATION_SECONDS,
@@ -17,6 +18,7 @@ from checkfree.report.timing import (
     PAPER_REDUNDANT_ITERATION_SECONDS,
     IterationTimeFormula,
     TimingModel,
+    crossing_iteration,
 )
 
 
@@ -247,11 +249,61 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
     return lines + [""]
 
 
+def replay_section(replays: Replays, models: dict[str, TimingModel], targets: Targets) -> list[str]:
+    """Markdown: which baselines were replayed, and each real run beside its replay (checkfree.report.replay)."""
+    if not (replays.runs or replays.checks or replays.notes):
+        return []
+    lines = [
+        "## Exact baselines by replay",
+        "",
+        "Checkpointing and redundant computation train the no-failure trajectory (a rollback redoes the same "
+        "batches; a Bamboo restore is bit-exact), so their runs are computed from each seed's no-failure run, "
+        "the same failure draws and the timing model (checkfree/report/replay.py), except where a real run "
+        f"exists. {len(replays.runs)} run(s) replayed"
+        + (f": {', '.join(f'`{r.name}`' for r in replays.runs)}" if replays.runs else "")
+        + ".",
+        "",
+    ]
+    if replays.checks:
+        body = []
+        for c in replays.checks:
+            real, rep = c.real, c.replayed
+            target = targets.of(real.config_name, real.failure_seed, real.world_size)
+            cells = [f"`{real.name}`", real.strategy]
+            for run in (real, rep):
+                if run is None or target is None:
+                    cells.append("—")
+                    continue
+                cross = crossing_iteration(run.evals, target)
+                hours = (
+                    models[run.config_name].timeline(run.costs()).hours_at(cross.iteration)
+                    if cross.reached
+                    else None
+                )
+                where = f"{cross.iteration:.1f}" if cross.reached else "not reached"
+                cells.append(
+                    f"{run.iterations} wall it.; target at {where}" + (f" ({hours:.4g} h)" if hours else "")
+                )
+            cells += [
+                "identical" if c.evals_equal else f"DIFFER ({c.note})",
+                "identical" if c.recoveries_equal else "DIFFER",
+            ]
+            body.append(cells)
+        lines += [
+            "Each real run beside its replay (validations: wall-clock iteration, effective iteration and loss, "
+            "compared bit for bit):",
+            "",
+        ]
+        lines += _table(["real run", "strategy", "real", "replay", "validations", "recoveries"], body) + [""]
+    if replays.notes:
+        lines += [f"- {n}" for n in replays.notes] + [""]
+    return lines
+
+
 def render(
     groups: list[Group],
     models: dict[str, TimingModel],
-    target: float,
-    target_source: str,
+    targets: Targets,
     verdicts: list[Verdict],
     swarms: list[SwarmRun],
     skipped: list[tuple[Path, str]],
@@ -259,12 +311,15 @@ def render(
     plots: list[Path],
     table2: table2_md.Table2 | None = None,
     traces: traces_md.TraceReplays | None = None,
+    replays: Replays | None = None,
 ) -> str:
+    replayed = len(replays.runs) if replays else 0
     lines = [
         "# CheckFree run report",
         "",
-        f"{len(runs)} simulator run(s), {len(swarms)} swarm run(s), {len(skipped)} directory(ies) skipped. "
-        f"Target validation loss **{target:.4f}** ({target_source}).",
+        f"{len(runs) - replayed} simulator run(s)"
+        + (f" and {replayed} replayed run(s)" if replayed else "")
+        + f", {len(swarms)} swarm run(s), {len(skipped)} directory(ies) skipped. {targets.describe()}",
         "",
     ]
     lines += timing_section(models, swarms)
@@ -277,8 +332,11 @@ def render(
         lines += results_table(g) + ["", "Where the time went:", ""] + cost_table(g) + [""]
     lines += ["## Paper orderings at this scale", ""] + verdict_lines(verdicts)
     lines += seeds.section(groups, verdicts)
+    if replays is not None:
+        lines += replay_section(replays, models, targets)
     if table2 is not None:
-        lines += table2_md.section(table2, target)
+        lines += table2_md.section(table2, targets)
+    lines += swap_cost.section(groups)
     lines += recoveries.section(runs)
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]

@@ -44,9 +44,7 @@ def _finite(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(x, y) for x, y in points if math.isfinite(x) and math.isfinite(y)]
 
 
-def validation_plots(
-    groups: list[Group], references: dict[tuple, Run], target: float, out: Path
-) -> list[Path]:
+def validation_plots(groups: list[Group], references: dict[tuple, Run], out: Path) -> list[Path]:
     """Validation loss against wall-clock iterations and against simulated hours: one panel per group."""
     paths = []
     row_of = {
@@ -80,7 +78,10 @@ def validation_plots(
                         linewidth=1.0,
                         label="no_failure (reference run)",
                     )
-            ax.axhline(target, color="red", linewidth=0.8, linestyle=":", label=f"target {target:.3f}")
+            if g.target is not None:
+                ax.axhline(
+                    g.target, color="red", linewidth=0.8, linestyle=":", label=f"target {g.target:.3f}"
+                )
             ax.set_title(g.title, fontsize=8)
             ax.set_xlabel("wall-clock iteration" if axis == "iterations" else "simulated hours")
             ax.set_ylabel("validation loss (nats)")

@@ -29,10 +29,14 @@ iterations agree exactly.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from checkfree.failures.injection import StageFailureSource
+from checkfree.sim.progress import DEFAULT_LIMIT_FACTOR
 
 
 class ReplayError(ValueError):
@@ -80,7 +84,7 @@ def replay_checkpoint(
     failures: StageFailureSource,
     every: int,
     eval_interval: int,
-    target: float,
+    target: float | None,
     max_wall_iterations: int,
     max_iterations: int | None = None,
 ) -> Replayed:
@@ -91,7 +95,7 @@ def replay_checkpoint(
             ``eval_interval`` until the target is reached (its iteration 0 included).
         failures: the failure source of the run (the same seed and probability as the real runs).
         every: K, effective iterations between checkpoints (≥ 1).
-        target: validation loss to reach (nats).
+        target: validation loss to reach (nats); None: no stop at a loss (``--stop-at-loss`` not given).
         max_wall_iterations: the cap on wall-clock iterations (a run that hits it is censored).
         max_iterations: the cap on effective iterations (None: none).
     Raises:
@@ -104,7 +108,7 @@ def replay_checkpoint(
     w = e = 0
     newest: int | None = None
     out.evals.append((0, 0, _val(nofail, 0)))
-    out.reached = out.evals[-1][2] <= target
+    out.reached = _at_target(out, target)
     while not out.reached and w < max_wall_iterations and (max_iterations is None or e < max_iterations):
         if newest is None or (e % every == 0 and e != newest):
             newest = e
@@ -118,7 +122,7 @@ def replay_checkpoint(
         w, e = w + 1, e + 1
         if e % eval_interval == 0 or e == max_iterations:
             out.evals.append((w, e, _val(nofail, e)))
-            out.reached = out.evals[-1][2] <= target
+            out.reached = _at_target(out, target)
     out.wall_iterations, out.effective_iterations = w, e
     return out
 
@@ -142,7 +146,7 @@ def replay_redundant(
     failures: StageFailureSource,
     n_stages: int,
     eval_interval: int,
-    target: float,
+    target: float | None,
     max_iterations: int,
 ) -> Replayed | None:
     """Replay ``redundant`` (exact restores) on the no-failure curve; None when a fallback iteration comes before
@@ -154,7 +158,7 @@ def replay_redundant(
         raise ValueError(f"eval_interval {eval_interval} must be ≥ 1.")
     out = Replayed("redundant")
     out.evals.append((0, 0, _val(nofail, 0)))
-    out.reached = out.evals[-1][2] <= target
+    out.reached = _at_target(out, target)
     w = 0
     while not out.reached and w < max_iterations:
         failed = failures.draw(w)
@@ -165,9 +169,13 @@ def replay_redundant(
         w += 1
         if w % eval_interval == 0 or w == max_iterations:
             out.evals.append((w, w, _val(nofail, w)))
-            out.reached = out.evals[-1][2] <= target
+            out.reached = _at_target(out, target)
     out.wall_iterations = out.effective_iterations = w
     return out
+
+
+def _at_target(out: Replayed, target: float | None) -> bool:
+    return target is not None and out.evals[-1][2] <= target
 
 
 class _Fixed:
@@ -178,3 +186,257 @@ class _Fixed:
 
     def draw(self, iteration: int) -> list[int]:
         return list(self.stages) if iteration == 0 else []
+
+
+# ---------------------------------------------------------------------------------------------- as report runs
+REPLAYED_STRATEGIES = ("checkpoint", "redundant")
+"""The strategies the report can replay (their trajectory is the no-failure one)."""
+FAILURE_STRATEGIES = ("checkfree", "checkfree_plus")
+"""A comparison group is replayed into when it holds a run of one of these (the runs the baselines are timed
+against)."""
+
+
+@dataclass
+class ReplayCheck:
+    """A real run of a replayable strategy beside its replay on the same failures."""
+
+    real: Any
+    """The real :class:`~checkfree.report.runs.Run`."""
+    replayed: Any
+    """The replayed :class:`~checkfree.report.runs.Run` (None: the replay does not apply; see ``note``)."""
+    evals_equal: bool
+    """Every validation (wall-clock iteration, effective iteration, loss) identical, bit for bit."""
+    recoveries_equal: bool
+    note: str = ""
+
+
+@dataclass
+class Replays:
+    """What :func:`replay_baselines` adds to a report."""
+
+    runs: list[Any] = field(default_factory=list)
+    """Replayed runs for the groups that lack a real run of the strategy."""
+    checks: list[ReplayCheck] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """One sentence per group that could not be replayed, and why."""
+
+
+def _eval_records(run: Any) -> list[tuple[int, int, float]]:
+    return [
+        (int(r["iteration"]), int(r.get("effective_iteration", r["iteration"])), float(r["val_loss"]))
+        for r in run.kind("eval")
+    ]
+
+
+def _option(run: Any, key: str) -> Any:
+    value = run.options.get(key)
+    return run.config.get(key) if value is None else value
+
+
+def _parameters(config: Mapping[str, Any], vocab: int) -> int:
+    from checkfree.report.timing import stage_parameter_count
+
+    per_stage = stage_parameter_count(
+        str(config.get("architecture", "LLaMa")), int(config["dmodel"]), int(config["n_layers_per_stage"])
+    )
+    return int(config["n_stages"]) * per_stage + 2 * vocab * int(config["dmodel"]) + int(config["dmodel"])
+
+
+def _as_run(
+    rep: Replayed,
+    member: Any,
+    nofail: Any,
+    target: float | None,
+    every: int | None,
+    stall: float,
+    forward: float | None,
+) -> Any:
+    """A :class:`~checkfree.report.runs.Run` holding what ``rep`` would have written: eval, recovery, rollback and
+    checkpoint records, a summary, the member run's options and config. ``stall``: seconds per checkpoint save;
+    ``forward``: redundant forward seconds per microbatch measured by real redundant runs (None: none)."""
+    from checkfree.report.runs import Run
+
+    records: list[dict[str, Any]] = []
+    for w, e, loss in rep.evals:
+        records.append({"kind": "eval", "iteration": w, "effective_iteration": e, "val_loss": loss})
+    for w in rep.saves:
+        records.append(
+            {"kind": "checkpoint", "iteration": w, "purpose": "strategy", "stall_seconds": stall, "bytes": 0}
+        )
+    for w, frm, to in rep.rollbacks:
+        records.append(
+            {
+                "kind": "rollback",
+                "iteration": w,
+                "from_effective_iteration": frm,
+                "to_effective_iteration": to,
+                "iterations_lost": frm - to,
+            }
+        )
+    for w, stage in rep.recoveries:
+        records.append({"kind": "recovery", "iteration": w, "stage": stage, "strategy": rep.strategy})
+    records.sort(key=lambda r: r["iteration"])
+    last = rep.evals[-1]
+    swaps_off = dict(member.options, setting=rep.strategy, swaps=False)
+    name = member.name
+    for s in FAILURE_STRATEGIES[::-1]:  # tiny_6x2-r5-checkfree_plus-s0 → tiny_6x2-r5-checkpoint-s0 (replayed)
+        name = name.replace(s, rep.strategy)
+    if name == member.name:
+        name = f"{member.name}-{rep.strategy}"
+    stats: dict[str, Any] = {"replayed_from": nofail.name}
+    if rep.strategy == "redundant" and forward is not None:
+        stats["redundant_forward_seconds_per_microbatch"] = forward
+    if every is not None:
+        stats |= {
+            "checkpoint_every": every,
+            "rollbacks": len(rep.rollbacks),
+            "iterations_lost": rep.iterations_lost,
+        }
+    summary = {
+        "status": "completed",
+        "strategy": rep.strategy,
+        "setting": rep.strategy,
+        "swaps": False,
+        "failure_rate_per_hour": member.rate,
+        "failure_probability": member.p_iter,
+        "world_size": member.world_size,
+        "config": member.summary.get("config", member.options.get("config")),
+        "iterations": rep.wall_iterations,
+        "effective_iterations": rep.effective_iterations,
+        "failures": rep.failures,
+        "recoveries": len(rep.recoveries),
+        "fallbacks": 0,
+        "final_eval": {
+            "iteration": last[0],
+            "val_loss": last[2],
+            "perplexity": math.exp(min(last[2], 700.0)),
+        },
+        "ended_by": "target" if rep.reached else "max_wall_iterations",
+        "target": {"loss": target, "reached": rep.reached, "iteration": rep.wall_iterations},
+        "strategy_stats": stats,
+        "replayed": True,
+    }
+    path = nofail.path.parent / f"{name} (replayed)"
+    return Run(path, summary, dict(member.config), swaps_off, records, [f"replayed from {nofail.name}"])
+
+
+def replay_baselines(runs: list[Any], targets: Any) -> Replays:
+    """Replay ``checkpoint`` and ``redundant`` into every comparison group that holds a CheckFree or CheckFree+
+    run and a no-failure (no swaps) run of its seed; a group that has a real run of the strategy keeps it and
+    gets a :class:`ReplayCheck` instead.
+
+    The replay follows the group's CheckFree runs: the same failure draws (probability, failure seed, stage 0 or
+    not), validations every ``eval_interval`` of those runs, and their cap (``max_iterations``) as the cap on
+    wall-clock iterations. ``targets`` is the report's :class:`~checkfree.report.analysis.Targets`. The save
+    stall of each replayed checkpoint is the median stall per save of the real checkpoint runs of the config
+    (0 without one); a replayed redundant run carries the median redundant forward time the real redundant runs
+    of the config measured (none: the timing model uses the paper's ratio). A real run is checked against the
+    replay of what it was told (its cap, its ``--stop-at-loss``, its K).
+    """
+    from checkfree.failures.injection import StageFailureInjector
+    from checkfree.recovery.checkpoint import paper_interval
+    from checkfree.report.analysis import group_key
+
+    out = Replays()
+    groups: dict[tuple[Any, ...], list[Any]] = {}
+    for r in runs:
+        groups.setdefault(group_key(r), []).append(r)
+    nofail = {
+        (r.config_name, r.failure_seed, r.world_size): r
+        for r in sorted(runs, key=lambda r: r.name, reverse=True)
+        if r.strategy == "no_failure" and not r.swaps and not r.options.get("failure_schedule")
+    }
+    stalls: dict[str, list[float]] = {}
+    forwards: dict[str, list[float]] = {}
+    for r in runs:
+        if r.strategy == "checkpoint":
+            stalls.setdefault(r.config_name, []).extend(
+                _num(x.get("stall_seconds")) for x in r.kind("checkpoint")
+            )
+        f = _num((r.summary.get("strategy_stats") or {}).get("redundant_forward_seconds_per_microbatch"))
+        if r.strategy == "redundant" and math.isfinite(f):
+            forwards.setdefault(r.config_name, []).append(f)
+    for key, members in groups.items():
+        config, _, seed, world, schedule = key
+        member = next((r for r in members if r.strategy in FAILURE_STRATEGIES), None)
+        base = nofail.get((config, seed, world))
+        target = targets.of(config, seed, world)
+        if member is None or schedule or base is None or target is None:
+            if member is not None:
+                why = (
+                    "a failure schedule"
+                    if schedule
+                    else "no no-failure run of its seed"
+                    if base is None
+                    else "no target"
+                )
+                out.notes.append(f"{member.name}: the baselines are not replayed ({why}).")
+            continue
+        curve = {e: loss for e, loss in base.evals_by_effective}
+        n_stages = int(member.config["n_stages"])
+        source = StageFailureInjector(
+            n_stages, member.p_iter, int(seed), include_stage0=bool(member.options.get("fail_stage0"))
+        )
+        every = int(member.config.get("checkpoint_every") or 0) or paper_interval(
+            _parameters(
+                member.config, int(member.summary.get("vocab_size") or member.config.get("vocab_size", 0))
+            )
+        )
+        finite = [x for x in stalls.get(config, []) if math.isfinite(x)]
+        stall = statistics.median(finite) if finite else 0.0
+        forward = statistics.median(forwards[config]) if forwards.get(config) else None
+        real = {r.strategy: r for r in members if r.strategy in REPLAYED_STRATEGIES and not r.swaps}
+        for strategy in REPLAYED_STRATEGIES:
+            like = real.get(strategy, member)
+            if strategy in real:  # the check: replay exactly what the real run was told
+                stop = like.options.get("stop_at_loss")
+                max_its = int(_option(like, "max_iterations"))
+                wall_cap = like.options.get("max_wall_iterations") or DEFAULT_LIMIT_FACTOR * max_its
+                k = int((like.summary.get("strategy_stats") or {}).get("checkpoint_every") or every)
+            else:  # a replay in its place: the group's target, the CheckFree runs' cap on wall-clock iterations
+                stop, max_its, k = target, int(_option(member, "max_iterations")), every
+                wall_cap = max_its
+            eval_interval = int(_option(like, "eval_interval"))
+            try:
+                if strategy == "checkpoint":
+                    rep = replay_checkpoint(curve, source, k, eval_interval, stop, int(wall_cap), max_its)
+                else:
+                    rep = replay_redundant(curve, source, n_stages, eval_interval, stop, max_its)
+            except ReplayError as e:
+                out.notes.append(f"{like.name}: {strategy} not replayed: {e}")
+                continue
+            as_run = (
+                None
+                if rep is None
+                else _as_run(rep, member, base, stop, k if strategy == "checkpoint" else None, stall, forward)
+            )
+            if strategy in real:
+                out.checks.append(_check(real[strategy], as_run))
+            elif as_run is not None:
+                out.runs.append(as_run)
+            else:
+                out.notes.append(
+                    f"{member.name}: redundant computation falls back (a stage fails with its predecessor) "
+                    "before the target, so it cannot be replayed; run it."
+                )
+    return out
+
+
+def _check(real: Any, replayed: Any) -> ReplayCheck:
+    if replayed is None:
+        return ReplayCheck(real, None, False, False, "a fallback before the target: no replay to compare")
+    real_rec = sorted((int(r["iteration"]), int(r["stage"])) for r in real.kind("recovery"))
+    rep_rec = sorted((int(r["iteration"]), int(r["stage"])) for r in replayed.kind("recovery"))
+    a, b = _eval_records(real), _eval_records(replayed)
+    note = ""
+    if a != b:
+        first = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        note = f"first difference at validation {first}: real {a[first] if first < len(a) else '—'}, replay {b[first] if first < len(b) else '—'}"
+    return ReplayCheck(real, replayed, a == b, real_rec == rep_rec, note)
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan

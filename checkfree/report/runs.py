@@ -123,6 +123,16 @@ class Run:
         return [(int(r["iteration"]), _num(r.get("val_loss"))) for r in self.kind("eval") if "iteration" in r]
 
     @property
+    def evals_by_effective(self) -> list[tuple[int, float]]:
+        """(effective iteration, validation loss), in file order (a rollback makes an effective iteration repeat;
+        a run that never rolls back has effective = wall-clock iterations)."""
+        return [
+            (int(r.get("effective_iteration", r["iteration"])), _num(r.get("val_loss")))
+            for r in self.kind("eval")
+            if "iteration" in r
+        ]
+
+    @property
     def final_eval(self) -> dict[str, float]:
         fe = self.summary.get("final_eval")
         if isinstance(fe, dict) and "val_loss" in fe:

@@ -234,8 +234,8 @@ def section(groups: list[Group], verdicts: list[Verdict]) -> list[str]:
         lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in body] + [""]
     titles = {s.scope: s.title for s in sets}
-    for v in verdicts:  # Fig. 4c's scope is (config, world size, iterations)
-        if v.scope not in titles and len(v.scope) == 3:
-            titles[v.scope] = f"{v.scope[0]}, world size {v.scope[1]}, {v.scope[2]} iterations"
+    for v in verdicts:  # Fig. 4c's scope is (config, world size)
+        if v.scope not in titles and len(v.scope) == 2:
+            titles[v.scope] = f"{v.scope[0]}, world size {v.scope[1]}"
     lines += ["Orderings over seeds:", ""] + [v.line() for v in seed_verdicts(verdicts, titles)] + [""]
     return lines

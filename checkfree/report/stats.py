@@ -1,7 +1,9 @@
-"""Small statistics for multi-seed comparisons: Student-t confidence intervals and the sign test.
+"""Statistics for multi-seed comparisons: Student-t confidence intervals, the sign test and the Wilcoxon
+signed-rank test, all from ``scipy.stats`` (statistics is not what checkfree exists for).
 
-No SciPy: the t quantiles come from a table (two-sided 95 %, i.e. the 0.975 quantile, as printed in any statistics
-textbook, e.g. NIST/SEMATECH e-Handbook §1.3.6.7.2), and the sign test is an exact binomial tail.
+scipy is imported when a statistic is computed, not with this module: a single-seed report, and every other
+command of checkfree, runs where scipy is not installed (e.g. a GPU image); a multi-seed report there raises
+:class:`StatisticsUnavailable` with one sentence.
 """
 
 from __future__ import annotations
@@ -10,51 +12,32 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-T_975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    11: 2.201,
-    12: 2.179,
-    13: 2.160,
-    14: 2.145,
-    15: 2.131,
-    16: 2.120,
-    17: 2.110,
-    18: 2.101,
-    19: 2.093,
-    20: 2.086,
-    25: 2.060,
-    30: 2.042,
-    40: 2.021,
-    60: 2.000,
-    120: 1.980,
-}
-"""0.975 quantile of Student's t by degrees of freedom (two-sided 95 % intervals)."""
+
+class StatisticsUnavailable(ValueError):
+    """scipy is not installed; the message says how to install it."""
+
+
+def _scipy_stats() -> Any:
+    try:
+        from scipy import stats
+    except ImportError:
+        raise StatisticsUnavailable(
+            "multi-seed statistics need scipy (requirements.txt pins it): run ./setup.sh, or pip install scipy."
+        ) from None
+    return stats
 
 
 def t_quantile_975(df: int) -> float:
-    """The 0.975 quantile of Student's t with ``df`` degrees of freedom.
-
-    Between table entries the next smaller df is used (a slightly wider, conservative interval); above 120 the
-    normal quantile 1.960.
+    """The 0.975 quantile of Student's t with ``df`` degrees of freedom (``scipy.stats.t.ppf``).
 
     Raises:
         ValueError: ``df`` < 1.
     """
     if df < 1:
         raise ValueError(f"degrees of freedom {df} must be ≥ 1.")
-    if df > 120:
-        return 1.960
-    return T_975[max(k for k in T_975 if k <= df)]
+    return float(_scipy_stats().t.ppf(0.975, df))
 
 
 @dataclass(frozen=True)
@@ -109,7 +92,7 @@ def mean_ci(values: Sequence[float]) -> Interval:
 
 
 def sign_test_p(holds: int, n: int) -> float:
-    """One-sided exact sign test: P(X ≥ ``holds``) for X ~ Binomial(n, 1/2).
+    """One-sided exact sign test: P(X ≥ ``holds``) for X ~ Binomial(n, 1/2) (``scipy.stats.binomtest``).
 
     The chance that an ordering holds in at least ``holds`` of ``n`` independent seeds if each seed were a coin
     flip. With 3 of 3 seeds it is 0.125: three seeds alone cannot reach p < 0.05.
@@ -119,4 +102,22 @@ def sign_test_p(holds: int, n: int) -> float:
     """
     if n < 1 or not 0 <= holds <= n:
         raise ValueError(f"sign test needs 0 ≤ holds ≤ n and n ≥ 1; got holds {holds}, n {n}.")
-    return sum(math.comb(n, i) for i in range(holds, n + 1)) / 2**n
+    return float(_scipy_stats().binomtest(holds, n, 0.5, alternative="greater").pvalue)
+
+
+def wilcoxon_p(differences: Sequence[float]) -> float | None:
+    """One-sided Wilcoxon signed-rank test that the paired ``differences`` are centred above 0
+    (``scipy.stats.wilcoxon``, exact distribution for small samples, zero differences dropped).
+
+    For paired hours to target, ``differences`` = slower candidate − faster candidate per seed: a small p says
+    the ordering holds beyond what the seeds' spread explains. None when fewer than one non-zero difference.
+
+    Raises:
+        ValueError: a difference that is not finite.
+    """
+    xs = [float(d) for d in differences]
+    if not all(math.isfinite(x) for x in xs):
+        raise ValueError(f"differences {xs} must all be finite.")
+    if not any(xs):
+        return None
+    return float(_scipy_stats().wilcoxon(xs, alternative="greater", zero_method="wilcox").pvalue)

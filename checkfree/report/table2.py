@@ -19,14 +19,19 @@ union over its rates) are the seeds each rate is expected to have, so a rate tha
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from checkfree.report.analysis import (
     TABLE2_NAMES,
+    TABLE2_PAIRS,
     Group,
+    Row,
+    Targets,
     Verdict,
     analyse,
+    table2_statement,
     table2_verdicts,
 )
 from checkfree.report.runs import Run
@@ -39,7 +44,7 @@ from checkfree.report.seeds import (
     seed_verdicts,
     strategy_seeds,
 )
-from checkfree.report.stats import Interval, mean_ci
+from checkfree.report.stats import Interval, mean_ci, wilcoxon_p
 from checkfree.report.timing import TimingModel
 
 PAPER_TABLE2_HOURS: dict[str, dict[float, float]] = {
@@ -149,10 +154,18 @@ class RateNumbers:
             return f"{self.rate:g} %/h"
         return f"{self.rate:g} %/h (p_iter {self.seed_set.groups[0].p_iter:g})"
 
+    wilcoxon: dict[str, tuple[float | None, int]] = field(default_factory=dict)
+    """Pairwise ordering statement → (one-sided Wilcoxon signed-rank p of slower − faster hours over the seeds
+    where both reached the target, that number of seeds)."""
+
     def hours(self, strategy: str, seed: Any) -> float | None | str:
         """Hours to target of ``strategy`` in ``seed``: a number, None (never reached) or "missing"."""
-        row = self.seed_set.rows(strategy).get(seed) if self.seed_set else None
+        row = self.row(strategy, seed)
         return "missing" if row is None else row.hours_to_target
+
+    def row(self, strategy: str, seed: Any) -> Row | None:
+        """The run of ``strategy`` in ``seed`` (None: no run)."""
+        return self.seed_set.rows(strategy).get(seed) if self.seed_set else None
 
 
 @dataclass
@@ -221,6 +234,16 @@ def _rate_numbers(
     mine = [v for v in verdicts if v.scope == seed_set.scope]
     for sv in seed_verdicts(mine, {}):
         out.verdicts.append((sv, {v.seed: v for v in mine if v.statement == sv.statement}))
+    for faster, slower in TABLE2_PAIRS.get(rate, ()):
+        fast, slow = seed_set.rows(faster), seed_set.rows(slower)
+        diffs = [
+            slow[seed].hours_to_target - fast[seed].hours_to_target
+            for seed in fast
+            if seed in slow
+            and fast[seed].hours_to_target is not None
+            and slow[seed].hours_to_target is not None
+        ]
+        out.wilcoxon[table2_statement(faster, slower)] = (wilcoxon_p(diffs) if diffs else None, len(diffs))
     return out
 
 
@@ -228,14 +251,14 @@ def summarise(
     groups: list[Group],
     runs: list[Run],
     models: dict[str, TimingModel],
-    target: float,
+    target: float | Targets,
     factors: tuple[float, ...] = RECOVERY_FACTORS,
 ) -> Table2:
     """Table 2's numbers under the report's timing model and with its recovery seconds per stage × each factor.
 
     ``groups`` are the report's own (factor 1); for any other factor the runs are analysed again by
     :func:`~checkfree.report.analysis.analyse` with :meth:`TimingModel.with_recovery_factor` models: same T_iter,
-    same crossings, only the recovery seconds change. ``target`` is the validation loss (nats).
+    same crossings, only the recovery seconds change. ``target`` is the validation loss (nats), or one per seed.
 
     Raises:
         ValueError: a factor that is not a finite number ≥ 0.
@@ -261,6 +284,28 @@ def _hours_cell(value: float | None | str) -> str:
     if value == "missing":
         return "missing"
     return "never" if value is None else f"{value:.4g}"
+
+
+def _seed_cell(row: Row | None) -> str:
+    """Hours to target, or why there are none: no run, or censored with the loss the run stopped at."""
+    if row is None:
+        return "missing"
+    if row.hours_to_target is not None:
+        return f"{row.hours_to_target:.4g}" + (" (replayed)" if row.run.summary.get("replayed") else "")
+    fe = row.run.final_eval
+    return f"censored ({fe['val_loss']:.4f} at it. {row.run.iterations})"
+
+
+def _hours_summary(st: StrategySeeds, rn: RateNumbers) -> str:
+    """Mean ± 95 % CI when every seed reached the target; otherwise the median and range of those that did."""
+    if st.hours is not None:
+        return _interval(st.hours)
+    reached = sorted(h for s in st.seeds if isinstance(h := rn.hours(st.label, s), float))
+    if not reached:
+        return f"none of {len(st.seeds)} reached"
+    mid = statistics.median(reached)
+    spread = f", {reached[0]:.4g}–{reached[-1]:.4g}" if len(reached) > 1 else ""
+    return f"median {mid:.4g} of the {len(reached)} that reached{spread}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -324,14 +369,14 @@ def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
                 continue
             missing = [s for s in fam.seeds if s not in st.seeds]
             runs = f"{len(st.seeds)} of {n}" + (f" (runs missing: {_seeds_text(missing)})" if missing else "")
-            per_seed = ", ".join(f"s{seed} {_hours_cell(rn.hours(strategy, seed))}" for seed in fam.seeds)
+            per_seed = ", ".join(f"s{seed} {_seed_cell(rn.row(strategy, seed))}" for seed in fam.seeds)
             rows.append(
                 [
                     rn.label,
                     _name(strategy),
                     runs,
                     f"{st.reached} of {len(st.seeds)}",
-                    _interval(st.hours),
+                    _hours_summary(st, rn),
                     per_seed,
                     _interval(st.loss, ".4f"),
                     paper_h,
@@ -340,19 +385,26 @@ def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
     return rows
 
 
-def section(table2: Table2, target: float) -> list[str]:
+def section(table2: Table2, targets: Targets) -> list[str]:
     """Markdown: per family, hours to target by rate and strategy, the paired ratios beside the paper's, each
-    Table 2 ordering over seeds, and the sensitivity of orderings and ratios to the recovery cost."""
+    Table 2 ordering over seeds (sign and Wilcoxon tests), the censored runs, and the sensitivity of orderings
+    and ratios to the recovery cost."""
     families = table2.families
     if not families:
         return []
+    goal = (
+        f"the target {targets.headline:.4f}"
+        if not targets.per_seed
+        else "each seed's target (listed at the top of this report)"
+    )
     lines = [
         "## Table 2 at this scale",
         "",
         "Paper Table 2 (docs/paper.md §7): hours of the 500M model to validation loss 2.85 at 5, 10 and 16 %/h. "
-        f"Here: simulated hours to the target {target:.4f} under the timing model above. Mean ± half-width of the "
-        "two-sided 95 % Student-t interval over seeds ('(1 seed)': no interval); hours to target only when every "
-        "seed run reached it ('never': did not reach it; 'missing': no run).",
+        f"Here: simulated hours to {goal} under the timing model above. Mean ± half-width of the two-sided 95 % "
+        "Student-t interval over seeds when every seed reached it ('(1 seed)': no interval), else the median and "
+        "range of the seeds that did; a run that stopped at its cap before the target is *censored*: it has no "
+        "time, only its loss at the cap ('missing': no run; '(replayed)': computed from the no-failure run).",
         "",
     ]
     for fam in families:
@@ -390,23 +442,70 @@ def section(table2: Table2, target: float) -> list[str]:
         ]
         lines += _table(["rate", "ratio", "here: mean ± 95 % CI", "per seed", "paper"], body) + [""]
         lines += [
-            "Table 2's orderings, each judged per seed (one-sided sign test over the seeds judged):",
+            "Table 2's orderings, each judged per seed: a censored run counts as slower than one that reached "
+            "the target; two censored runs are not judged. One-sided sign test over the seeds judged; one-sided "
+            "Wilcoxon signed-rank test on the paired differences of hours over the seeds where both reached:",
             "",
         ]
         body = []
         for rn in fam.rates:
             if rn.seed_set is None:
                 body.append(
-                    [rn.label, "every ordering", "not judged", f"runs missing: {_seeds_text(fam.seeds)}"]
+                    [rn.label, "every ordering", "not judged", "—", f"runs missing: {_seeds_text(fam.seeds)}"]
                 )
                 continue
             for sv, per_seed in rn.verdicts:
                 body.append(
-                    [rn.label, _statement(sv.statement), _verdict_count(sv), _not_judged(per_seed, fam.seeds)]
+                    [
+                        rn.label,
+                        _statement(sv.statement),
+                        _verdict_count(sv),
+                        _wilcoxon_cell(rn.wilcoxon.get(sv.statement)),
+                        _not_judged(per_seed, fam.seeds),
+                    ]
                 )
-        lines += _table(["rate", "ordering (paper Table 2)", "here", "not judged"], body) + [""]
+        lines += _table(["rate", "ordering (paper Table 2)", "here", "Wilcoxon", "not judged"], body) + [""]
+        lines += _censored(fam)
         lines += _sensitivity(table2, fam)
     return lines
+
+
+def _wilcoxon_cell(entry: tuple[float | None, int] | None) -> str:
+    if entry is None:
+        return "—"
+    p, n = entry
+    return f"n = {n}" if p is None else f"p = {p:.3g} (n = {n})"
+
+
+def _censored(fam: FamilyNumbers) -> list[str]:
+    """Markdown: every run of the family's Table 2 strategies that did not reach its target."""
+    body = []
+    for rn in fam.rates:
+        for strategy in PAPER_TABLE2_HOURS:
+            for seed in fam.seeds:
+                row = rn.row(strategy, seed)
+                if row is None or row.hours_to_target is not None:
+                    continue
+                fe, run = row.run.final_eval, row.run
+                body.append(
+                    [
+                        rn.label,
+                        _name(strategy),
+                        str(seed),
+                        f"`{run.name}`",
+                        str(run.iterations),
+                        f"{fe['val_loss']:.4f}",
+                    ]
+                )
+    if not body:
+        return ["No run was censored: every run of Table 2's strategies reached its target.", ""]
+    return (
+        [f"Censored runs ({len(body)}): stopped at their cap before the target.", ""]
+        + _table(
+            ["rate", "strategy", "seed", "run", "wall-clock iterations", "validation loss at the cap"], body
+        )
+        + [""]
+    )
 
 
 def _same_rate(fam: FamilyNumbers, rn: RateNumbers) -> RateNumbers:

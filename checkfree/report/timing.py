@@ -40,6 +40,8 @@ PAPER_REDUNDANT_ITERATION_SECONDS = 151.04
 """Iteration time (s) of redundant computation on the 500M model (paper §5 / docs/paper.md §5)."""
 PAPER_REDUNDANT_RATIO = PAPER_REDUNDANT_ITERATION_SECONDS / PAPER_ITERATION_SECONDS
 """≈ 1.654: redundant computation's iteration time relative to plain pipeline training (paper)."""
+REDUNDANT_RATIO_SOURCES = ("measured", "paper")
+"""Where redundant computation's iteration-time ratio comes from (:attr:`TimingModel.redundant_source`)."""
 PAPER_RECOVERY_SECONDS = 30.0
 """Seconds to recover one stage in the authors' geo-distributed testbed (paper §5.3 / docs/paper.md §7)."""
 
@@ -350,6 +352,9 @@ class TimingModel:
     baseline_compute_seconds: float | None = None
     """Measured compute seconds per iteration of the non-redundant runs (for the measured redundant ratio)."""
     formula: IterationTimeFormula = field(default_factory=IterationTimeFormula)
+    redundant_source: str = "measured"
+    """Redundant computation's iteration-time ratio: "measured" (from the run's timed redundant forward when it
+    recorded one, else the paper's) or "paper" (151.04 s / 91.32 s always, e.g. on the paper's clock)."""
 
     @classmethod
     def resolve(
@@ -362,6 +367,7 @@ class TimingModel:
         explicit_recovery_seconds: float | None = None,
         swarm_recovery_seconds: float | None = None,
         formula: IterationTimeFormula | None = None,
+        redundant: str = "measured",
     ) -> TimingModel:
         """Pick T_iter and the recovery seconds by priority (module docstring).
 
@@ -369,9 +375,15 @@ class TimingModel:
             formula_inputs: n_stages, batch_size, dmodel, seq_l, world_size, stage_parameters, and optionally
                 forward_seconds (else estimated from ``compute_seconds``).
             compute_seconds: measured forward + backward seconds per iteration (median over runs).
+            redundant: "measured" or "paper" (:attr:`redundant_source`).
         Raises:
-            ValueError: no source gives an iteration time, or a given value is not a positive number.
+            ValueError: no source gives an iteration time, a given value is not a positive number, or an
+                unknown ``redundant``.
         """
+        if redundant not in REDUNDANT_RATIO_SOURCES:
+            raise ValueError(
+                f"redundant ratio {redundant!r} is unknown; expected one of {', '.join(REDUNDANT_RATIO_SOURCES)}."
+            )
         formula = formula or IterationTimeFormula()
         t_given, r_given = explicit_iteration_seconds, explicit_recovery_seconds
         if t_given is not None and not (t_given > 0 and math.isfinite(t_given)):
@@ -421,7 +433,7 @@ class TimingModel:
                 f"paper ratio: {PAPER_RECOVERY_SECONDS:g} s per stage at {PAPER_ITERATION_SECONDS} s per "
                 f"iteration → {r:.4g} s at {t:.4g} s"
             )
-        return cls(t, src, r, rsrc, compute_seconds, formula)
+        return cls(t, src, r, rsrc, compute_seconds, formula, redundant)
 
     def with_recovery_factor(self, factor: float) -> TimingModel:
         """This model with the recovery seconds per stage × ``factor``; T_iter and everything else unchanged.
@@ -447,8 +459,9 @@ class TimingModel:
         Bamboo replicas and measured their forward, e.g. ``ladder`` with its ``redundant`` rung)."""
         ratio, ratio_src = 1.0, ""
         if costs.strategy == "redundant" or costs.redundant_forward_seconds_per_microbatch is not None:
+            measured = self.redundant_source == "measured"
             ratio, ratio_src = redundant_ratio(
-                costs.redundant_forward_seconds_per_microbatch,
+                costs.redundant_forward_seconds_per_microbatch if measured else None,
                 costs.mb_count,
                 self.baseline_compute_seconds or costs.median_compute_seconds,
                 costs.n_stages,

@@ -1,0 +1,148 @@
+"""The exact baselines by replay (checkfree/report/replay.py): checkpointing's and redundant computation's real
+runs train the no-failure trajectory bit for bit, and the replay reproduces their validations, recoveries and
+wall-clock iterations exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checkfree.failures.injection import StageFailureInjector
+from checkfree.report.analysis import TimingOptions
+from checkfree.report.build import build_report
+from checkfree.report.replay import (
+    ReplayError,
+    redundant_fallback_iterations,
+    replay_checkpoint,
+    replay_redundant,
+)
+from checkfree.telemetry.metrics import read_metrics
+
+from helpers import ScriptedFailures
+from helpers.cli import run_cli, simulate_argv
+
+P = "0.08"  # 4 stages: ≈ 0.28 of the iterations lose a stage
+RATE_ARGS = ("--failure-probability", P, "--seed", "3")
+
+
+def _evals(run_dir):
+    return [
+        (r["iteration"], r["effective_iteration"], r["val_loss"])
+        for r in read_metrics(run_dir / "metrics.jsonl")
+        if r["kind"] == "eval"
+    ]
+
+
+class _NoCapture:
+    """What :func:`helpers.cli.run_cli` reads its output from, for a module-scoped fixture (no capsys there)."""
+
+    def readouterr(self) -> tuple[str, str]:
+        return "", ""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A no-failure run, then checkpoint, redundant and CheckFree runs on the same failure draws that stop at the
+    no-failure run's validation loss at iteration 12 (or at 40 wall-clock iterations)."""
+    root = tmp_path_factory.mktemp("replay") / "runs"
+    out = {}
+    cap = _NoCapture()
+    rc, _, _ = run_cli(simulate_argv(root / "nofail", *RATE_ARGS, setting="no_failure", iterations=12), cap)
+    assert rc == 0
+    out["nofail"] = root / "nofail"
+    target = _evals(root / "nofail")[-1][2]
+    stop = ("--stop-at-loss", repr(target), "--max-wall-iterations", "40", "--no-final-checkpoint")
+    for setting in ("checkpoint", "redundant", "checkfree"):
+        extra = (*RATE_ARGS, *stop, "--set", "checkpoint_every=3", "--set", "redundant_measure_every=0")
+        rc, _, _ = run_cli(simulate_argv(root / setting, *extra, setting=setting, iterations=40), cap)
+        assert rc == 0, setting
+        out[setting] = root / setting
+    out["target"] = target
+    out["root"] = root
+    return out
+
+
+def test_checkpoint_and_redundant_train_the_no_failure_curve_bit_for_bit(runs):
+    nofail = {e: loss for _, e, loss in _evals(runs["nofail"])}
+    for setting in ("checkpoint", "redundant"):
+        evals = _evals(runs[setting])
+        assert len(evals) >= 7, setting
+        for _, e, loss in evals:
+            assert loss == nofail[e], (setting, e)  # exact: the same floats, not approximately
+    ckpt = json.loads((runs["checkpoint"] / "summary.json").read_text())
+    assert ckpt["strategy_stats"]["rollbacks"] >= 2 and ckpt["iterations"] > 12  # the replay is put to work
+    assert ckpt["target"]["reached"] and ckpt["ended_by"] == "target"
+
+
+def test_replay_reproduces_the_real_runs_exactly(runs):
+    nofail = {e: loss for _, e, loss in _evals(runs["nofail"])}
+    src = StageFailureInjector(4, float(P), 3)
+    target = runs["target"]
+    ckpt = replay_checkpoint(nofail, src, 3, 2, target, 40, 40)
+    real = [r for r in read_metrics(runs["checkpoint"] / "metrics.jsonl")]
+    assert ckpt.evals == _evals(runs["checkpoint"])
+    assert ckpt.recoveries == [(r["iteration"], r["stage"]) for r in real if r["kind"] == "recovery"]
+    assert len(ckpt.rollbacks) == sum(r["kind"] == "rollback" for r in real)
+    assert ckpt.wall_iterations == json.loads((runs["checkpoint"] / "summary.json").read_text())["iterations"]
+    red = replay_redundant(nofail, src, 4, 2, target, 40)
+    assert red is not None and red.evals == _evals(runs["redundant"])
+
+
+def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(runs, tmp_path):
+    res = build_report(
+        [runs["root"]],
+        "nofail@12",
+        tmp_path / "report",
+        TimingOptions(iteration_seconds=10.0, recovery_seconds=1.0),
+        plots=False,
+        replay=True,
+    )
+    assert {c.real.strategy for c in res.replays.checks} == {"checkpoint", "redundant"}
+    assert all(c.evals_equal and c.recoveries_equal for c in res.replays.checks)
+    assert res.replays.runs == []  # both have real runs here
+    text = res.report.read_text()
+    assert "## Exact baselines by replay" in text and "DIFFER" not in text
+    # without the real runs, the report puts replayed ones in their place, with the same hours
+    hours = {r.run.strategy: r.hours_to_target for g in res.groups for r in g.rows}
+    res2 = build_report(
+        [runs["nofail"], runs["checkfree"]],
+        "nofail@12",
+        tmp_path / "report2",
+        TimingOptions(iteration_seconds=10.0, recovery_seconds=1.0),
+        plots=False,
+        replay=True,
+    )
+    replayed = {
+        r.run.strategy: r.hours_to_target
+        for g in res2.groups
+        for r in g.rows
+        if r.run.summary.get("replayed")
+    }
+    assert set(replayed) == {"checkpoint", "redundant"}
+    assert replayed["checkpoint"] == pytest.approx(hours["checkpoint"], rel=1e-9, abs=0.01 / 3600)
+    assert "(replayed)" in res2.report.read_text()
+
+
+def test_a_stage_lost_with_its_predecessor_cannot_be_replayed_for_redundant():
+    src = ScriptedFailures({5: [2, 3]})  # stage 3's replica died with stage 2
+    assert redundant_fallback_iterations(src, 4, 10) == [5]
+    assert redundant_fallback_iterations(ScriptedFailures({5: [1, 3]}), 4, 10) == []
+    curve = {e: 5.0 - e / 10 for e in range(0, 21, 2)}
+    assert replay_redundant(curve, src, 4, 2, 3.5, 20) is None  # the fallback comes before the target (e=15)
+    assert replay_redundant(curve, src, 4, 2, 4.6, 20) is not None  # the target (e=4) comes first
+
+
+def test_a_replay_needs_the_no_failure_validations():
+    curve = {0: 5.0, 4: 4.0}  # no validation at 2
+    with pytest.raises(ReplayError, match="effective iteration 2"):
+        replay_checkpoint(curve, ScriptedFailures(), 3, 2, 3.0, 10)
+
+
+def test_checkpoint_replay_rolls_back_to_the_newest_checkpoint():
+    curve = {e: 10.0 - e for e in range(0, 11)}
+    rep = replay_checkpoint(curve, ScriptedFailures({4: [1], 5: [2, 3]}), 3, 1, 0.5, 50)
+    # w0..3 → e 4 (checkpoints at e0, e3); w4 fails at e4 → back to 3; w5 fails at e4 → back to 3
+    assert rep.rollbacks == [(4, 4, 3), (5, 4, 3)]
+    assert rep.recoveries == [(4, 1), (5, 2), (5, 3)]
+    assert rep.iterations_lost == 2 and rep.wall_iterations == 12 and rep.reached

@@ -1,0 +1,96 @@
+"""The Table 2 study's report features: per-seed targets (``--target-loss nofail@N``), censored runs, the Wilcoxon
+test beside the sign test, and the pure cost of swapping paired by seed (paper Fig. 4c)."""
+
+from __future__ import annotations
+
+import pytest
+
+from checkfree.report.analysis import TimingOptions, fig4c_verdict, resolve_targets
+from checkfree.report.build import build_report
+from checkfree.report.runs import load_runs
+from checkfree.report.stats import sign_test_p, wilcoxon_p
+
+from helpers.report import make_run
+
+TIMING = TimingOptions(iteration_seconds=3600.0, recovery_seconds=0.0)  # one hour per iteration
+
+
+def _study(root):
+    """Three seeds at 16 %/h: no-failure runs with and without swaps, CheckFree+ reaching each seed's target at
+    20, 30 and never (censored at 40), checkpointing at 30, 35 and 40."""
+    nf = {0: 5.0, 1: 5.5, 2: 4.0}  # each seed's loss at iteration 20: its target
+    for seed, at20 in nf.items():
+        make_run(root, f"nf-s{seed}", "no_failure", [(0, 8.0), (10, 6.0), (20, at20)], seed=seed)
+        make_run(
+            root,
+            f"nfs-s{seed}",
+            "no_failure",
+            [(0, 8.0), (10, 6.2), (20, at20 + 0.5), (30, at20 - 0.1)],
+            swaps=True,
+            seed=seed,
+        )
+    plus = {
+        0: [(0, 8.0), (10, 6.0), (20, nf[0])],
+        1: [(0, 8.0), (20, 6.0), (30, nf[1])],
+        2: [(0, 8.0), (40, 4.4)],
+    }
+    ckpt = {0: 30, 1: 35, 2: 40}
+    for seed in nf:
+        make_run(root, f"cfp-s{seed}", "checkfree_plus", plus[seed], swaps=True, failures=(5,), seed=seed)
+        make_run(
+            root, f"ckpt-s{seed}", "checkpoint", [(0, 8.0), (ckpt[seed], nf[seed])], failures=(5,), seed=seed
+        )
+    return root
+
+
+def test_nofail_targets_are_per_seed_and_refused_without_a_validation_there(tmp_path):
+    runs, _, _ = load_runs([_study(tmp_path / "runs")])
+    targets = resolve_targets(runs, "nofail@20")
+    assert targets.of("tiny_config", 0, 1) == 5.0 and targets.of("tiny_config", 2, 1) == 4.0
+    assert targets.of("tiny_config", 7, 1) is None  # a seed without its no-failure run has no target
+    assert "seed 1 (W 1): **5.5000**" in targets.describe()
+    with pytest.raises(
+        ValueError, match="no no-failure run without swaps has a validation at effective iteration 15"
+    ):
+        resolve_targets(runs, "nofail@15")
+    with pytest.raises(ValueError, match="expected a number, 'auto' or 'nofail@N'"):
+        resolve_targets(runs, "nofail@x")
+
+
+def test_table2_section_lists_censored_runs_and_tests_orderings_two_ways(tmp_path):
+    res = build_report([_study(tmp_path / "runs")], "nofail@20", tmp_path / "out", TIMING, plots=False)
+    hours = {(r.run.strategy, g.seed): r.hours_to_target for g in res.groups for r in g.rows}
+    assert hours[("checkfree_plus", 0)] == 20.0 and hours[("checkfree_plus", 2)] is None
+    assert hours[("checkpoint", 1)] == 35.0
+    text = res.report.read_text()
+    assert "Censored runs (1): stopped at their cap before the target." in text
+    assert "| 16 %/h (p_iter 0.01) | CheckFree+ | 2 | `cfp-s2` | 40 | 4.4000 |" in text
+    assert "s2 censored (4.4000 at it. 40)" in text
+    # CheckFree+ < checkpointing holds in seeds 0 and 1; in seed 2 CheckFree+ is censored and checkpointing
+    # reached the target, so it does not hold there
+    assert "CheckFree+ < checkpointing | holds in 2 of 3 (p = 0.5)" in text
+    assert f"p = {wilcoxon_p([10.0, 5.0]):.3g} (n = 2)" in text  # checkpoint − CheckFree+ over seeds 0, 1
+
+
+def test_swap_cost_pairs_runs_of_different_lengths_by_seed(tmp_path):
+    res = build_report([_study(tmp_path / "runs")], "nofail@20", tmp_path / "out", TIMING, plots=False)
+    text = res.report.read_text()
+    assert "## The pure cost of swapping (paper Fig. 4c)" in text
+    # seed 0: swaps cross 5.0 between (20, 5.5) and (30, 4.9): at 20 + 0.5 / 0.6 · 10
+    assert (
+        f"| 0 | 20.0 | {20 + 0.5 / 0.6 * 10:.1f} | {(20 + 0.5 / 0.6 * 10) / 20:.3f} | 20 | +0.5000 |" in text
+    )
+    assert f"swaps behind in 3 of 3 seeds (sign test p = {sign_test_p(3, 3):.3g}" in text
+    runs, _, _ = load_runs([tmp_path / "runs"])
+    verdicts = fig4c_verdict(runs)  # the no-swap runs stop at 20, the swap runs at 30: compared at 20
+    assert [v.holds for v in verdicts] == [True, True, True]
+    assert "validation loss at iteration 20" in verdicts[0].evidence
+
+
+def test_statistics_come_from_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    assert sign_test_p(5, 5) == pytest.approx(1 / 32)
+    assert wilcoxon_p([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(1 / 32)  # all 5 ranks positive: exact 1/2^5
+    assert wilcoxon_p([0.0, 0.0]) is None
+    want = scipy_stats.wilcoxon([3.0, -1.0, 2.0], alternative="greater").pvalue
+    assert wilcoxon_p([3.0, -1.0, 2.0]) == pytest.approx(want)
