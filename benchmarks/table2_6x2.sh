@@ -2,7 +2,8 @@
 # Paper Table 2 in the paper's geometry (configs/tiny_6x2_config.json: 6 transformer stages × 2 layers), with runs
 # that train until they reach the target: the no-failure run without and with CheckFree+'s swaps, CheckFree and
 # CheckFree+, checkpointing and redundant computation, paired on identical failure draws per seed; 5 seeds at
-# 5 %/h (the paper's headline), 3 seeds at 10 and 16 %/h. Then the report (python -m checkfree report … --table2).
+# 5 %/h (the paper's headline), 3 seeds at 10 and 16 %/h. Then the report (python -m checkfree report …
+# --target-loss nofail@N_T --replay-baselines, with the archived 4 × 1 study for the pure swap cost).
 #
 # usage: benchmarks/table2_6x2.sh               # the whole set (≈ 8 core-hours on this 2-core CPU machine)
 #        DRY_RUN=1 benchmarks/table2_6x2.sh     # print every command; run and write nothing
@@ -67,7 +68,7 @@ dry=0; if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then dry=1; fi
 progress="$OUT/progress.log"
 note() { if [ "$dry" = 1 ]; then echo "# $*"; else echo "$(date '+%F %T') $*" | tee -a "$progress"; fi; }
 all_seeds=$(printf '%s\n' $SEEDS_5 $SEEDS_10 $SEEDS_16 | sort -nu | tr '\n' ' ')
-iteration_seconds=$("$py" -c "print(repr(91.32 * $PAPER_ITERATIONS / $N_T))")
+iteration_seconds=$("$py" -c "print(f'{91.32 * $PAPER_ITERATIONS / $N_T:.6g}')")
 note "table2_6x2: N_T $N_T, cap $CAP, eval every $EVAL; seeds 5 %/h: $SEEDS_5; 10 %/h: $SEEDS_10; 16 %/h: $SEEDS_16"
 
 # run NAME LAUNCHER SETTING RATE SEED ARGS...: one simulator run (JOBS at a time); a failed run is logged.
@@ -147,9 +148,11 @@ for rate in 5 10 16; do
 done
 wait
 
-report_cmd=("$py" -m checkfree report "$OUT/runs" --table2 "nofail@$N_T" --cap "$CAP" --out "$OUT/report"
-  --iteration-seconds "$iteration_seconds" --recovery-seconds 30 --redundant-ratio paper)
-if [ "$dry" = 1 ]; then echo "python -m checkfree report $OUT/runs --table2 nofail@$N_T --cap $CAP --out $OUT/report --iteration-seconds $iteration_seconds --recovery-seconds 30 --redundant-ratio paper"; exit 0; fi
+archive="$root/benchmarks/results/paper_tiny/runs"   # the 4 × 1 study: its pure swap cost beside this one's
+[ -d "$archive" ] || archive=
+report=(-m checkfree report "$OUT/runs" ${archive:+"$archive"} --target-loss "nofail@$N_T" --replay-baselines
+  --out "$OUT/report" --iteration-seconds "$iteration_seconds" --recovery-seconds 30 --redundant-ratio paper)
+if [ "$dry" = 1 ]; then echo "python ${report[*]}"; exit 0; fi
 note "report → $OUT/report"
-"${report_cmd[@]}" 2>&1 | tee -a "$progress"
+"$py" "${report[@]}" 2>&1 | tee -a "$progress"
 note "done: $OUT/report/report.md"
