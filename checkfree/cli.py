@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from checkfree.config import MAX_SEED
+from checkfree.config import MAX_SEED, parse_sets
 
 
 class _TqdmHandler(logging.Handler):
@@ -223,22 +223,6 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
     )
     p.set_defaults(func=cmd_simulate)
-
-
-def parse_sets(items: list[str]) -> dict:
-    """``--set KEY=VALUE`` items → {key: JSON value (or the raw string)}; raises ValueError when malformed."""
-    import json
-
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set {item!r} is malformed; expected KEY=VALUE.")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

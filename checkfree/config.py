@@ -315,6 +315,25 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     return cfg
 
 
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items (simulator and swarm) → {key: the JSON value, or the raw string when VALUE is not
+    JSON}; the keys are checked where the overrides are applied.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty key.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set {item!r} is malformed; expected KEY=VALUE.")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def resolve_config_path(name: str | Path, cwd: Path | None = None, notes: list[str] | None = None) -> Path:
     """CONFIG resolves against the working directory, then the repository's ``configs/``, then the names
     checkfree shipped before (:data:`CONFIG_ALIASES`; ``notes`` receives a sentence naming the new file).

@@ -4,7 +4,10 @@ Every module is parsed (ast, never imported) and every import of a ``checkfree.*
 level, under ``if TYPE_CHECKING:``, and inside functions (a deferred import hides a cycle, it does not remove
 it). ``from checkfree.x import y`` counts as an edge to ``checkfree.x.y`` when that is a module, else to
 ``checkfree.x``. Importing ``checkfree.x.y`` runs ``checkfree/x/__init__.py`` first, so every module also has an
-edge to its parent package: a package ``__init__`` that imports its own submodules is a cycle.
+edge to its parent package: a package ``__init__`` that imports its own submodules is a cycle. A string literal
+that names a ``checkfree`` module (``"checkfree.swarm.cli"``) counts too: that is how ``importlib.import_module``
+is handed a module (the CLI's sub-command table), and an import by name is an import (a logger's name given to
+``logging.getLogger`` is not).
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ def imports_of(module: str, path: Path, known: dict[str, Path], top: str) -> set
     parent = module.rpartition(".")[0]
     if parent and parent in known:
         targets.add(parent)  # importing a module runs its package's __init__ first
+    loggers = {  # logging.getLogger("checkfree.x"): a logger's name, not an import
+        id(arg)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "attr", getattr(node.func, "id", None)) == "getLogger"
+        for arg in node.args
+    }
     for node in ast.walk(tree):
         names: list[str] = []
         if isinstance(node, ast.Import):
@@ -60,6 +70,8 @@ def imports_of(module: str, path: Path, known: dict[str, Path], top: str) -> set
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join([*anchor, base] if base else anchor)
             names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        if isinstance(node, ast.Constant) and node.value in known and id(node) not in loggers:
+            names = [node.value]  # a module named in a string: importlib.import_module(name)
         for name in names:
             if name == top or name.startswith(top + "."):
                 target = _resolve(name, known)
@@ -120,6 +132,26 @@ def test_a_planted_cycle_is_found_whatever_form_its_imports_take(tmp_path: Path)
     assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.sub.c", "pkg.a"]
     (pkg / "sub" / "c.py").write_text("import os\n")
     assert find_cycle(import_graph(pkg)) is None
+
+
+def test_a_cycle_through_a_module_imported_by_name_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli.py").write_text(
+        'import importlib\nCOMMANDS = ("pkg.sub_cli",)\n'
+        "def build():\n    return [importlib.import_module(n) for n in COMMANDS]\n"
+        'DOC = "not a module: pkg.nothing"\n'
+    )
+    (pkg / "sub_cli.py").write_text("def helper():\n    from pkg.cli import build\n    return build\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.cli"] == {
+        "pkg",
+        "pkg.sub_cli",
+    }  # the string names a module; the docstring-like one does not
+    assert find_cycle(graph) == ["pkg.cli", "pkg.sub_cli", "pkg.cli"]
+    (pkg / "sub_cli.py").write_text('import logging\nlog = logging.getLogger("pkg.cli")\n')
+    assert find_cycle(import_graph(pkg)) is None  # a logger's name is no import
 
 
 @pytest.mark.parametrize("edge", [("checkfree.swarm.wire.netem", "checkfree.swarm.topology")])

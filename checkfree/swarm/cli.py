@@ -163,7 +163,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "replicas": args.replicas,
         "data": args.data,
     }
-    from checkfree.cli import parse_sets
+    from checkfree.config import parse_sets
 
     out.update(parse_sets(args.set))
     return out
