@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from checkfree.config_files import ConfigFileError, read_mapping
 from checkfree.failures.rates import PROBABILITY_RANGE
 
 ARCHITECTURES = ("LLaMa", "GPT")
@@ -353,30 +354,14 @@ def resolve_config_path(name: str | Path, cwd: Path | None = None, notes: list[s
         return (CONFIG_DIR / alias).resolve()
     raise FileNotFoundError(
         f"config {str(name)!r} not found in the working directory or in {CONFIG_DIR}; "
-        "expected a JSON file such as configs/tiny_config.json."
+        "expected a JSON or YAML file such as configs/tiny_config.json."
     )
-
-
-def _pairs_without_duplicates(path: Path, warnings: list[str]):
-    """json object_pairs_hook: a dict of the pairs, noting each key given twice (the last value wins)."""
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in pairs:
-            if key in out:
-                warnings.append(
-                    f"config {path} gives the key {key!r} twice; the last value {value!r} is used."
-                )
-            out[key] = value
-        return out
-
-    return hook
 
 
 def load_config(
     name: str | Path, overrides: dict[str, Any] | None = None, warnings: list[str] | None = None
 ) -> Config:
-    """Load, override (CLI values win) and validate a config file.
+    """Load, override (CLI values win) and validate a config file, JSON or YAML (checkfree.config_files).
 
     A config file must give ``n_stages`` (a ``--set n_stages=…`` override counts): the authors' configs all do,
     and the model's depth and the failure unit follow from it, so a file that leaves it out is refused rather
@@ -388,22 +373,17 @@ def load_config(
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ConfigError: the file is not UTF-8 JSON, gives no ``n_stages``, or a value is invalid.
+        ConfigError: the file is not UTF-8 JSON or YAML, is not a mapping, gives no ``n_stages``, or a value is
+            invalid.
     """
     found: list[str] = []
     path = resolve_config_path(name, notes=found)
     try:
-        raw = json.loads(
-            path.read_text(encoding="utf-8"), object_pairs_hook=_pairs_without_duplicates(path, found)
-        )
-    except UnicodeDecodeError:
-        raise ConfigError(f"config {path} is not a text file (not UTF-8); expected a JSON config.") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+        raw = read_mapping(path, "config", found)
+    except ConfigFileError as e:
+        raise ConfigError(str(e)) from None
     if warnings is not None:
         warnings.extend(found)
-    if not isinstance(raw, dict):
-        raise ConfigError(f"config {path}: expected a JSON object of config keys.")
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
     if "n_stages" not in raw:
         raise ConfigError(

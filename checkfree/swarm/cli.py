@@ -290,7 +290,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from checkfree.swarm.supervisor.results import summary_table
     from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 
-    cfg = load_swarm_config(args.config, _overrides(args))
+    notes: list[str] = []
+    cfg = load_swarm_config(args.config, _overrides(args), notes)
+    for note in notes:
+        logging.getLogger("checkfree").warning("%s", note)
     strategy = make_recovery(args.setting)
     if strategy.swaps and cfg.n_stages < 4:
         raise ValueError(

@@ -1,6 +1,6 @@
 """The swarm's topology config: stages, replicas, microbatches, WAN, timeouts (docs/paper.md §8).
 
-A swarm config is a small JSON file (``configs/swarm_tiny.json``, ``configs/swarm_paper.json``)::
+A swarm config is a small JSON (or YAML) file (``configs/swarm_tiny.json``, ``configs/swarm_paper.json``)::
 
     {"model_config": "tiny_config.json", "replicas": 2, "microbatches": 4, "in_flight": 2,
      "locations": null, "storage_location": "Iowa", "checkpoint_interval": 10, "time_scale": 1.0}
@@ -17,13 +17,13 @@ Nothing here is specific to 7 × 3: any S ≥ 1 and R ≥ 1 work (``ours-plus`` 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
 from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
+from checkfree.config_files import ConfigFileError, read_mapping
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
 SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder")
@@ -201,21 +201,20 @@ def swarm_config_from_dict(raw: dict[str, Any], source: str = "swarm config") ->
     return SwarmConfig(**{k: v for k, v in raw.items() if k in _FIELDS}, model_json=raw.get("model"))
 
 
-def load_swarm_config(path: str | Path, overrides: dict[str, Any] | None = None) -> SwarmConfig:
-    """Load a swarm config file (working directory first, then configs/) and apply ``overrides``.
+def load_swarm_config(
+    path: str | Path, overrides: dict[str, Any] | None = None, notes: list[str] | None = None
+) -> SwarmConfig:
+    """Load a swarm config file, JSON or YAML (working directory first, then configs/), and apply ``overrides``;
+    ``notes`` receives a sentence per key the file gives twice.
 
     Raises:
         FileNotFoundError, ConfigError: one sentence naming the file or value.
     """
     resolved = resolve_config_path(path)
     try:
-        raw = json.loads(resolved.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"swarm config {resolved} is not valid JSON ({e.msg} at line {e.lineno})."
-        ) from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"swarm config {resolved}: expected a JSON object.")
+        raw = read_mapping(resolved, "swarm config", notes)
+    except ConfigFileError as e:
+        raise ConfigError(str(e)) from None
     raw.pop("model", None)
     raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
     return swarm_config_from_dict(raw, str(resolved))

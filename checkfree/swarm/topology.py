@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from checkfree.config_files import ConfigFileError, read_mapping
+
 GIB = 1024**3
 """Bytes in one GiB: the table's bandwidths are GiB/s."""
 
@@ -153,16 +155,18 @@ def load_locations(path: str | Path | None = None) -> LocationTable:
     if path is None:
         source = "checkfree/swarm/locations.json"
         text = resources.files("checkfree.swarm").joinpath("locations.json").read_text(encoding="utf-8")
-    else:
-        source = str(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise TopologyError(f"Cannot read locations file {source}: {exc.strerror}.") from None
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TopologyError(
+                f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
+            ) from None
+        return parse_locations(doc, source)
+    source = str(path)
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TopologyError(
-            f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
-        ) from None
+        doc = read_mapping(path, "locations file")
+    except ConfigFileError as exc:
+        raise TopologyError(str(exc)) from None
+    except OSError as exc:
+        raise TopologyError(f"Cannot read locations file {source}: {exc.strerror}.") from None
     return parse_locations(doc, source)
