@@ -18,9 +18,9 @@ geo-distributed deployment would take, so this module turns a run into simulated
   ≈30 s at its 91.32 s iteration, as a ratio (30 / 91.32 of T_iter) so the cost keeps the paper's proportion at
   any model scale.
 
-The failure-rate conversion (%/h ↔ per-iteration probability, docs/paper.md §1) lives in :mod:`checkfree.failures.rates`;
-it is re-exported here, as is everything of :mod:`checkfree.report.timing` (the authors' formula and the
-paper's measured times).
+The failure-rate conversion (%/h ↔ per-iteration probability, docs/paper.md §1) lives in
+:mod:`checkfree.failures.rates`; ``hourly_rate`` and ``per_iteration_probability`` are re-exported here for the
+report's modules.
 """
 
 from __future__ import annotations
@@ -219,7 +219,8 @@ __all__ = [
 
 # ---------------------------------------------------------------------------------------------- run costs
 def _num(value: Any, default: float = 0.0) -> float:
-    """A metrics number (NaN/inf are written as strings by MetricsSink); ``default`` when missing/invalid."""
+    """A metrics number as a float (:func:`checkfree.telemetry.metrics.read_metrics` has put NaN/inf back);
+    ``default`` when missing or not a number."""
     try:
         out = float(value)
     except (TypeError, ValueError):
