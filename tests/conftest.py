@@ -1,10 +1,10 @@
-import sys
-from pathlib import Path
+"""Fixtures of the whole suite. Shared helpers live in tests/helpers/ (pyproject.toml puts tests/ on sys.path)."""
 
 import pytest
-import torch
 
-sys.path.insert(0, str(Path(__file__).parent))  # makes tests/helpers.py importable
+pytest.register_assert_rewrite("helpers")  # helpers' asserts explain themselves like the tests' own
+
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+from helpers.cli import run_cli
+
 SIM = ROOT / "simulate_training"
 
 AUTHORS_COMMANDS = """

@@ -15,7 +15,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import ROOT, assert_user_error, run_cli, simulate_argv
+
+from helpers import ROOT
+from helpers.cli import assert_user_error, run_cli, simulate_argv
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,7 +6,6 @@ import json
 import random
 
 import pytest
-from cli_helpers import ROOT, checksums, run_cli, simulate_argv
 
 from checkfree.config import ConfigError, config_from_dict, load_config
 from checkfree.failures.injection import StageFailureInjector
@@ -14,7 +13,8 @@ from checkfree.failures.rates import resolve_failure_probability
 from checkfree.sim.progress import WallClockGuard, any_failure_probability, expected_wall_iterations
 from checkfree.telemetry.metrics import read_metrics
 
-from helpers import make_trainer, tiny_config
+from helpers import ROOT, make_trainer, tiny_config
+from helpers.cli import checksums, run_cli, simulate_argv
 
 pytestmark = pytest.mark.timeout(120)
 

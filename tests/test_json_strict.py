@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import torch
-from cli_helpers import ROOT, run_cli, simulate_argv
 
 from checkfree import jsonio
 from checkfree.checkpoint.store import list_checkpoints, read_checkpoint
@@ -31,7 +30,8 @@ from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError, decode, encode
 from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
-from helpers import VOCAB, RandomBatches, make_trainer, tiny_config
+from helpers import ROOT, VOCAB, RandomBatches, make_trainer, tiny_config
+from helpers.cli import run_cli, simulate_argv
 
 
 def _refuse(token: str) -> Any:

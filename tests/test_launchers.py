@@ -2,11 +2,10 @@
 
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
 
 
 def launch(script, *args, dry=True):

@@ -11,11 +11,9 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import ROOT, assert_user_error, run_cli, simulate_argv
 
 from checkfree import memory as M
 from checkfree.config import Config, load_config
@@ -23,6 +21,9 @@ from checkfree.model import build_hf_model, build_stages, split_model, stage_par
 from checkfree.pipeline import forward_loss
 from checkfree.sim import preflight as P
 from checkfree.sim.options import SimulateOptions
+
+from helpers import ROOT
+from helpers.cli import assert_user_error, run_cli, simulate_argv, swarm_argv
 
 PAPER_CONFIGS = (
     "124M_config.json",
@@ -242,15 +243,13 @@ def test_dry_run_prints_the_table_and_does_not_refuse(monkeypatch, tmp_path, cap
 # ---------------------------------------------------------------------------------------- (d) swarm
 
 
-def _swarm_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        *("swarm", "run", "--setting", "ours-plus", "--config", "swarm_tiny.json", "--no-schedule"),
-        *("--device", "cpu", "--run-dir", str(tmp_path / "run"), *extra),
-    ]
-
-
 def test_swarm_dry_run_adds_up_the_nodes_of_this_machine(tmp_path, capsys) -> None:
-    rc, out, err = run_cli(_swarm_argv(tmp_path, "--start", "2", "--end", "5", "--dry-run"), capsys)
+    rc, out, err = run_cli(
+        swarm_argv(
+            tmp_path, "--device", "cpu", "--start", "2", "--end", "5", "--dry-run", setting="ours-plus"
+        ),
+        capsys,
+    )
     assert rc == 0, err
     nodes = [line for line in out.splitlines() if line.startswith("  node ")]
     assert [line.split(" on ")[0].strip() for line in nodes] == [
@@ -270,9 +269,9 @@ def test_swarm_dry_run_adds_up_the_nodes_of_this_machine(tmp_path, capsys) -> No
 
 def test_swarm_run_that_cannot_fit_is_refused_before_anything_starts(monkeypatch, tmp_path, capsys) -> None:
     monkeypatch.setattr(M, "available_host_memory", lambda: 2 * M.GIB)  # ten tiny nodes need ≈ 4.5 GiB
-    rc, out, err = run_cli(_swarm_argv(tmp_path, "--dry-run"), capsys)
+    rc, out, err = run_cli(swarm_argv(tmp_path, "--device", "cpu", "--dry-run", setting="ours-plus"), capsys)
     assert rc == 0 and "does not fit; it would with --end " in out, err
-    rc, _, err = run_cli(_swarm_argv(tmp_path), capsys)
+    rc, _, err = run_cli(swarm_argv(tmp_path, "--device", "cpu", setting="ours-plus"), capsys)
     assert_user_error(rc, err, "the swarm nodes 0..9 this machine hosts need about", "2.00 GiB", "--end ")
     assert not (tmp_path / "run").exists()
 

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-from pathlib import Path
 
 import pytest
-from test_monitoring import _micro_config
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import ROOT
+from helpers.data import micro_config
+from helpers.net import free_port
 
 
 def _launcher(args: list[str], **env: str) -> subprocess.Popen:
@@ -33,11 +26,11 @@ def _launcher(args: list[str], **env: str) -> subprocess.Popen:
 
 @pytest.mark.timeout(200)
 def test_two_nodes_of_one_process_each_train_as_one_data_parallel_world(tmp_path):
-    config = _micro_config(tmp_path)
+    config = micro_config(tmp_path)
     run_dir = tmp_path / "run"
     args = ["no_failure", "2", "16", str(config), "0", "--max-iterations", "2", "--run-dir", str(run_dir)]
     args += ["--cache-dir", str(tmp_path / "cache"), "--no-progress"]
-    rendezvous = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    rendezvous = {"NNODES": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     nodes = [_launcher(args, NODE_RANK=str(rank), **rendezvous) for rank in (0, 1)]
     outputs = []
     try:

@@ -19,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from cli_helpers import CACHE, ROOT, simulate_argv
+
+from helpers import ROOT
+from helpers.cli import CACHE, simulate_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 

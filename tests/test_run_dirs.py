@@ -11,9 +11,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import CACHE, assert_user_error, checksums, run_cli, simulate_argv
 
 from checkfree.telemetry.metrics import read_metrics
+
+from helpers.cli import CACHE, assert_user_error, checksums, run_cli, simulate_argv
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT
+
 MAIN_SITE = Path(sysconfig.get_paths()["purelib"])
 
 
