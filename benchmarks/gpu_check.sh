@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The simulator on CUDA (issue 12): throughput and MFU of the 124M config, with and without --compile, the tiny
-# and small configs under failures, a recovery on CUDA vs CPU, and the swarm on CUDA with a whole-stage crash
-# (issue 11); one table at the end, and every row as it comes in OUT_DIR/gpu_check.md and gpu_check.json
-# (benchmarks/gpu_check.py).
-# usage: benchmarks/gpu_check.sh                      on a GPU machine (≤ 20 min on one H100)
-#        SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh   every section's logic on the CPU, micro sizes
-# Environment: DEVICE (cuda | cpu), SMOKE=1, OUT_DIR (default runs/gpu_check-<UTC time>).
-# With DEVICE=cuda: "no GPU: skipped" and exit code 0 only where nvidia-smi is missing or lists no GPU; where it
-# lists one but torch sees none (a CPU build of torch, or a CUDA build the driver cannot run), exit code 1 with
-# torch's version and CUDA build.
+# The simulator and the swarm on CUDA at paper scale (benchmarks/gpu_check.py; sections in gpu_check_sections.py):
+# 124M tokens/s, MFU, peak memory, staged ÷ plain, bf16 autocast on/off; the paper's Table 2 model; the 1.5B
+# config with activation checkpointing (measured peak beside the estimate); recovery CUDA vs CPU; the swarm with
+# a whole-stage crash; tiny and small under failures; 124M with --compile if time remains. Every row as it comes
+# in OUT_DIR/gpu_check.md and gpu_check.json; the default sections end within 8 min on one H100.
+# usage: benchmarks/gpu_check.sh [--sections 1,3,5] [--budgets N=S,...] [--deadline S]   on a GPU machine
+#        benchmarks/gpu_check.sh --plan [--sections ...]     any machine: every section's inputs at full size, no training
+#        SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh          every section's logic on the CPU, micro sizes
+# Environment: DEVICE (cuda | cpu), SMOKE=1, SECTIONS (as --sections), OUT_DIR (default runs/gpu_check-<UTC time>).
+# With DEVICE=cuda (and no --plan): "no GPU: skipped" and exit code 0 only where nvidia-smi is missing or lists no
+# GPU; where it lists one but torch sees none (a CPU build of torch, or a CUDA build the driver cannot run), exit
+# code 1 with torch's version and CUDA build.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py="$root/.venv/bin/python"
@@ -19,7 +21,9 @@ export PYTORCH_NVML_BASED_CUDA_CHECK=${PYTORCH_NVML_BASED_CUDA_CHECK:-1}
 
 device=${DEVICE:-cuda}
 case "$device" in cuda|cpu) ;; *) echo "DEVICE is '$device'; expected cuda or cpu." >&2; exit 2;; esac
-if [ "$device" = cuda ]; then
+plan=0
+for arg in "$@"; do [ "$arg" != --plan ] || plan=1; done
+if [ "$device" = cuda ] && [ "$plan" = 0 ]; then
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     echo "no GPU: skipped (no nvidia-smi)"
     exit 0
@@ -59,4 +63,7 @@ args=(--device "$device")
 if [ "${SMOKE:-0}" != 0 ]; then
   args+=(--smoke)
 fi
-exec "$py" "$root/benchmarks/gpu_check.py" "${args[@]}"
+if [ -n "${SECTIONS:-}" ]; then
+  args+=(--sections "$SECTIONS")
+fi
+exec "$py" "$root/benchmarks/gpu_check.py" "${args[@]}" "$@"
