@@ -6,7 +6,6 @@ swarm's processes too) with every row written; SMOKE runs every section's logic 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import queue
 import re
@@ -20,7 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
+from helpers import ROOT, strict_json
+
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 TITLES = {
     1: "124M throughput, bf16 on/off",
@@ -34,13 +34,6 @@ TITLES = {
 no_cuda = pytest.mark.skipif(
     torch.cuda.is_available(), reason="this machine has CUDA: the check would run for real"
 )
-
-
-def _strict(text: str) -> dict:
-    """JSON that a strict reader accepts: no NaN or Infinity tokens."""
-    return json.loads(
-        text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(f"non-strict token {c}"))
-    )
 
 
 def _path_without_nvidia_smi(extra: Path | None = None) -> str:
@@ -357,7 +350,7 @@ def test_a_section_stops_at_its_budget_with_a_row_saying_so_and_the_next_one_run
     assert re.search(r"5\. swarm on the device\s+stopped\s+at its budget of 2 s;", text), text[-3000:]
     # section 7 ran, to its end (its row in the closing table)
     assert re.search(r"finished, finite, falling\s+\| yes", text), text[-3000:]
-    report = _strict((check.out / "gpu_check.json").read_text())
+    report = strict_json((check.out / "gpu_check.json").read_text())
     assert report["status"] == "failed"
     assert [(s["number"], s["ended"], s["ok"]) for s in report["sections"]] == [
         (5, "budget", False),
@@ -389,7 +382,7 @@ def test_sigterm_ends_the_whole_check_at_once_with_the_swarm_and_every_row_writt
     assert code == 143, text[-3000:]
     assert not any(line.startswith("7.") for line in check.lines), text[-3000:]
     assert not _wait_gone(check.children, 30), "the swarm's processes outlived the check"
-    report = _strict((check.out / "gpu_check.json").read_text())
+    report = strict_json((check.out / "gpu_check.json").read_text())
     assert report["status"] == "terminated"
     assert [(s["number"], s["ended"]) for s in report["sections"]] == [(4, "finished"), (5, "terminated")]
     metrics = [(r["section"], r["metric"]) for r in report["rows"]]
@@ -420,7 +413,7 @@ def test_sigterm_during_a_simulator_run_ends_the_check_not_just_the_run(tmp_path
     text = "".join(check.lines)
     assert code == 143, text[-3000:]
     assert not any(line.startswith("2.") for line in check.lines), text[-3000:]
-    report = _strict((check.out / "gpu_check.json").read_text())
+    report = strict_json((check.out / "gpu_check.json").read_text())
     assert report["status"] == "terminated"
     assert [(s["number"], s["ended"]) for s in report["sections"]] == [(1, "terminated")]
     assert "error" not in [r["metric"] for r in report["rows"]]
@@ -435,7 +428,7 @@ def test_a_run_cut_short_keeps_the_rows_it_measured(tmp_path):
         check.wait_for(r"^2\. Table 2 model", 100)
     finally:
         check.kill()
-    report = _strict((check.out / "gpu_check.json").read_text())
+    report = strict_json((check.out / "gpu_check.json").read_text())
     assert (
         report["status"] == "running" and report["device"] == "cpu" and report["torch"] == torch.__version__
     )
@@ -475,7 +468,7 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     assert swarm[-1].endswith("| 2/2, yes")
     assert text.rstrip().endswith("all checks passed")
 
-    report = _strict((out / "gpu_check.json").read_text())
+    report = strict_json((out / "gpu_check.json").read_text())
     assert report["status"] == "passed" and report["smoke"] is True
     assert [s["number"] for s in report["sections"]] == list(TITLES)
     assert all(
