@@ -7,6 +7,8 @@
 #                                     lacks is installed (pyproject.toml's lower bounds); its torch is never replaced
 #        ./setup.sh --wheelhouse DIR  install offline from the wheels in DIR (pip --no-index --find-links DIR),
 #                                     e.g. the bundle of benchmarks/device_bundle.sh; combines with --system-torch
+#                                     (where that python's pyarrow is older than the bundled datasets asks and DIR
+#                                     has no newer one, datasets is installed with --no-deps, and setup.sh says so)
 # Environment: PYTHON (the interpreter, default python3), CHECKFREE_SYSTEM_TORCH=1 (as --system-torch),
 # CHECKFREE_WHEELHOUSE=DIR (as --wheelhouse DIR).
 set -euo pipefail
@@ -28,7 +30,7 @@ while [ $# -gt 0 ]; do
       ;;
     --wheelhouse=*) wheelhouse=${1#*=} ;;
     -h | --help)
-      sed -n '4,11p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) die "unknown option '$1'; expected --system-torch, --wheelhouse DIR or --help." ;;
@@ -133,7 +135,72 @@ EOF
     hold=$(mktemp)
     trap 'rm -f "$hold"' EXIT
     echo "torch==$have" >"$hold"
-    if ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} -c "$hold" --no-build-isolation -e .; then
+    nodeps=()  # datasets, where it must go in with --no-deps: its wheel, then the requirements installed instead
+    if [ -n "$wheelhouse" ]; then
+      fallback=$("$VPY" - "$wheelhouse" <<'EOF'
+# The image's pyarrow older than the bundled datasets' requirement, and no newer pyarrow in the wheelhouse (the GPU
+# image; a pyarrow wheel, about 47 MiB, would not fit what a device call carries): print the datasets wheel, the
+# sentence saying so, then the requirements to install instead (checkfree's less datasets, datasets' less pyarrow).
+import importlib.metadata as md
+import importlib.util
+import pathlib
+import re
+import sys
+import zipfile
+
+try:
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+except ImportError:  # pip's own copy
+    from pip._vendor.packaging.requirements import Requirement
+    from pip._vendor.packaging.utils import canonicalize_name
+    from pip._vendor.packaging.version import Version
+
+house = pathlib.Path(sys.argv[1])
+wheels = sorted(house.glob("datasets-*.whl"))
+try:
+    have = md.version("pyarrow")
+except md.PackageNotFoundError:
+    have = None
+if importlib.util.find_spec("datasets") is not None or not wheels or have is None:
+    sys.exit(0)
+wheel = wheels[-1]
+with zipfile.ZipFile(wheel) as z:
+    meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+    lines = z.read(meta).decode().splitlines()
+reqs = [Requirement(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:")]
+reqs = [r for r in reqs if r.marker is None or r.marker.evaluate({"extra": ""})]
+pyarrow = next((r for r in reqs if canonicalize_name(r.name) == "pyarrow"), None)
+if pyarrow is None or pyarrow.specifier.contains(Version(have), prereleases=True):
+    sys.exit(0)
+for w in house.glob("pyarrow-*.whl"):
+    if pyarrow.specifier.contains(Version(w.name.split("-")[1]), prereleases=True):
+        sys.exit(0)  # pip installs the newer pyarrow from the wheelhouse
+version = wheel.name.split("-")[1]
+print(wheel)
+print(
+    f"[setup] the image's pyarrow {have} is older than datasets {version} asks ({pyarrow}) and {house} has no newer "
+    f"one: datasets goes in with --no-deps over pyarrow {have} (checkfree's token cache uses its Dataset.map)"
+)
+project = pathlib.Path("pyproject.toml").read_text()
+block = re.search(r"^dependencies = \[\n(.*?)^\]", project, re.M | re.S)[1]
+ours = [Requirement(m) for m in re.findall(r'"([^"]+)"', block)]
+for r in [r for r in ours if canonicalize_name(r.name) != "datasets"] + [r for r in reqs if r is not pyarrow]:
+    print(str(r).split(";")[0])
+EOF
+      )
+      [ -z "$fallback" ] || mapfile -t nodeps <<<"$fallback"
+    fi
+    if [ ${#nodeps[@]} -gt 0 ]; then
+      echo "${nodeps[1]}"
+      if ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} -c "$hold" "${nodeps[@]:2}" \
+         || ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} --no-deps "${nodeps[0]}" \
+         || ! "$VPY" -m pip install -q --no-deps --no-build-isolation -e .; then
+        echo "setup.sh: pip could not install checkfree's missing requirements from $wheelhouse around datasets --no-deps (its message is above); add the wheels it names with benchmarks/device_bundle.sh DIR NAME==VERSION." >&2
+        exit 1
+      fi
+    elif ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} -c "$hold" --no-build-isolation -e .; then
       echo "setup.sh: pip could not install checkfree's missing requirements${wheelhouse:+ from $wheelhouse} (its message is above)${wheelhouse:+; add the wheels it names with benchmarks/device_bundle.sh DIR NAME==VERSION}." >&2
       exit 1
     fi

@@ -172,6 +172,68 @@ def test_system_torch_over_an_image_names_what_it_lacks_then_installs_nothing_it
     assert again.returncode == 0 and "installing" not in again.stdout, again.stdout + again.stderr
 
 
+def _wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:
+    """A pure-Python wheel of an empty package ``name`` that requires ``requires`` (what pip reads of a wheel)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": f"__version__ = {version!r}\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\n"
+        f"Name: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}"
+        for path, text in files.items()
+    ]
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    path = directory / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for member, text in files.items():
+            z.writestr(member, text)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_system_torch_installs_datasets_without_its_deps_where_the_images_pyarrow_is_older_than_it_asks(
+    tmp_path,
+):
+    """The GPU image's pyarrow may be older than the bundled datasets asks, and a pyarrow wheel (47 MiB) does not
+    fit what a device call carries: datasets goes in with --no-deps, its other requirements and checkfree's as
+    usual, and setup.sh says so. Here the wheelhouse's datasets asks for pyarrow>=999."""
+    import importlib.metadata
+
+    pyarrow = importlib.metadata.version("pyarrow")
+    image_py = _image(tmp_path, lacks={"datasets"})
+    tree, wheels = _checkout(tmp_path), tmp_path / "wheelhouse"
+    wheels.mkdir()
+    _wheel(wheels, "datasets", "5.2.0", ["pyarrow>=999", "dill>=0.3.0", "pytest; extra == 'tests'"])
+    r = _setup(tree, "--system-torch", "--wheelhouse", str(wheels), timeout=400, PYTHON=str(image_py))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (
+        f"[setup] the image's pyarrow {pyarrow} is older than datasets 5.2.0 asks (pyarrow>=999) and {wheels} has "
+        f"no newer one: datasets goes in with --no-deps over pyarrow {pyarrow} (checkfree's token cache uses its "
+        "Dataset.map)\n"
+    ) in r.stdout
+    assert "[setup] ready: torch" in r.stdout
+    probe = "import datasets, importlib.metadata as m; print(datasets.__file__, m.version('pyarrow'))"
+    where, version = subprocess.run(
+        [str(tree / ".venv" / "bin" / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout.split()
+    assert (
+        where.startswith(str(tree / ".venv")) and version == pyarrow
+    )  # the wheelhouse's datasets, the image's pyarrow
+
+
 @pytest.mark.timeout(60)
 def test_system_torch_refuses_a_torch_below_the_lower_bound(tmp_path):
     import torch
