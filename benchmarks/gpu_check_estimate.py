@@ -116,7 +116,7 @@ def estimate_run(run: SimRun, cfg: Config, vocab: int, strategy: str, steps: int
         f"{iterations} it. × {cfg.tokens_per_iteration * f * r / 1e12:,.1f} TFLOP"
         + (" (×4/3 recompute)" if r > 1 else "")
         + (f" + validation {val_tokens:,} tokens" if val_tokens else "")
-        + f" at {mfu:.0%} MFU + {iterations} × {ITERATION_OVERHEAD_S} s = {compute:.1f} s; start-up "
+        + f" at {100 * mfu:.0f} % MFU + {iterations} × {ITERATION_OVERHEAD_S} s = {compute:.1f} s; start-up "
         f"{params / 1e6:,.0f} M params ÷ {INIT_PARAMS_PER_S / 1e6:.0f} M/s + {RUN_SETUP_S:.0f} s"
         + (f" + compile {COMPILE_S:.0f} s" if run.compile else "")
         + f" = {startup:.1f} s"

@@ -81,7 +81,7 @@ CHECK_VALIDATION = 2
 """Validation batches of the throughput sections (module docstring, Validation)."""
 SWARM_TIMEOUT_S = 600
 """The swarm's own limit when no budget is set (SMOKE): it is stopped after 10 min."""
-SWARM_STOP_S = 20
+SWARM_STOP_S = 10
 """After SIGTERM, how long the swarm's launcher gets to stop its nodes before it is killed (by its pid)."""
 LEFTOVER_GRACE_S = 5.0
 """After the swarm's launcher ended, how long the processes below it get to end on their own."""
