@@ -210,7 +210,7 @@ def _check_run(
         raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
     end = node_range(cfg.n_nodes, args.start, args.end, args.config)
     if not isinstance(schedule, dict):  # down intervals: their stages × replicas must be the swarm's
-        from checkfree.swarm.supervisor.supervisor import check_schedule
+        from checkfree.swarm.supervisor.outages import check_schedule
 
         check_schedule(schedule, cfg, schedule_path, f"the swarm of {args.config}")
     bad = sorted(n for n in schedule if n >= cfg.n_nodes) if isinstance(schedule, dict) else []

@@ -19,9 +19,7 @@ from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
-from checkfree.swarm.supervisor.attempts import Attempts
-from checkfree.swarm.supervisor.outages import Outages
-from checkfree.swarm.supervisor.roster import Roster
+from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import (
@@ -164,10 +162,10 @@ def test_a_dead_storage_node_is_forgotten_and_a_later_stage_loss_names_the_cause
     try:
         for slot in sup.roster.all():
             slot.serving = True
-        sup.checkpoints.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
-        sup.results.current_iteration = 6
+        sup.state.checkpoints.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
+        sup.state.current = Attempt(7, 6, sup.roster.members(), t_begin=0.0)
         sup.processes.mark_dead(sup.roster.storage, "process exited with code -9")
-        assert sup.checkpoints.stored == {} and sup.checkpoints.lost_at == 6
+        assert sup.state.checkpoints.stored == {} and sup.state.checkpoints.lost_at == 6
         sup.roster.slots[2].serving = False  # stage 2's only replica is lost
         with pytest.raises(SwarmError, match="storage node restarted during iteration 6"):
             sup._ensure_serving(7)
@@ -282,11 +280,12 @@ def test_zap_refusals_are_logged_rate_limited_with_the_right_count(caplog, secon
 
 class _FakeSwarm:
     """What an attempt talks to, on a fake clock: stage-0 nodes report ITERATION_END ``forward_s`` after
-    ``begin``, every node is ready right after ``sync`` and committed right after ``commit``."""
+    ``begin``, every node is ready right after ``sync`` and committed right after ``commit``; each receive
+    takes 10 ms."""
 
-    def __init__(self, forward_s: float) -> None:
+    def __init__(self, forward_s: float, inbox: dict[str, dict[int, dict]]) -> None:
         self.forward_s, self.t = forward_s, 0.0
-        self.inbox: dict[str, dict[int, dict]] = {}
+        self.inbox = inbox
         self.sent: list[tuple[str, float]] = []
         self.kills: list[float] = []
         self.died = False
@@ -304,7 +303,7 @@ class _FakeSwarm:
         if command == "commit":
             self.inbox["committed"] = {n: {"epoch": self.epoch} for n in nodes}
 
-    def poll(self, timeout: float = 0.0) -> None:
+    def recv(self, timeout: float = 0.0) -> None:
         self.t += 0.01
         begun = [t for c, t in self.sent if c == "begin"][-1]
         if self.t - begun >= self.forward_s:
@@ -325,31 +324,28 @@ class _FakeSwarm:
     [(1.0, 0.5), (300.0, 2.0)],  # mid-forward as scheduled; after a 300 s iteration: when forward ends
 )
 def test_a_scheduled_crash_fires_at_its_point_or_at_the_latest_when_the_attempt_reaches_sync(
-    last_wall_s, fires_at
+    last_wall_s, fires_at, tmp_path: Path
 ) -> None:
     """crash_point 0.5: the crash fires 0.5 × the last iteration's time after ``begin``, or, when that lies
     past the end of the forward phase (2 s here), as soon as every ITERATION_END is in, before ``sync``;
     the supervisor never idles until the estimated moment (before the fix: 150 s after a 300 s iteration)."""
     cfg = SwarmConfig(model_config="tiny_config.json", replicas=1, crash_point=0.5)
-    roster = Roster(cfg, 0, cfg.n_nodes, storage=False)
-    for slot in roster.slots:
-        slot.serving = True
-        roster.by_node[slot.occupant] = slot
-    fake = _FakeSwarm(forward_s=2.0)
-    results = SimpleNamespace(
-        current_iteration=0,
-        last_wall_s=lambda: last_wall_s,
-        scheduled_kill=lambda slot, it: None,
-        aborts=0,
-        failed_attempts={},
-    )
-    strategy = SimpleNamespace(loses_state=True)
-    outages = Outages({1: [3]}, roster)
-    attempts = Attempts(cfg, strategy, outages, roster, fake, fake, results)  # type: ignore[arg-type]
-    attempts.clock = lambda: fake.t
-    assert attempts.attempt(3) is False  # the death aborts the attempt
-    assert fake.kills == [pytest.approx(fires_at, abs=0.02)]
-    assert (
-        "sync" not in [c for c, _ in fake.sent] and ("abort", pytest.approx(fires_at, abs=0.03)) in fake.sent
-    )
-    assert (1, 3) in outages.fired and roster.slots[1].dead
+    sup = Supervisor(cfg, "ours", {1: [3]}, iterations=4, run_dir=tmp_path, vocab_size=300)
+    try:
+        roster = sup.roster
+        for slot in roster.slots:
+            slot.serving = True
+            roster.by_node[slot.occupant] = slot
+        fake = _FakeSwarm(forward_s=2.0, inbox=sup.state.inbox)
+        sup.link = sup.attempts.link = sup.processes = fake  # type: ignore[assignment]
+        sup.results.last_wall_s = lambda: last_wall_s  # type: ignore[method-assign]
+        sup.attempts.clock = lambda: fake.t
+        assert sup._attempt(3) is False  # the death aborts the attempt
+        assert fake.kills == [pytest.approx(fires_at, abs=0.02)]
+        assert (
+            "sync" not in [c for c, _ in fake.sent]
+            and ("abort", pytest.approx(fires_at, abs=0.03)) in fake.sent
+        )
+        assert (1, 3) in sup.state.fired and roster.slots[1].dead
+    finally:
+        sup.transport.close()

@@ -62,7 +62,7 @@ def _pipeline(
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_nan_activations_from_the_predecessor_are_dropped_and_counted(swarm: Supervisor) -> None:
-    epoch, row = swarm.attempts.epoch, len(swarm.results.rows)
+    epoch, row = swarm.state.attempt, len(swarm.results.rows)
     before4, before2 = _rejected(swarm, 4), _rejected(swarm, 2)
     assert swarm.roster.members()[1][0] == 2 and swarm.roster.members()[2][0] == 4
     forward = Attacker(swarm, 4, as_id=2)  # node 2 precedes node 4 on pipeline 0's route [0, 2, 4]
@@ -85,7 +85,7 @@ def test_nan_activations_from_the_predecessor_are_dropped_and_counted(swarm: Sup
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_activations_from_a_node_off_the_route_are_dropped_and_counted(swarm: Supervisor) -> None:
-    epoch, row = swarm.attempts.epoch, len(swarm.results.rows)
+    epoch, row = swarm.state.attempt, len(swarm.results.rows)
     before = _rejected(swarm, 4)
     attacker = Attacker(swarm, 4, as_id=3)  # node 3 serves stage 1 too, but on pipeline 1's route
     huge = 3e38  # finite: only the route check can stop it (a stage that took it would compute inf/NaN)
@@ -109,7 +109,7 @@ def test_activations_from_a_node_off_the_route_are_dropped_and_counted(swarm: Su
 def test_nan_and_huge_gradients_from_a_real_replica_are_dropped_counted_and_reported(
     swarm: Supervisor,
 ) -> None:
-    epoch, row = swarm.attempts.epoch, len(swarm.results.rows)
+    epoch, row = swarm.state.attempt, len(swarm.results.rows)
     before = _rejected(swarm, 3)
     params = dict(build_stage(swarm.cfg.model, 1, 300, swarm.cfg.init_seed).named_parameters())
 

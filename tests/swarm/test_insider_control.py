@@ -27,8 +27,8 @@ from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.parts import OUTSTANDING_ANSWERS, WeightGrants
-from checkfree.swarm.supervisor.attempts import Epoch
 from checkfree.swarm.supervisor.conduct import EVICT_THRESHOLD, Conduct
+from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import KeyRing, SwarmKeys, read_token
@@ -77,9 +77,8 @@ def _handshake(sup: Supervisor, target: int, as_id: int, timeout: float = 5.0) -
 
 def test_one_accuser_cannot_evict_a_node_but_two_reporters_or_the_supervisor_can() -> None:
     t = [0.0]
-    results = SimpleNamespace(t0=0.0, current_iteration=3, now=lambda: t[0], evictions=[])
     roster = SimpleNamespace(revoked=set(), by_node={}, storage=None)
-    conduct = Conduct(roster, None, None, results, None, threshold=16, window_s=60.0, clock=lambda: t[0])
+    conduct = Conduct(roster, threshold=16, window_s=60.0, clock=lambda: t[0])  # type: ignore[arg-type]
     conduct.reported(7, {"3": 1000})  # one reporter: node 7 says node 3 sent 1,000 bad messages
     conduct.accused(7, [3] * 50)
     assert conduct.score(3) == 0  # its largest accuser is left out: one key frames nobody
@@ -173,16 +172,16 @@ def sup(tmp_path: Path) -> Iterator[Supervisor]:
     for slot in sup.roster.slots:
         slot.serving, slot.address = True, f"tcp://127.0.0.1:{7000 + slot.slot}"
         sup.roster.by_node[slot.occupant] = slot
-    sup.attempts.epoch, sup.results.current_iteration = 7, 3
-    sup.attempts.current = Epoch(7, 3, sup.roster.members(), t_begin=100.0)
-    sup.attempts.clock = lambda: sup.now  # type: ignore[attr-defined]
+    sup.state.attempt = 7
+    sup.state.current = Attempt(7, 3, sup.roster.members(), t_begin=100.0)
+    sup.peer_messages.clock = lambda: sup.now  # type: ignore[attr-defined]
     sup.now = 101.0  # type: ignore[attr-defined]
     yield sup
     sup.transport.close()
 
 
 def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervisor) -> None:
-    handle, inbox = sup.peer_messages.handle, sup.link.inbox
+    handle, inbox = sup.peer_messages.handle, sup.state.inbox
     bad = sup.peer_messages.bad_messages
     handle(_ctl(0, command="stalled", epoch=7, reason="forged"))  # 1 s after begin: impossible
     handle(_ctl(1, command="stalled", epoch=7, reason="not stage 0"))
@@ -198,7 +197,7 @@ def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervi
 
 
 def test_ready_committed_and_iteration_end_must_fit_the_attempts_phase(sup: Supervisor) -> None:
-    handle, inbox, current = sup.peer_messages.handle, sup.link.inbox, sup.attempts.current
+    handle, inbox, current = sup.peer_messages.handle, sup.state.inbox, sup.state.current
     bad = sup.peer_messages.bad_messages
     handle(_ctl(2, command="ready", epoch=7, grad_norm=1.0, pipelines=1.0))  # before sync
     handle(_ctl(2, command="committed", epoch=7, **_stats(4)))  # before commit
@@ -233,7 +232,7 @@ def _stats(version: int) -> dict:
 
 
 def test_replan_is_answered_once_per_plan_and_only_to_a_recovering_replacement(sup: Supervisor) -> None:
-    handle, inbox = sup.peer_messages.handle, sup.link.inbox
+    handle, inbox = sup.peer_messages.handle, sup.state.inbox
     slot = sup.roster.slots[2]
     handle(_ctl(2, command="replan", reason="x", seq=0))  # it serves
     slot.serving, slot.plan_seq = False, 1
@@ -270,16 +269,16 @@ def _evicted(sup: Supervisor) -> set[int]:
 @pytest.mark.timeout(120)
 def test_a_forged_stalled_flood_redoes_no_attempt_and_evicts_its_sender(swarm: Supervisor) -> None:
     node = _serving(swarm, 0, 1)  # drives pipeline 1: its stalls are the ones the supervisor acts on
-    failed, rows = dict(swarm.results.failed_attempts), len(swarm.results.rows)
+    failed, rows = dict(swarm.state.failed_attempts), len(swarm.results.rows)
     attacker = Attacker(swarm, SUPERVISOR_ID, as_id=node)
     try:
         for _ in range(32):  # in 0.7 s, each for the epoch running as it is sent
-            attacker.send(_ctl(node, command="stalled", epoch=swarm.attempts.epoch, reason="forged"))
+            attacker.send(_ctl(node, command="stalled", epoch=swarm.state.attempt, reason="forged"))
             time.sleep(0.02)
     finally:
         attacker.close()
     after_commits(swarm, 5)
-    assert swarm.results.failed_attempts == failed  # no attempt was redone for a stall
+    assert swarm.state.failed_attempts == failed  # no attempt was redone for a stall
     assert all(math.isfinite(r["loss"]) for r in swarm.results.rows[rows:])
     assert node in _evicted(swarm)  # 32 impossible claims > EVICT_THRESHOLD
 
@@ -293,9 +292,9 @@ def test_a_forged_ready_with_a_nan_gradient_norm_is_rejected(swarm: Supervisor) 
     try:
         for norm in (math.nan, math.inf, math.nan, -1.0, math.nan):  # one per attempt, as 'sync' begins:
             done = len(swarm.results.rows)  # before the genuine ready, had it been taken
-            wait_until(lambda: swarm.attempts.current.phase == "sync", swarm)
+            wait_until(lambda: swarm.state.current.phase == "sync", swarm)
             attacker.send(
-                _ctl(node, command="ready", epoch=swarm.attempts.epoch, grad_norm=norm, pipelines=1.0)
+                _ctl(node, command="ready", epoch=swarm.state.attempt, grad_norm=norm, pipelines=1.0)
             )
             wait_until(lambda: len(swarm.results.rows) > done, swarm)  # noqa: B023
     finally:
@@ -347,7 +346,7 @@ def test_a_repeat_offender_is_evicted_refused_and_replaced(swarm: Supervisor) ->
     attacker = Attacker(swarm, SUPERVISOR_ID, as_id=node)
     try:
         for _ in range(6):  # 24 claims that cannot be true of a serving stage-1 node
-            epoch = swarm.attempts.epoch
+            epoch = swarm.state.attempt
             attacker.send(
                 _ctl(node, command="replan", reason="forged", seq=0),
                 _ctl(node, command="recovery_failed", reason="forged"),

@@ -42,7 +42,7 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     thread.join(timeout=60)
     assert not thread.is_alive() and result, "the attacked swarm did not finish"
     assert all(math.isfinite(loss) for _, loss in result["loss_curve"])
-    assert 10**6 not in {v for versions in sup.checkpoints.stored.values() for v in versions}
+    assert 10**6 not in {v for versions in sup.state.checkpoints.stored.values() for v in versions}
     # the attacked swarm still shuts down in order: every node alive at the end (the storage node included)
     # answers the shutdown with its final statistics (Supervisor._shutdown keeps them in results.finals)
     alive = {slot.occupant for slot in sup.roster.all() if not slot.dead}
@@ -86,7 +86,7 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
         attacker.send(
             Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "shutdown"}),
             Message(
-                MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "epoch": swarm.attempts.epoch}
+                MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "epoch": swarm.state.attempt}
             ),
             Message(MessageType.LEAVE, 3),
         )
@@ -102,7 +102,7 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
 def test_forged_commands_from_a_node_do_not_stop_or_stall_another(swarm: Supervisor) -> None:
     bad = _counts(swarm, 2)[0]
     attacker = Attacker(swarm, 2, as_id=1)  # a compromised node 1 commands node 2
-    epoch = swarm.attempts.epoch
+    epoch = swarm.state.attempt
     try:
         attacker.send(
             Message(MessageType.CONTROL, 1, meta={"command": "shutdown"}),
@@ -148,7 +148,7 @@ def test_malformed_and_lying_messages_to_the_supervisor_are_dropped(swarm: Super
     assert swarm.transport.stats["dropped_malformed"] == malformed + 1
     assert swarm.peer_messages.bad_messages == bad + 3
     assert swarm.node_address(1) == address  # the slot was not re-pointed to the attacker
-    assert all(10**6 not in v for v in swarm.checkpoints.stored.values())
+    assert all(10**6 not in v for v in swarm.state.checkpoints.stored.values())
 
 
 @pytest.mark.slow
@@ -236,7 +236,7 @@ def test_forged_checkpoints_never_reach_a_rollback(swarm: Supervisor) -> None:
     finally:
         attacker.close()
     after_commits(swarm, 3)
-    assert all(10**6 not in v for v in swarm.checkpoints.stored.values())
+    assert all(10**6 not in v for v in swarm.state.checkpoints.stored.values())
     assert node_report(swarm, storage)["bad_messages"] == bad + 3
 
 
@@ -276,7 +276,9 @@ def test_a_flood_of_weight_requests_opens_no_sockets_and_leaks_no_weights(swarm:
 def test_a_storage_restart_is_forgotten_and_refilled(swarm: Supervisor) -> None:
     storage = swarm.cfg.storage_id
     swarm.host.kill(storage)
-    wait_until(lambda: swarm.checkpoints.lost_at is not None, swarm)
+    wait_until(lambda: swarm.state.checkpoints.lost_at is not None, swarm)
     # the respawned storage node is empty; the supervisor asks every stage for a fresh checkpoint
-    wait_until(lambda: swarm.checkpoints.has_complete() and swarm.roster.storage.serving, swarm, timeout=120)
+    wait_until(
+        lambda: swarm.state.checkpoints.has_complete() and swarm.roster.storage.serving, swarm, timeout=120
+    )
     after_commits(swarm)

@@ -8,7 +8,6 @@ import importlib.util
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from checkfree.failures.schedules import load_node_schedule
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills, load_recovery_kills
-from checkfree.swarm.supervisor.roster import Roster
+from checkfree.swarm.supervisor.state import Attempt, Roster
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
@@ -105,7 +104,7 @@ def test_the_supervisor_plans_a_stage_again_from_the_live_stages_and_tells_its_r
         sup.roster.by_node[20] = slot2
         slot3 = sup.roster.slots[3]  # then stage 3's only node dies mid-fetch: a new loss event
         slot3.serving, slot3.dead = False, True
-        sup._plan_event(sup.roster.lost_stages())
+        sup.planner.plan_event(sup.roster.lost_stages())
         ((to, command, meta),) = sup.sent  # the changed plan goes to the recovering replacement unasked
         plan = RecoveryPlan.from_json(meta["plan"], 4)
         assert (to, command, meta["seq"], plan.rule, plan.sources) == (20, "plan", 1, "checkfree", (1, 4))
@@ -113,15 +112,15 @@ def test_the_supervisor_plans_a_stage_again_from_the_live_stages_and_tells_its_r
         control.check(Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": command, **meta}))
         assert slot3.plan == RecoveryPlan("checkfree", (1, 4))  # its replacement gets it in its WELCOME
         # the replacement asked before that plan reached it (seq 0): it is not sent twice
-        sup.link.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 0}}
-        sup._answer_replans()
+        sup.state.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 0}}
+        sup.planner.answer_replans()
         assert len(sup.sent) == 1
         # it asks while running plan 1 (say its members were stale): the plan of now, again, with members
-        sup.link.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 1}}
-        sup._answer_replans()
+        sup.state.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 1}}
+        sup.planner.answer_replans()
         assert [(to, c, m["seq"]) for to, c, m in sup.sent] == [(20, "plan", 1), (20, "plan", 2)]
         # an unchanged plan is not resent at the next loss event
-        sup._plan_event(sup.roster.lost_stages())
+        sup.planner.plan_event(sup.roster.lost_stages())
         assert len(sup.sent) == 2
     finally:
         sup.transport.close()
@@ -143,16 +142,20 @@ def test_a_replica_rebuilt_by_another_plan_than_its_serving_sibling_is_killed(tm
             sup.roster.by_node[slot.occupant] = slot
         a, b = sup.roster.slots[4], sup.roster.slots[5]
         record = {"rule": "checkfree", "source_stages": [1, 3], "parts": None, "fallback": None}
-        sup.peer_messages._on_serving(a, {"stage": 2, "version": 0, "record": record})
-        sup.peer_messages._on_serving(
-            b, {"stage": 2, "version": 0, "record": {**record, "source_stages": [1, 4]}}
+        sup.execute(sup.peer_messages._on_serving(a, {"stage": 2, "version": 0, "record": record}))
+        sup.execute(
+            sup.peer_messages._on_serving(
+                b, {"stage": 2, "version": 0, "record": {**record, "source_stages": [1, 4]}}
+            )
         )
         assert a.serving and not b.serving and b.dead and killed[0][0] == b.occupant
         assert "node 4 serves stage 2 rebuilt by checkfree from stages (1, 3)" in killed[0][1]
-        sup._plan_event(sup.roster.lost_stages())
+        sup.planner.plan_event(sup.roster.lost_stages())
         assert b.plan.rule == "replica"
         b.dead = False
-        sup.peer_messages._on_serving(b, {"stage": 2, "version": 0, "record": {"rule": "replica"}})
+        sup.execute(
+            sup.peer_messages._on_serving(b, {"stage": 2, "version": 0, "record": {"rule": "replica"}})
+        )
         assert b.serving and len(killed) == 1
     finally:
         sup.transport.close()
@@ -167,18 +170,18 @@ def test_a_lost_stage_0_is_planned_only_from_copy_holders_that_hold_a_copy(tmp_p
     asking it (before the fix: 10 refusals "holds no copy", then the recovery failed)."""
     sup = _supervisor(tmp_path, "ours-plus")
     try:
-        sup.results.current_iteration = 7
+        sup.state.current = Attempt(9, 7, sup.roster.members(), t_begin=0.0)
         reports = sup.peer_messages
         stage1, stage4 = sup.roster.slots[1], sup.roster.slots[4]
         committed = {"command": "committed", "epoch": 9, "version": 7}
         reports._on_report(stage4, committed | {"stage0_copy": 7})
         sup.roster.slots[0].serving = False  # stage 0 is lost; stage 1 serves, rebuilt: it reported no copy
-        sup._plan_event(sup.roster.lost_stages())
+        sup.planner.plan_event(sup.roster.lost_stages())
         plan = sup.roster.slots[0].plan
         assert (plan.rule, plan.sources, plan.parts) == ("stage0_copy", (4,), ("head",))
         assert plan.fallback == "copy holder holds no copy yet: random init of ['embedding']"
         reports._on_report(stage1, committed | {"stage0_copy": 7})  # once it holds one, it is a source
-        sup._plan_event(sup.roster.lost_stages())
+        sup.planner.plan_event(sup.roster.lost_stages())
         plan = sup.roster.slots[0].plan
         assert (plan.sources, plan.parts, plan.fallback) == ((1, 4), ("embedding", "head"), None)
         sup.host.spawn = lambda *args, **kwargs: 0  # type: ignore[method-assign]
@@ -222,19 +225,21 @@ def test_recovery_kills_hit_a_recovering_replacement_or_its_sources(tmp_path: Pa
     recovering.plan = RecoveryPlan("replica", (2,), with_optimizer=True, fresh_lr_scale=False)
     now = [100.0]
     killed: list[tuple[int, str]] = []
-    processes = SimpleNamespace(
-        kill=lambda slot, why: (killed.append((slot.occupant, why)), setattr(slot, "dead", True))
-    )
-    results = SimpleNamespace(current_iteration=3)
     kills = [RecoveryKill(3, "source", 0.5), RecoveryKill(3, "replacement", 0.0), RecoveryKill(9, "source")]
-    hook = RecoveryKills(kills, roster, processes, results, clock=lambda: now[0])  # type: ignore[arg-type]
-    hook.tick()
+    hook = RecoveryKills(kills, roster, clock=lambda: now[0])
+
+    def tick() -> None:  # the supervisor's recovery loop, recovering from a loss in iteration 3, kills them
+        for slot, why in hook.tick(3):
+            killed.append((slot.occupant, why))
+            slot.dead = True
+
+    tick()
     assert killed == [(30, "recovery kill: replacement while it recovers")]
     recovering.dead, recovering.occupant = False, 31  # its next replacement
-    hook.tick()
+    tick()
     assert len(killed) == 1  # the source kill waits 0.5 s after it joined
     now[0] += 0.6
-    hook.tick()
+    tick()
     assert killed[1] == (4, "recovery kill: source of node 31 (stage 2) mid-fetch")
     assert [k.fired for k in kills] == [True, True, False]
     assert hook.fired[1] == {"iteration": 3, "kind": "source", "replacement": 31, "killed": [4]}
@@ -395,22 +400,24 @@ def test_a_storage_node_lost_during_a_rollback_stops_the_run_at_once_with_the_ca
     try:
         for slot in sup.roster.all():
             slot.serving = True
-        sup.checkpoints.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
-        sup.results.current_iteration = 6
+        sup.state.checkpoints.stored = {s: {0, 4} for s in range(cfg.n_stages + 1)}
+        sup.state.current = Attempt(7, 6, sup.roster.members(), t_begin=0.0)
         sup.roster.slots[2].serving = False
         storage = sup.roster.storage
 
-        def wait_serving(initial: bool = False, tick=None):
+        def serve(
+            timeout: float, police: bool = True
+        ) -> None:  # the storage node dies while the swarm recovers
             sup.processes.mark_dead(storage, "process exited with code -9")
-            tick()
-            yield set()
 
-        sup.processes.wait_serving = wait_serving  # type: ignore[method-assign]
+        sup.serve = serve  # type: ignore[method-assign]
         with pytest.raises(SwarmError, match=r"stages \[2\] .* storage node restarted during iteration 6"):
             sup._ensure_serving(6)
         storage.tries, storage.dead, storage.occupant = 3, False, cfg.storage_id
         sup.roster.by_node[storage.occupant] = storage
-        sup.peer_messages._on_serving(storage, {"stage": -1, "version": 0, "record": {"rule": "initial"}})
+        sup.execute(
+            sup.peer_messages._on_serving(storage, {"stage": -1, "version": 0, "record": {"rule": "initial"}})
+        )
         assert storage.serving and storage.tries == 0
     finally:
         sup.transport.close()

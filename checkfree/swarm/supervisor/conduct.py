@@ -20,7 +20,7 @@ by reports only as far as a second reporter saw it misbehave too (our choice; an
 cannot produce two reporters). A node flooding one peer only is therefore not evicted on that peer's word; its
 messages are still dropped there, and the bounded buffers keep the flood harmless.
 
-**Verdict.** A node is evicted once more than :data:`EVICT_THRESHOLD` rejected messages counted within the
+**Verdict** (:meth:`Conduct.verdicts`; the supervisor evicts). A node is evicted once more than :data:`EVICT_THRESHOLD` rejected messages counted within the
 last :data:`EVICT_WINDOW_S` seconds (our choice: an honest node sees a few rejections at most, a late answer
 or a message of an epoch that was just aborted, and a flood is hundreds a second). The supervisor then:
 
@@ -43,13 +43,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
 
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
-from checkfree.swarm.supervisor.processes import Processes
-from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.roster import Link, Roster
-from checkfree.swarm.wire.auth import SwarmKeys
+from checkfree.swarm.supervisor.state import Roster
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, ProtocolError
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
@@ -61,11 +57,10 @@ EVICT_WINDOW_S = 60.0
 
 
 class Conduct:
-    """The evidence against each node, and the eviction of those over the threshold.
+    """The evidence against each node, and which nodes are over the threshold.
 
     Args:
-        roster, link, processes, results: the supervisor's parts (whom a node occupies, the ``peers`` broadcast,
-            the kill, the eviction records). keys: the swarm keys (None: plain TCP, nothing to revoke).
+        roster: the slots (the revoked ids, the storage node, whom a node occupies).
         threshold, window_s: the verdict's limit (:data:`EVICT_THRESHOLD`, :data:`EVICT_WINDOW_S`).
         clock: seconds (monotonic); tests replace it.
     """
@@ -73,21 +68,11 @@ class Conduct:
     def __init__(
         self,
         roster: Roster,
-        link: Link,
-        processes: Processes,
-        results: Results,
-        keys: SwarmKeys | None,
         threshold: int = EVICT_THRESHOLD,
         window_s: float = EVICT_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.roster, self.link, self.processes, self.results, self.keys = (
-            roster,
-            link,
-            processes,
-            results,
-            keys,
-        )
+        self.roster = roster
         self.threshold, self.window_s, self.clock = threshold, window_s, clock
         self._lock = threading.Lock()  # offences also arrive from the transport's receiving thread
         self._events: dict[int, deque[tuple[float, int, int]]] = {}
@@ -95,8 +80,6 @@ class Conduct:
         self._last_why: dict[int, str] = {}
         self._reported: dict[int, dict[int, int]] = {}
         """Reporter → sender → the cumulative count it last reported."""
-        self.evictions: list[dict[str, Any]] = results.evictions
-        """One record per eviction (the results' list: throughput.json's ``evictions``)."""
 
     # ------------------------------------------------------------------ evidence
 
@@ -153,48 +136,23 @@ class Conduct:
 
     # ------------------------------------------------------------------ verdict
 
-    def enforce(self) -> None:
-        """Evict every node over the threshold (the supervisor calls this after each poll)."""
-        if self.results.t0 is None:
-            return  # not before training starts: an initial node is restarted under its own id
+    def verdicts(self) -> list[int]:
+        """The nodes to evict now: over the threshold, not revoked yet, not the storage node (it restarts under
+        its own id). The supervisor asks after each poll once training started, and evicts them."""
         with self._lock:
             accused = [n for n in self._events if n not in self.roster.revoked]
+        out = []
         for node in accused:
-            if self.score(node) > self.threshold:
-                self.evict(node)
+            slot = self.roster.by_node.get(node)
+            if self.score(node) > self.threshold and (slot is None or slot is not self.roster.storage):
+                out.append(node)
+        return out
 
-    def evict(self, node: int) -> None:
-        """Revoke ``node``'s key everywhere and, if it occupies a slot, replace it as if it had crashed."""
-        slot = self.roster.by_node.get(node)
-        if slot is not None and slot is self.roster.storage:
-            return
+    def cause(self, node: int) -> tuple[str, int, dict[int, int]]:
+        """Why ``node`` is evicted (one sentence), the supervisor's own count and each reporter's."""
         own, by = self.evidence(node)
         cause = (
             f"more than {self.threshold} rejected messages within {self.window_s:.0f} s ({own} rejected by the "
             f"supervisor, {sum(by.values())} reported by nodes {sorted(by)}); last: {self._last_why.get(node)}"
         )
-        self.roster.revoked.add(node)
-        if self.keys is not None:
-            self.keys.revoked.add(node)
-        identity = self.link.transport.identity
-        if identity is not None:
-            identity.keyring.revoke([node])
-        occupies = slot is not None and slot.occupant == node and not slot.dead
-        self.evictions.append(
-            {
-                "node": node,
-                "slot": slot.slot if slot is not None else None,
-                "stage": slot.stage if slot is not None else None,
-                "iteration": self.results.current_iteration,
-                "t": self.results.now(),
-                "cause": cause,
-                "rejected_by_supervisor": own,
-                "reported_by": {str(r): n for r, n in sorted(by.items())},
-                "replaced": occupies,
-            }
-        )
-        log.warning("supervisor: node %d evicted: %s", node, cause)
-        if occupies:
-            self.processes.kill(slot, f"evicted: {cause}")  # its peers learn the revocation from 'peers'
-        else:
-            self.link.broadcast("peers", **self.roster.peers_fields())
+        return cause, own, by

@@ -10,7 +10,7 @@ in ``bad_messages`` and as an offence of its sender (checkfree.swarm.supervisor.
 whose messages keep being rejected), and never lets it out: one message cannot stop the supervisor.
 
 **A node's report is a claim, checked against what the supervisor knows of the attempt in progress**
-(checkfree.swarm.supervisor.attempts ``Epoch``), never a verdict. A report of an epoch that has not begun is
+(checkfree.swarm.supervisor.state ``Attempt``), never a verdict. A report of an epoch that has not begun is
 rejected; one of an epoch that is over (aborted, committed) is stale and ignored; each node reports each of
 ``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per epoch, and only as a member of it:
 
@@ -29,29 +29,33 @@ rejected; one of an epoch that is over (aborted, committed) is stale and ignored
   plan and at most ``max_attempts`` times per replacement (its own limit before it gives up).
 
 A replacement's sources learn that it may fetch their weights (CONTROL ``grant``) when it is sent its plan, in
-WELCOME or ``plan`` (checkfree.swarm.supervisor.roster ``Link.grant``; the node's side is
+WELCOME or ``plan`` (checkfree.swarm.supervisor.link ``Link.grant``; the node's side is
 checkfree.swarm.node.parts).
 
 Two replicas of one stage must serve alike: a replacement that reports ``serving`` rebuilt by another plan
 (rule, source stages, parts, fallback) than a replica of its stage that serves already, rebuilt in this
 recovery, is killed (it raced a new plan); its slot is planned again, as a copy of that replica.
+
+**What the handlers see.** The supervisor's state (checkfree.swarm.supervisor.state: the slots, the attempt in
+progress, the iteration, the reports so far, the checkpoints stored), which they read and update, and three narrow
+protocols: an :class:`Outbox` (WELCOME, ``peers``, ``checkpoint``, ``grant``, dialling a node), a :class:`Ledger`
+(a crash's ``joined`` / ``served`` events and the nodes' statistics, for throughput.json) and the
+:class:`Evidence` against misbehaving nodes. What only the supervisor's processes can do (kill a node, mark a
+node dead that its launcher saw exit, start a launcher's nodes) they return as actions
+(:class:`Action`), which the supervisor carries out after each message.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE, LAUNCHER_STAGE
-from checkfree.swarm.supervisor.attempts import Attempts, Epoch
-from checkfree.swarm.supervisor.checkpoints import Checkpoints
-from checkfree.swarm.supervisor.conduct import Conduct
-from checkfree.swarm.supervisor.processes import Processes
-from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.roster import Link, Roster, Slot
-from checkfree.swarm.wire.auth import KEY_WINDOW, SwarmKeys
+from checkfree.swarm.supervisor.state import Attempt, Slot, SupervisorState
+from checkfree.swarm.wire.auth import KEY_WINDOW
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
@@ -59,41 +63,74 @@ from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
 
+class Outbox(Protocol):
+    """Messages to nodes, and which fell silent (checkfree.swarm.supervisor.link.Link)."""
+
+    def send(self, node: int, mtype: MessageType, meta: dict[str, Any]) -> None: ...
+
+    def broadcast(self, command: str, **meta: Any) -> None: ...
+
+    def grant(self, slot: Slot) -> None: ...
+
+    def connect(self, node: int, address: str) -> None: ...
+
+    def silent(self) -> set[int]: ...
+
+
+class Ledger(Protocol):
+    """What throughput.json records of the messages (checkfree.swarm.supervisor.results.Results)."""
+
+    def joined(self, slot: Slot) -> None: ...
+
+    def served(self, slot: Slot, record: dict[str, Any]) -> Any: ...
+
+    def node_report(self, node: int, meta: dict[str, Any]) -> None: ...
+
+
+class Evidence(Protocol):
+    """The evidence against misbehaving nodes (checkfree.swarm.supervisor.conduct.Conduct)."""
+
+    def offence(self, node: int, why: str) -> None: ...
+
+    def reported(self, reporter: int, rejected_from: dict[str, int]) -> None: ...
+
+    def accused(self, reporter: int, replicas: list[int]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Action:
+    """What a message asks of the supervisor's processes: ``kill`` the slot's occupant (``why``), mark it ``dead``
+    (its launcher saw it exit: ``why``), or ``start`` the slot's initial node (a launcher took the slot)."""
+
+    kind: str
+    slot: Slot
+    why: str = ""
+
+
+Actions = list[Action]
+
+
 class PeerMessages:
-    """The supervisor's handlers of messages from peers, with the parts of the supervisor they act on.
+    """The supervisor's handlers of messages from peers.
 
     Args:
-        cfg, setting, vocab_size: what WELCOME tells a node. keys: the swarm's keys (None: plain TCP).
-        roster, link, checkpoints, processes, results: the supervisor's parts (checkfree.swarm.supervisor.supervisor).
-        attempts: the attempt in progress (its epoch, which WELCOME carries, members, phase and start).
-        conduct: the evidence against each node (every rejected message is an offence of its sender).
+        state: the supervisor's state (module docstring). outbox: messages to nodes. ledger: what
+            throughput.json records. evidence: every rejected message is an offence of its sender.
     """
 
-    def __init__(
-        self,
-        cfg: SwarmConfig,
-        setting: str,
-        vocab_size: int,
-        keys: SwarmKeys | None,
-        roster: Roster,
-        link: Link,
-        checkpoints: Checkpoints,
-        processes: Processes,
-        results: Results,
-        attempts: Attempts,
-        conduct: Conduct,
-    ) -> None:
-        self.cfg, self.setting, self.vocab_size, self.keys = cfg, setting, vocab_size, keys
-        self.roster, self.link, self.checkpoints, self.processes = roster, link, checkpoints, processes
-        self.results, self.attempts, self.conduct = results, attempts, conduct
+    def __init__(self, state: SupervisorState, outbox: Outbox, ledger: Ledger, evidence: Evidence) -> None:
+        self.state, self.outbox, self.ledger, self.evidence = state, outbox, ledger, evidence
+        self.cfg, self.roster = state.cfg, state.roster
+        self.clock = time.monotonic
+        """Seconds (monotonic), the clock of the attempts' ``t_begin``; tests replace it."""
         self.bad_messages = 0
         """Peer messages that passed the wire format and schema but did not fit (dropped, counted)."""
-        self.node_handlers: dict[MessageType, Callable[[Slot, Message], None]] = {
+        self.node_handlers: dict[MessageType, Callable[[Slot, Message], Actions]] = {
             MessageType.ITERATION_END: self._on_iteration_end,
             MessageType.CONTROL: self._on_node_control,
         }
         """Message type (from a slot's occupant) → handler; JOIN and launchers are routed before."""
-        self.node_commands: dict[str, Callable[[Slot, dict[str, Any]], None]] = {
+        self.node_commands: dict[str, Callable[[Slot, dict[str, Any]], Actions]] = {
             "serving": self._on_serving,
             "stored": self._on_stored,
             "committed": self._on_committed,
@@ -106,30 +143,31 @@ class PeerMessages:
         }
         """CONTROL command from a node → handler."""
 
-    def handle(self, msg: Message) -> None:
-        """Route one (schema-checked) message through the handler tables; a message that does not fit (a
-        ProtocolError from a handler) is logged and counted in ``bad_messages``, never raised."""
+    def handle(self, msg: Message) -> Actions:
+        """Route one (schema-checked) message through the handler tables; returns what the supervisor's processes
+        must do about it. A message that does not fit (a ProtocolError from a handler) is logged and counted in
+        ``bad_messages``, never raised."""
         try:
             if msg.type == MessageType.JOIN:
-                self._on_join(msg)
-            elif msg.sender in self.roster.launchers:
-                self._on_launcher_message(msg)
-            else:
-                slot = self.roster.by_node.get(msg.sender)
-                if slot is None or slot.occupant != msg.sender:
-                    raise ProtocolError(f"node {msg.sender} is not a member of this swarm")
-                handler = self.node_handlers.get(msg.type)
-                if handler is None:
-                    raise ProtocolError(f"the supervisor takes no {msg.type.name} from a node")
-                handler(slot, msg)
+                return self._on_join(msg)
+            if msg.sender in self.roster.launchers:
+                return self._on_launcher_message(msg)
+            slot = self.roster.by_node.get(msg.sender)
+            if slot is None or slot.occupant != msg.sender:
+                raise ProtocolError(f"node {msg.sender} is not a member of this swarm")
+            handler = self.node_handlers.get(msg.type)
+            if handler is None:
+                raise ProtocolError(f"the supervisor takes no {msg.type.name} from a node")
+            return handler(slot, msg)
         except ProtocolError as exc:
             self.bad_messages += 1
-            self.conduct.offence(msg.sender, str(exc))
+            self.evidence.offence(msg.sender, str(exc))
             log.warning("supervisor: dropped a %s from %d: %s", msg.type.name, msg.sender, exc)
+            return []
 
-    # ------------------------------------------------------------------ reports of one epoch
+    # ------------------------------------------------------------------ reports of one attempt
 
-    def _claim(self, slot: Slot, command: str, epoch: int, stage0: bool = False) -> Epoch | None:
+    def _claim(self, slot: Slot, command: str, epoch: int, stage0: bool = False) -> Attempt | None:
         """The attempt a node's report of ``epoch`` belongs to; None for a stale report (an epoch that is over),
         which is ignored. The caller records it in ``reported`` once its own checks pass.
 
@@ -137,10 +175,10 @@ class PeerMessages:
             ProtocolError: the epoch has not begun, the node is no member (no stage-0 member, with
                 ``stage0``) of it, or it reported ``command`` in this epoch already.
         """
-        current, node = self.attempts.current, slot.occupant
-        if epoch > self.attempts.epoch:
+        current, node = self.state.current, slot.occupant
+        if epoch > self.state.attempt:
             raise ProtocolError(
-                f"{command!r} of epoch {epoch}, which has not begun (epoch {self.attempts.epoch})"
+                f"{command!r} of epoch {epoch}, which has not begun (epoch {self.state.attempt})"
             )
         if current is None or epoch != current.number or current.phase == "over":
             return None
@@ -152,36 +190,37 @@ class PeerMessages:
             raise ProtocolError(f"a second {command!r} of epoch {epoch}")
         return current
 
-    def _take(self, current: Epoch, slot: Slot, meta: dict[str, Any], command: str) -> None:
+    def _take(self, current: Attempt, slot: Slot, meta: dict[str, Any], command: str) -> Actions:
         current.reported.setdefault(command, set()).add(slot.occupant)
-        self.link.inbox.setdefault(command, {})[slot.occupant] = meta
+        self.state.inbox.setdefault(command, {})[slot.occupant] = meta
+        return []
 
-    def _on_iteration_end(self, slot: Slot, msg: Message) -> None:
+    def _on_iteration_end(self, slot: Slot, msg: Message) -> Actions:
         meta = msg.meta
         current = self._claim(slot, "iteration_end", meta["epoch"], stage0=True)
         if current is None:
-            return
+            return []
         if current.phase != "forward":
             raise ProtocolError(f"ITERATION_END in the {current.phase} phase")
         tokens = self.cfg.mb_count * self.cfg.model.batch_size * self.cfg.model.seq_l
         if meta["tokens"] != tokens:
             raise ProtocolError(f"ITERATION_END of {meta['tokens']} tokens; a pipeline runs {tokens}")
-        self._take(current, slot, meta, "iteration_end")
+        return self._take(current, slot, meta, "iteration_end")
 
-    def _on_stalled(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_stalled(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """A stage-0 node's pipeline is stuck: the attempt is aborted and redone, if the claim can be true."""
         current = self._claim(slot, "stalled", meta["epoch"], stage0=True)
         if current is None:
-            return
+            return []
         if slot.occupant in current.reported.get("iteration_end", ()):
             raise ProtocolError("'stalled' from a node whose pipeline ended in this epoch")
-        elapsed = self.attempts.clock() - current.t_begin
+        elapsed = self.clock() - current.t_begin
         if elapsed < 0.99 * self.cfg.microbatch_timeout:  # 1 %: monotonic clocks of two machines
             raise ProtocolError(
                 f"'stalled' {elapsed:.1f} s after begin; no microbatch can have been out for "
                 f"microbatch_timeout ({self.cfg.microbatch_timeout:.0f} s)"
             )
-        silent = sorted(set(current.nodes()) & self.link.transport.dead_peers())
+        silent = sorted(set(current.nodes()) & self.outbox.silent())
         log.warning(
             "supervisor: node %d reports epoch %d stalled after %.1f s (%s); nodes silent: %s",
             slot.occupant,
@@ -190,12 +229,12 @@ class PeerMessages:
             meta["reason"][:200],
             silent or "none",
         )
-        self._take(current, slot, meta, "stalled")
+        return self._take(current, slot, meta, "stalled")
 
-    def _on_ready(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_ready(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         current = self._claim(slot, "ready", meta["epoch"])
         if current is None:
-            return
+            return []
         if current.phase == "forward":
             raise ProtocolError("'ready' before 'sync'")
         if not meta["pipelines"] <= self.cfg.replicas:
@@ -208,13 +247,13 @@ class PeerMessages:
             raise ProtocolError(
                 f"'ready' names {dropped[:8]} as dropped; its replicas are {sorted(replicas)}"
             )
-        self.conduct.accused(slot.occupant, dropped)
-        self._take(current, slot, meta, "ready")
+        self.evidence.accused(slot.occupant, dropped)
+        return self._take(current, slot, meta, "ready")
 
-    def _on_committed(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_committed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         current = self._claim(slot, "committed", meta["epoch"])
         if current is None:
-            return
+            return []
         if current.phase != "commit":
             raise ProtocolError(f"'committed' in the {current.phase} phase, before 'commit'")
         if meta["version"] != current.iteration + 1:
@@ -224,15 +263,17 @@ class PeerMessages:
             )
         self._on_report(slot, meta)
         current.reported.setdefault("committed", set()).add(slot.occupant)
+        return []
 
     # ------------------------------------------------------------------ recovery reports
 
-    def _on_recovery_failed(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_recovery_failed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         if slot.serving:
             raise ProtocolError("'recovery_failed' from a node that serves")
-        self.link.inbox.setdefault("recovery_failed", {})[slot.occupant] = meta
+        self.state.inbox.setdefault("recovery_failed", {})[slot.occupant] = meta
+        return []
 
-    def _on_replan(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_replan(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """A recovering replacement asks for a new plan (answered by the supervisor's recovery loop)."""
         seq = meta["seq"]
         if slot.serving or slot.address is None:
@@ -240,32 +281,35 @@ class PeerMessages:
         if seq > slot.plan_seq:
             raise ProtocolError(f"'replan' of plan {seq}; the node was sent plan {slot.plan_seq} last")
         if seq < slot.plan_seq:
-            return  # a newer plan is on its way to it already
+            return []  # a newer plan is on its way to it already
         if slot.replans >= self.cfg.max_attempts:
             raise ProtocolError(f"'replan' after {slot.replans} new plans (max_attempts)")
-        self.link.inbox.setdefault("replan", {})[slot.occupant] = meta
+        self.state.inbox.setdefault("replan", {})[slot.occupant] = meta
+        return []
 
-    def _on_node_control(self, slot: Slot, msg: Message) -> None:
+    def _on_node_control(self, slot: Slot, msg: Message) -> Actions:
         command = msg.meta["command"]
         handler = self.node_commands.get(command)
         if handler is None:
             raise ProtocolError(f"command {command!r} is not for the supervisor")
-        handler(slot, msg.meta)
+        return handler(slot, msg.meta)
 
     def _plausible(self, version: int) -> None:
         """Raise ProtocolError if a peer's version is ahead of the iterations this supervisor has begun."""
-        if version > self.results.current_iteration + 1:
-            raise ProtocolError(f"version {version} is ahead of iteration {self.results.current_iteration}")
+        begun = self.state.begun_iteration
+        if version > begun + 1:
+            raise ProtocolError(f"version {version} is ahead of iteration {begun}")
 
-    def _on_stored(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_stored(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         if slot is not self.roster.storage or not 0 <= meta["stage"] <= self.cfg.n_stages:
             raise ProtocolError(f"'stored' of stage {meta['stage']} from a node that is not the storage node")
         self._plausible(meta["version"])
-        self.checkpoints.record(meta["stage"], meta["version"])
-        self.conduct.reported(slot.occupant, meta.get("rejected_from", {}))
-        self.results.node_report(slot.occupant, meta)  # the storage node's counters so far
+        self.state.checkpoints.record(meta["stage"], meta["version"])
+        self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
+        self.ledger.node_report(slot.occupant, meta)  # the storage node's counters so far
+        return []
 
-    def _on_report(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_report(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """``committed`` / ``final``: the node's cumulative statistics (its ``rejected_from`` is evidence against
         their senders), and the version of the stage-0 copy a holder (stage 1 or S) holds, which the plan of a
         lost stage 0 needs."""
@@ -277,16 +321,18 @@ class PeerMessages:
                 raise ProtocolError(f"a stage-0 copy reported by a stage-{slot.stage} node, which holds none")
             self._plausible(meta["stage0_copy"])
             slot.copy_version = meta["stage0_copy"]
-        self.conduct.reported(slot.occupant, meta.get("rejected_from", {}))
-        self.results.node_report(slot.occupant, meta)
-        self.link.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
+        self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
+        self.ledger.node_report(slot.occupant, meta)
+        self.state.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
+        return []
 
-    def _on_restored(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_restored(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         self._plausible(meta["version"])
         slot.version = meta["version"]
-        self.link.inbox.setdefault("restored", {})[slot.occupant] = meta
+        self.state.inbox.setdefault("restored", {})[slot.occupant] = meta
+        return []
 
-    def _on_launcher_message(self, msg: Message) -> None:
+    def _on_launcher_message(self, msg: Message) -> Actions:
         if msg.type != MessageType.CONTROL or msg.meta["command"] != "exited":
             raise ProtocolError(f"a launcher sends only CONTROL 'exited', not {msg.type.name}")
         slot = self.roster.by_node.get(msg.meta["node"])
@@ -294,9 +340,9 @@ class PeerMessages:
             raise ProtocolError(
                 f"launcher {msg.sender} reports node {msg.meta['node']}, which it does not host"
             )
-        self.processes.mark_dead(slot, f"process exited with code {msg.meta['code']}")
+        return [Action("dead", slot, f"process exited with code {msg.meta['code']}")]
 
-    def _on_launcher(self, msg: Message) -> None:
+    def _on_launcher(self, msg: Message) -> Actions:
         """Another machine's launcher offers to host slots; start their initial nodes there."""
         if msg.sender < LAUNCHER_ID_BASE or msg.sender in self.roster.launchers:
             raise ProtocolError(f"a launcher JOIN from id {msg.sender}, not a new launcher id")
@@ -312,20 +358,19 @@ class PeerMessages:
         log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
         for n in slots:
             self.roster.slots[n].launcher = msg.sender
-            self.processes.spawn(self.roster.slots[n], replacement=False)
+        return [Action("start", self.roster.slots[n]) for n in slots]
 
     def _connect(self, node: int, address: str) -> None:
         try:
-            self.link.transport.connect(node, address)
+            self.outbox.connect(node, address)
         except TransportError as exc:
             raise ProtocolError(f"address {address[:80]!r} cannot be dialled: {exc}") from None
 
-    def _on_join(self, msg: Message) -> None:
+    def _on_join(self, msg: Message) -> Actions:
         """A node (or launcher) introduces itself: only the expected occupant of a slot, once."""
         node, meta = msg.sender, msg.meta
         if meta["stage"] == LAUNCHER_STAGE:
-            self._on_launcher(msg)
-            return
+            return self._on_launcher(msg)
         slot = self.roster.by_node.get(node)
         if slot is None and 0 <= node < self.cfg.n_nodes and not self.roster.slots[node].local:
             if self.roster.slots[node].launcher is None:
@@ -338,40 +383,42 @@ class PeerMessages:
         self._connect(node, meta["address"])
         self.roster.by_node[node] = slot
         slot.address = meta["address"]
-        self.results.joined(slot)
+        self.ledger.joined(slot)
         welcome = control(
             "welcome",
             config=self.cfg.to_json(),
-            setting=self.setting,
+            setting=self.state.setting,
             peers=self.roster.peer_rows(),
             members={str(k): v for k, v in self.roster.members().items()},
-            vocab_size=self.vocab_size,
+            vocab_size=self.state.vocab_size,
             rank=slot.slot % self.cfg.replicas,
-            checkpoint_version=self.checkpoints.newest_complete(),
-            iteration=self.results.current_iteration + 1,
-            epoch=self.attempts.epoch,
+            checkpoint_version=self.state.checkpoints.newest_complete(),
+            iteration=self.state.begun_iteration + 1,
+            epoch=self.state.attempt,
             **self._keys(),
             **({"revoked": sorted(self.roster.revoked)} if self.roster.revoked else {}),
             **({"plan": slot.plan.to_json()} if slot.plan is not None else {}),
         )
         if meta.get("replacement"):
-            self.link.grant(slot)  # before its WELCOME: the grant is on its way before any request
-        self.link.send(node, MessageType.CONTROL, welcome)
-        self.link.broadcast("peers", **self.roster.peers_fields(), **self._keys())
+            self.outbox.grant(slot)  # before its WELCOME: the grant is on its way before any request
+        self.outbox.send(node, MessageType.CONTROL, welcome)
+        self.outbox.broadcast("peers", **self.roster.peers_fields(), **self._keys())
         log.info(
             "supervisor: node %d joined (stage %d, %s, %s)", node, slot.stage, slot.location, slot.address
         )
+        return []
 
     def _keys(self) -> dict[str, Any]:
         """``keys``: the public keys nodes admit: every live occupant and the next replacement ids."""
-        if self.keys is None:
+        keys = self.state.keys
+        if keys is None:
             return {}
         ids = [s.occupant for s in self.roster.all()] + list(
             range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
         )
-        return {"keys": {str(i): self.keys.public_key(i) for i in ids if i not in self.roster.revoked}}
+        return {"keys": {str(i): keys.public_key(i) for i in ids if i not in self.roster.revoked}}
 
-    def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> None:
+    def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         if slot.serving:
             raise ProtocolError("'serving' from a node that serves already")
         if meta["stage"] != slot.stage:
@@ -390,23 +437,22 @@ class PeerMessages:
             None,
         )
         if rebuilt is not None and other is not None:
-            self.processes.kill(
-                slot,
+            why = (
                 f"rebuilt by rule {record.get('rule')} from stages {record.get('source_stages')}, but node "
                 f"{other.occupant} serves stage {slot.stage} rebuilt by {other.rebuilt[0]} from stages "
-                f"{other.rebuilt[1]}",
+                f"{other.rebuilt[1]}"
             )
-            return
+            return [Action("kill", slot, why)]
         slot.serving, slot.version, slot.rebuilt = True, meta["version"], rebuilt
         slot.deadline = float("inf")
+        restarted, slot.restarted = slot.restarted, False
         if slot is self.roster.storage:
             slot.tries = 0  # a storage node that serves again is no failing start, however often it dies
-        restarted = self.results.open_crash(slot) is not None
-        if slot is self.roster.storage and restarted and self.results.rows:
-            self.link.broadcast(
+        if slot is self.roster.storage and restarted and self.state.commits:
+            self.outbox.broadcast(
                 "checkpoint", checkpoint_senders=[ids[0] for ids in self.roster.members().values() if ids]
             )
-        crash = self.results.served(slot, record)
+        crash = self.ledger.served(slot, record)
         if crash is not None:
             log.info(
                 "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
@@ -416,6 +462,7 @@ class PeerMessages:
                 crash.rule,
                 crash.sources,
             )
+        return []
 
 
 def rebuilt_by(record: dict[str, Any]) -> tuple[Any, ...] | None:

@@ -13,68 +13,71 @@ Two kinds of schedule (checkfree.failures):
   stage trains on the replicas left: every pipeline still runs (checkfree.swarm.config.route sends a missing
   replica's microbatches round-robin to its stage's live replicas, the global batch stays the same) and the
   stage's gradients are the live replicas' average (checkfree.swarm.node.gradient_sync). When every replica of a
-  stage is away, the stage is lost and training cannot go on: the swarm waits (:meth:`Outages.wait_for_returns`),
-  one schedule iteration per ``reference_s`` seconds (the median committed iteration so far, so a waited
+  stage is away, the stage is lost and training cannot go on: the supervisor waits, one schedule iteration
+  (:meth:`Outages.advance`) per ``reference_s`` seconds (the median committed iteration so far, so a waited
   iteration lasts as long as a trained one), firing the crashes and returns that fall in the wait, until a node of
-  every lost stage comes back; the returning node then recovers the stage by the setting's rule (CheckFree,
+  every lost stage comes back (checkfree.swarm.supervisor.supervisor); the returning node then recovers the stage by the setting's rule (CheckFree,
   CheckFree+, checkpoint rollback, ladder), as any replacement does. A replay ends when the clock reaches the
 schedule's end (:meth:`Outages.over`), or earlier at ``--iterations``: a trace's window is the run's length,
 and a stage with no node back before that end is waited out to it.
 
-:class:`Outages` holds the schedule, the clock and which crashes fired; the slots' ``away`` / ``back_at``
-(checkfree.swarm.supervisor.roster.Slot) say which slots it keeps down.
+:class:`Outages` holds the schedule and answers from the supervisor's state (its ``schedule_clock``, the crashes
+``fired``, and the slots' ``away`` / ``back_at``, checkfree.swarm.supervisor.state): which slots go down now, which
+stay away, which come back. It kills nobody and waits for nothing: the supervisor does.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
+from typing import Any
 
-from checkfree.failures.traces import DowntimeSchedule
-from checkfree.swarm.supervisor.roster import Roster, Slot
+from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.state import Slot, SupervisorState
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
 
 class Outages:
-    """Which slots go down in an attempt, which come back, and the wait for a lost stage's returning node.
+    """Which slots go down in an attempt, which stay away, which come back.
 
     Args:
         schedule: {slot: crash iterations} (the authors' node format) or a :class:`DowntimeSchedule`.
-        roster: the slots (their ``away`` / ``back_at`` are set here).
+        state: the supervisor's state (its clock, the crashes fired, the slots' ``away`` / ``back_at``).
     """
 
-    def __init__(self, schedule: dict[int, list[int]] | DowntimeSchedule, roster: Roster) -> None:
-        self.roster = roster
+    def __init__(self, schedule: dict[int, list[int]] | DowntimeSchedule, state: SupervisorState) -> None:
+        self.state, self.roster = state, state.roster
         self.downtime = schedule if isinstance(schedule, DowntimeSchedule) else None
         self.crashes = schedule.node_crashes() if isinstance(schedule, DowntimeSchedule) else dict(schedule)
-        self.clock = 0
-        """Schedule iterations elapsed (down-interval schedules; committed iterations + waited iterations)."""
-        self.fired: set[tuple[int, int]] = set()
-        """(slot, schedule iteration) of the crashes already fired (a redone iteration does not refire)."""
+
+    @property
+    def clock(self) -> int:
+        """Schedule iterations elapsed (the state's ``schedule_clock``)."""
+        return self.state.schedule_clock
 
     def due(self, it: int) -> list[Slot]:
         """The slots whose scheduled crash falls in the attempt at training iteration ``it`` (down intervals: every
         crash at or before the clock that has not fired)."""
-        out = []
+        fired, out = self.state.fired, []
         for slot in self.roster.slots:
             times = self.crashes.get(slot.slot, [])
             if self.downtime is None:
-                hit = it in times and (slot.slot, it) not in self.fired
+                hit = it in times and (slot.slot, it) not in fired
             else:
-                hit = any(d <= self.clock and (slot.slot, d) not in self.fired for d in times)
+                hit = any(d <= self.clock and (slot.slot, d) not in fired for d in times)
             if hit:
                 out.append(slot)
         return out
 
     def fire(self, slot: Slot, it: int) -> int:
         """Mark ``slot``'s due crash fired; returns its schedule iteration (``it`` for crash iterations)."""
+        fired = self.state.fired
         if self.downtime is None:
-            self.fired.add((slot.slot, it))
+            fired.add((slot.slot, it))
             return it
-        down = min(d for d in self.crashes[slot.slot] if d <= self.clock and (slot.slot, d) not in self.fired)
-        self.fired.add((slot.slot, down))
+        down = min(d for d in self.crashes[slot.slot] if d <= self.clock and (slot.slot, d) not in fired)
+        fired.add((slot.slot, down))
         return down
 
     def keep_away(self, slot: Slot, down: int) -> bool:
@@ -98,7 +101,14 @@ class Outages:
 
     def committed(self) -> None:
         """An iteration was committed: the schedule clock moves on by one."""
-        self.clock += 1
+        self.state.schedule_clock += 1
+
+    def advance(self) -> list[tuple[Slot, int]]:
+        """One schedule iteration waited (no training iteration runs): the clock moves on by one; returns the
+        crashes that fall in it, each ``(slot, its schedule iteration)``, marked fired: the caller kills them, then
+        brings back the slots whose up iteration came (:meth:`bring_back`)."""
+        self.state.schedule_clock += 1
+        return [(slot, self.fire(slot, self.clock)) for slot in self.due(self.clock)]
 
     def bring_back(self) -> list[Slot]:
         """Slots whose up iteration the clock reached stop being away (they get a replacement like a crashed
@@ -121,39 +131,43 @@ class Outages:
             by_stage.setdefault(slot.stage, []).append(slot)
         return sorted(s for s, slots in by_stage.items() if all(x.away for x in slots))
 
-    def wait_for_returns(
-        self,
-        reference_s: float,
-        idle: Callable[[float], None],
-        kill: Callable[[Slot, int], None],
-    ) -> tuple[dict[int, int], float, int]:
-        """Wait while a stage is lost with every replica away: one schedule iteration per ``reference_s`` seconds,
-        firing the crashes (``kill(slot, down)``) and returns due meanwhile, until every lost stage has a slot
-        coming back, or until the schedule is over (:meth:`over`: no node of the stage comes back within it).
-
-        Args:
-            reference_s: seconds one waited schedule iteration lasts (> 0).
-            idle: ``idle(seconds)`` keeps the supervisor serving messages for that long.
-            kill: SIGKILLs a slot's node for a crash falling in the wait (the caller records and parks it).
-
-        Returns:
-            (stage → schedule iterations it waited, seconds waited, the clock when the wait began); empty, 0.0
-            when no stage is stranded.
-        """
-        waited: dict[int, int] = {}
-        start_clock, t0 = self.clock, time.monotonic()
-        stranded = self.stranded()
-        while stranded and not self.over():
-            for stage in stranded:
-                waited[stage] = waited.get(stage, 0) + 1
-            idle(reference_s)
-            self.clock += 1
-            for slot in self.due(self.clock):  # down intervals go by the clock, not a training iteration
-                kill(slot, self.fire(slot, self.clock))
-            self.bring_back()
-            stranded = self.stranded()
-        return waited, time.monotonic() - t0, start_clock
-
     def over(self) -> bool:
         """The schedule's time is over (down intervals: the clock reached its last iteration): the replay ends."""
         return self.downtime is not None and self.clock >= self.downtime.iterations
+
+
+def check_schedule(
+    schedule: dict[int, list[int]] | DowntimeSchedule,
+    cfg: SwarmConfig,
+    path: str | None = None,
+    swarm: str = "the swarm",
+) -> None:
+    """Raise ValueError (one sentence naming ``path`` and ``swarm``) when ``schedule`` names a node outside the
+    swarm, or its down intervals are for another number of stages or replicas than ``cfg``'s."""
+    where = f"the schedule {path}" if path else "the schedule"
+    if isinstance(schedule, DowntimeSchedule):
+        if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
+            raise ValueError(
+                f"{where} maps {schedule.stages} stages × {schedule.replicas} replicas, but {swarm} has "
+                f"{cfg.n_stages} transformer stages × {cfg.replicas} replicas; write one for it (python "
+                f"failure_generator.py --trace FILE --stages {cfg.n_stages} --replicas {cfg.replicas} --out FILE)."
+            )
+        return
+    bad = sorted(n for n in schedule if n >= cfg.n_nodes)
+    if bad:
+        raise ValueError(f"{where} names node {bad[0]}, but {swarm} has nodes 0..{cfg.n_nodes - 1}.")
+
+
+def schedule_info(schedule: dict[int, list[int]] | DowntimeSchedule, path: str | None) -> dict[str, Any]:
+    """What throughput.json says of the schedule: its file, its format and, for down intervals, their length
+    and source."""
+    if isinstance(schedule, DowntimeSchedule):
+        return {
+            "path": path,
+            "format": DOWNTIME_FORMAT,
+            "iterations": schedule.iterations,
+            "iteration_seconds": schedule.iteration_seconds,
+            "source": schedule.source,
+            "stage_losses": len(schedule.stage_losses()),
+        }
+    return {"path": path, "format": "node-crash-iterations" if schedule else None}

@@ -5,47 +5,52 @@ its process exited, it fell silent for ``peer_timeout`` seconds, it did not serv
 of its start (then it is killed), or it reported that its recovery failed. A dead slot gets a replacement with
 a fresh node id (admitted to the keyring before it dials), at most ``max_attempts`` times per slot. Processes
 are killed by pid only.
+
+:class:`Processes` acts and answers at once; it waits for nothing (the supervisor's loops do) and records a crash's
+events in a :class:`CrashLedger` (checkfree.swarm.supervisor.results).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
-from checkfree.swarm.supervisor.checkpoints import Checkpoints
-from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
-from checkfree.swarm.wire.auth import KEY_WINDOW, SwarmKeys
+from checkfree.swarm.supervisor.link import Link
+from checkfree.swarm.supervisor.state import Slot, SupervisorState, SwarmError
+from checkfree.swarm.wire.auth import KEY_WINDOW
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+
+
+class CrashLedger(Protocol):
+    """Where a crash's events are recorded (checkfree.swarm.supervisor.results.Results)."""
+
+    def spawned(self, slot: Slot) -> None: ...
+
+    def crashed(self, slot: Slot, cause: str, iteration: int) -> None: ...
+
+    def forget_crash(self, slot: Slot) -> None: ...
 
 
 class Processes:
     """Starts, watches and replaces the swarm's node processes.
 
     Args:
-        cfg: the topology and limits. roster: the slots. link: messages to nodes (and the transport).
-        host: starts and kills this machine's processes. results: crash records and timestamps.
-        checkpoints: forgotten when the storage node dies. keys: the swarm's keys (None: plain TCP).
-        bootstrap: the supervisor's address (named in the error for slots no launcher took).
+        state: the supervisor's state (the config, the slots, the keys, the storage node's checkpoints, which
+            die with it). link: messages to nodes (and the transport). host: starts and kills this machine's
+            processes. ledger: records a crash's events. bootstrap: the supervisor's address (named in the
+            error for slots no launcher took).
     """
 
     def __init__(
-        self,
-        cfg: SwarmConfig,
-        roster: Roster,
-        link: Link,
-        host: LocalHost,
-        results: Results,
-        checkpoints: Checkpoints,
-        keys: SwarmKeys | None,
-        bootstrap: str,
+        self, state: SupervisorState, link: Link, host: LocalHost, ledger: CrashLedger, bootstrap: str
     ) -> None:
-        self.cfg, self.roster, self.link, self.host = cfg, roster, link, host
-        self.results, self.checkpoints, self.keys, self.bootstrap = results, checkpoints, keys, bootstrap
+        self.state, self.link, self.host, self.ledger, self.bootstrap = state, link, host, ledger, bootstrap
+        self.cfg: SwarmConfig = state.cfg
+        self.roster, self.keys = state.roster, state.keys
         self.deaths = 0
         """Stage nodes found dead since the last :meth:`check_deaths`."""
         self.t_created = time.monotonic()
@@ -53,10 +58,9 @@ class Processes:
 
     def admit_window(self) -> None:
         """Admit the next KEY_WINDOW replacement ids (they get their keys before they dial)."""
-        identity = self.link.transport.identity
-        if self.keys is not None and identity is not None:
+        if self.keys is not None:
             ids = range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
-            identity.keyring.update({n: self.keys.public_key(n) for n in ids})
+            self.link.admit({n: self.keys.public_key(n) for n in ids})
 
     def spawn(self, slot: Slot, replacement: bool) -> None:
         """Start ``slot``'s node (a replacement gets a fresh id).
@@ -93,7 +97,7 @@ class Processes:
                 replacement=replacement,
                 admit_upto=roster.next_id,
             )
-        self.results.spawned(slot)
+        self.ledger.spawned(slot)
 
     def kill(self, slot: Slot, why: str) -> None:
         """SIGKILL ``slot``'s occupant (here, or through its launcher) and mark it dead."""
@@ -111,19 +115,19 @@ class Processes:
         log.warning(
             "supervisor: node %d (slot %d, stage %d) is gone: %s", slot.occupant, slot.slot, slot.stage, why
         )
-        slot.dead, slot.serving = True, False
+        slot.dead, slot.serving, slot.restarted = True, False, True
         is_storage = slot is self.roster.storage
         self.deaths += not is_storage
         if is_storage:
-            self.checkpoints.forget(self.results.current_iteration)
-        self.results.crashed(slot, why)
-        self.link.transport.disconnect(slot.occupant)
+            self.state.checkpoints.forget(self.state.begun_iteration)
+        self.ledger.crashed(slot, why, self.state.begun_iteration)
+        self.link.disconnect(slot.occupant)
         self.link.broadcast("peers", **self.roster.peers_fields())
 
     def check_deaths(self) -> bool:
         """Mark exited or silent processes dead; True if a stage node died since the last call."""
-        silent = self.link.transport.dead_peers()
-        failed = self.link.inbox.get("recovery_failed", {})
+        silent = self.link.silent()
+        failed = self.state.inbox.get("recovery_failed", {})
         for slot in self.roster.all():
             if slot.dead:
                 continue
@@ -140,36 +144,24 @@ class Processes:
         died, self.deaths = self.deaths > 0, 0
         return died
 
-    def wait_serving(
-        self, initial: bool = False, tick: Callable[[], None] | None = None
-    ) -> Iterator[set[int]]:
-        """Until every slot serves (but those the schedule keeps away): replace dead slots (local ones, or through their launcher), enforce
-        deadlines. Yields the lost stages (no serving replica) whenever a stage node died meanwhile: a new
-        loss event, which the caller plans before any replacement of it starts. On the ``initial`` start
-        nothing is yielded: a node that failed to start is started again, not recovered. ``tick`` (not on
-        the initial start) runs after each poll, before deaths are checked: a node it kills is planned for
-        before its replacement starts.
+    def replace_dead(self, initial: bool = False) -> None:
+        """Start a node for every dead slot the schedule does not keep away (here, or through its launcher): a
+        replacement with a fresh id, or, on the ``initial`` start, the same node again (a node that failed to start
+        is no crash: its record is dropped). The storage node restarts under its own id.
 
         Raises:
             SwarmError: a slot failed ``max_attempts`` times, or no launcher took the remote slots in time.
         """
         roster = self.roster
-        while True:
-            self.link.poll(0.02)
-            if tick is not None and not initial:
-                tick()
-            if self.check_deaths() and not initial:
-                yield roster.lost_stages()
-            orphans = [s.slot for s in roster.slots if not s.local and s.launcher is None]
-            if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
-                raise SwarmError(
-                    f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
-                    f"them with run_throughput.sh START END ... --bootstrap {self.bootstrap}."
-                )
-            for slot in roster.all():
-                if slot.dead and not slot.away and (slot.local or slot.launcher is not None):
-                    if initial:
-                        self.results.forget_crash(slot)  # an initial node that failed to start: a plain retry
-                    self.spawn(slot, replacement=not initial and slot is not roster.storage)
-            if roster.all_serving():
-                return
+        orphans = [s.slot for s in roster.slots if not s.local and s.launcher is None]
+        if orphans and time.monotonic() - self.t_created > self.cfg.recovery_timeout:
+            raise SwarmError(
+                f"no launcher took nodes {orphans} within {self.cfg.recovery_timeout:.0f} s; start "
+                f"them with run_throughput.sh START END ... --bootstrap {self.bootstrap}."
+            )
+        for slot in roster.all():
+            if slot.dead and not slot.away and (slot.local or slot.launcher is not None):
+                if initial:
+                    self.ledger.forget_crash(slot)  # an initial node that failed to start: a plain retry
+                    slot.restarted = False
+                self.spawn(slot, replacement=not initial and slot is not roster.storage)

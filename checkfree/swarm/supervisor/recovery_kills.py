@@ -16,10 +16,10 @@ seconds (default 0) and does not serve yet, the entry fires, once:
   whose plan has no source stage with a serving node (``random``, ``storage``, a stage-0 rebuild with no copy
   holder) is passed over.
 
-An entry whose iteration passes without such a replacement never fires. Every kill goes through the
-supervisor's :meth:`~checkfree.swarm.supervisor.processes.Processes.kill` (by pid, or through the node's
-launcher) with the cause ``recovery kill: ...`` (supervisor.log), and is planned as a new loss event before any
-replacement of it starts.
+An entry whose iteration passes without such a replacement never fires. :meth:`RecoveryKills.tick` names the
+victims; the supervisor kills each through :meth:`~checkfree.swarm.supervisor.processes.Processes.kill` (by pid, or
+through the node's launcher) with the cause ``recovery kill: ...`` (supervisor.log), and plans it as a new loss
+event before any replacement of it starts.
 """
 
 from __future__ import annotations
@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checkfree.swarm.supervisor.processes import Processes
-from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.roster import Roster, Slot
+from checkfree.swarm.supervisor.state import Roster, Slot
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
@@ -106,55 +104,50 @@ def load_recovery_kills(path: str | Path) -> list[RecoveryKill]:
 
 
 class RecoveryKills:
-    """Fires the kills of a recovery-kill schedule; :meth:`tick` runs in the supervisor's recovery loop.
+    """Picks the victims of a recovery-kill schedule; :meth:`tick` runs in the supervisor's recovery loop.
 
     Args:
         kills: the schedule. roster: the slots (which replacement recovers, who serves which stage).
-        processes: kills by pid (or through a launcher). results: the current iteration.
         clock: seconds (monotonic); tests replace it.
     """
 
     def __init__(
-        self,
-        kills: list[RecoveryKill],
-        roster: Roster,
-        processes: Processes,
-        results: Results,
-        clock: Callable[[], float] = time.monotonic,
+        self, kills: list[RecoveryKill], roster: Roster, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.kills, self.roster, self.processes, self.results, self.clock = (
-            kills,
-            roster,
-            processes,
-            results,
-            clock,
-        )
+        self.kills, self.roster, self.clock = kills, roster, clock
         self.joined_at: dict[int, float] = {}
         """Recovering replacement → when this object first saw it joined."""
         self.fired: list[dict[str, Any]] = []
         """What each fired entry killed: iteration, kind, the replacement, the nodes killed."""
 
-    def _sources(self, slot: Slot) -> list[Slot]:
+    def _sources(self, slot: Slot, doomed: set[int]) -> list[Slot]:
         plan = slot.plan
         if plan is None or plan.rule == "storage" or not plan.sources:
             return []
         stage = plan.sources[0]
-        return [s for s in self.roster.slots if s.stage == stage and s.serving and not s.dead]
+        return [
+            s
+            for s in self.roster.slots
+            if s.stage == stage and s.serving and not s.dead and s.slot not in doomed
+        ]
 
-    def tick(self) -> None:
-        """Fire every due entry whose target is there now (recovering replacements joined ``after_s`` ago)."""
-        it = self.results.current_iteration
+    def tick(self, it: int) -> list[tuple[Slot, str]]:
+        """Fire every entry of iteration ``it`` (the iteration of the loss being recovered) whose target is there
+        now (recovering replacements joined ``after_s`` ago); returns the victims, each with the cause to kill it
+        with, in order."""
         due = [k for k in self.kills if not k.fired and k.iteration == it]
         if not due:
-            return
+            return []
         now = self.clock()
+        victims_now: list[tuple[Slot, str]] = []
+        doomed: set[int] = set()  # slots killed by an entry of this tick: dead for the entries after it
         recovering = [s for s in self.roster.slots if s.address is not None and not s.serving and not s.dead]
         self.joined_at = {s.occupant: self.joined_at.get(s.occupant, now) for s in recovering}
         for kill in due:
             for slot in recovering:
-                if slot.dead or now - self.joined_at[slot.occupant] < kill.after_s:
+                if slot.dead or slot.slot in doomed or now - self.joined_at[slot.occupant] < kill.after_s:
                     continue
-                victims = [slot] if kill.kind == "replacement" else self._sources(slot)
+                victims = [slot] if kill.kind == "replacement" else self._sources(slot, doomed)
                 if not victims:
                     continue
                 what = (
@@ -163,7 +156,8 @@ class RecoveryKills:
                     else f"source of node {slot.occupant} (stage {slot.stage}) mid-fetch"
                 )
                 for victim in victims:
-                    self.processes.kill(victim, f"recovery kill: {what}")
+                    victims_now.append((victim, f"recovery kill: {what}"))
+                    doomed.add(victim.slot)
                 kill.fired = True
                 self.fired.append(
                     {
@@ -174,3 +168,4 @@ class RecoveryKills:
                     }
                 )
                 break
+        return victims_now

@@ -40,14 +40,13 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.supervisor.roster import Slot
+from checkfree.swarm.supervisor.state import Slot
 from checkfree.swarm.wire.protocol import MessageType
 
 log = logging.getLogger(__name__)
@@ -142,7 +141,8 @@ class CrashRecord:
 
 
 class Results:
-    """Accumulates measurements during a run (the supervisor's clock, seconds)."""
+    """Records what a run measured (the supervisor's clock, seconds); it decides nothing: the supervisor's control
+    state is checkfree.swarm.supervisor.state.SupervisorState."""
 
     def __init__(self, cfg: SwarmConfig, setting: str, target: int) -> None:
         self.cfg, self.setting, self.target = cfg, setting, target
@@ -156,10 +156,8 @@ class Results:
         self.rollbacks: list[dict[str, Any]] = []
         self.reports: dict[int, dict[str, Any]] = {}
         self.finals: dict[int, dict[str, Any]] = {}
-        self.failed_attempts: dict[int, int] = {}
         self.aborts = 0
         self.rollback_bytes = 0
-        self.current_iteration = -1
         self.vocab_size: int | None = None
         self.node_devices: dict[int, str] = {}
         """node id → device of the nodes this machine started (``swarm run --device``)."""
@@ -169,9 +167,6 @@ class Results:
         """Replicas whose gradients a stage averaged without, per committed iteration (``ready``'s ``rejected``)."""
         self.schedule: dict[str, Any] = {}
         """The failure schedule's file, format and, for down intervals, length and source (set by the supervisor)."""
-        self.schedule_clock: Callable[[], int] = lambda: 0
-        """Schedule iterations elapsed (down-interval schedules: committed + waited iterations; the supervisor
-        points it at checkfree.swarm.supervisor.outages.Outages.clock)."""
         self.shortage: dict[int, dict[str, float]] = {
             s: {"short_iterations": 0, "short_s": 0.0, "waiting_iterations": 0, "waiting_s": 0.0, "losses": 0}
             for s in range(cfg.n_stages + 1)
@@ -230,7 +225,11 @@ class Results:
         ends: dict[int, dict],
         ready: dict[int, dict],
         members: dict[int, list[int]],
+        attempts: int = 1,
     ) -> None:
+        """Iteration ``it`` committed in attempt number ``epoch``, its ``attempts``-th try: ``ends`` (stage-0 node
+        → its ITERATION_END meta: loss, tokens), ``ready`` (node → its ``ready``: grad norm, replicas dropped),
+        ``members`` (stage → the nodes that served it)."""
         t = self.now()
         prev = self.rows[-1]["t_commit"] if self.rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
@@ -269,7 +268,7 @@ class Results:
             {
                 "iteration": it,
                 "epoch": epoch,
-                "attempts": 1 + self.failed_attempts.get(it, 0),
+                "attempts": attempts,
                 "t_commit": t,
                 "wall_s": wall,
                 "loss": sum(losses) / len(losses),
@@ -285,11 +284,11 @@ class Results:
             slot.slot, slot.occupant, slot.stage, iteration, cause, self.now()
         )
 
-    def crashed(self, slot: Slot, cause: str) -> None:
-        """``slot``'s node is gone during the current iteration. A slot's crash is recorded once: a
-        replacement lost before it serves belongs to the same crash."""
+    def crashed(self, slot: Slot, cause: str, iteration: int) -> None:
+        """``slot``'s node is gone during ``iteration``. A slot's crash is recorded once: a replacement lost
+        before it serves belongs to the same crash."""
         if slot.slot not in self._open:
-            self._crash(slot, cause, self.current_iteration)
+            self._crash(slot, cause, iteration)
 
     def scheduled_kill(self, slot: Slot, iteration: int) -> None:
         """The crash schedule kills ``slot``'s node now, during ``iteration``."""
@@ -350,11 +349,14 @@ class Results:
     def compute(self) -> dict[str, dict[str, float]]:
         return {str(n): m["compute"] for n, m in self.reports.items() if "compute" in m}
 
-    def finish(self, run_dir: Path, status: str = "completed", cause: str | None = None) -> dict[str, Any]:
+    def finish(
+        self, run_dir: Path, status: str = "completed", cause: str | None = None, schedule_clock: int = 0
+    ) -> dict[str, Any]:
         """Write ``run_dir/throughput.json`` (strict JSON) and return its content.
 
         Args:
             status: ``completed``, ``failed`` or ``interrupted``; cause: why it did not complete (None if it did).
+            schedule_clock: schedule iterations elapsed (down-interval schedules: committed + waited iterations).
 
         Raises:
             OSError: the file cannot be written.
@@ -406,7 +408,7 @@ class Results:
             "vocab_size": self.vocab_size,
             "node_devices": {str(n): d for n, d in self.node_devices.items()},
             "schedule": self.schedule,
-            "schedule_clock": self.schedule_clock(),
+            "schedule_clock": schedule_clock,
             "replica_shortage": {str(s): row for s, row in self.shortage.items()},
             "waits": self.waits,
             "still_away": self.still_away,
@@ -416,12 +418,12 @@ class Results:
         (Path(run_dir) / "throughput.json").write_text(jsonio.dumps(out, indent=1))
         return out
 
-    def finish_early(self, run_dir: Path, status: str, cause: str) -> None:
+    def finish_early(self, run_dir: Path, status: str, cause: str, schedule_clock: int = 0) -> None:
         """:meth:`finish` for a run that stops before its last iteration (``failed`` or ``interrupted``):
         throughput.json with every iteration committed so far. A failure to write it is logged, not raised:
         the error that stopped the run is the one to report."""
         try:
-            self.finish(run_dir, status, cause)
+            self.finish(run_dir, status, cause, schedule_clock)
         except OSError as exc:
             log.error("supervisor: could not write %s: %s", Path(run_dir) / "throughput.json", exc)
             return

@@ -1,8 +1,10 @@
-"""The supervisor: bootstrap/rendezvous, iteration coordinator, crash replayer, result collector (docs/paper.md §8).
+"""The supervisor: bootstrap, iteration coordinator, crash replayer and result collector (docs/paper.md §8), as
+one loop over explicit state.
 
 It starts one process per *slot* (initial node ids START..END−1; a slot = a stage replica at a location),
 plus the storage node for ``checkpoint``. Each node JOINs at the supervisor's address (the bootstrap), gets
-WELCOME (config, peers) and the others get the new peer table. Then, per iteration, one *epoch* per attempt:
+WELCOME (config, peers) and the others get the new peer table. Then, per iteration, one attempt after another
+until one commits (checkfree.swarm.supervisor.attempts):
 
     begin(epoch, members) → stage-0 nodes run their pipelines → ITERATION_END from every pipeline
     → sync → every node averages its stage's gradients with its replicas → ready (grad norm)
@@ -14,37 +16,32 @@ crashes. During the first attempt of iteration i, ``crash_point`` × (last itera
 replicas of a stage at once when the schedule says so: a whole-stage failure), or at the latest when the
 attempt reaches ``sync``. ``no_failure`` logs the scheduled crashes and kills nobody. A schedule of slot down
 intervals (a real preemption trace) keeps a crashed slot away until it comes back: its stage trains on the
-replicas left, and a stage with none left is waited for (checkfree.swarm.supervisor.outages: ``Outages``).
+replicas left, and a stage with none left is waited for (checkfree.swarm.supervisor.outages).
 
-**In-flight microbatches.** A death noticed before ``commit`` aborts the epoch everywhere (``abort``): every
-node drops that epoch's activations and accumulated gradients, and stale messages are dropped by their epoch.
-No optimizer has stepped before ``commit``, so nothing is half-applied. The slot gets a replacement (a new
-node id, same stage and location) which recovers its weights from the network per the setting
-(checkfree.swarm.policies); when every slot serves again, the same iteration is redone from microbatch 0
-with the same batches (the data position is the iteration). So no microbatch is lost or counted twice.
-A death after ``commit`` was broadcast no longer aborts: the survivors step, and the replacement copies
-the stepped state. Under ``checkpoint``, a whole-stage loss rolls every node back to the newest checkpoint
-that every stage stored, and the iterations since are redone.
+**In-flight microbatches.** A death noticed before ``commit`` aborts the attempt everywhere (``abort``): every
+node drops that attempt's activations and accumulated gradients, and stale messages are dropped by their
+attempt number. No optimizer has stepped before ``commit``, so nothing is half-applied. The slot gets a
+replacement (a new node id, same stage and location) which recovers its weights from the network by the plan the
+supervisor made for it (checkfree.swarm.supervisor.planning, the setting's rules in checkfree.swarm.policies);
+when every slot serves again, the same iteration is redone from microbatch 0 with the same batches (the data
+position is the iteration). So no microbatch is lost or counted twice. A death after ``commit`` was broadcast no
+longer aborts: the survivors step, and the replacement copies the stepped state. Under ``checkpoint``, a
+whole-stage loss rolls every node back to the newest checkpoint that every stage stored, and the iterations since
+are redone.
 
-**Re-planning.** The supervisor plans each loss event once, for every slot without a serving node, and sends
-the plan in the replacement's WELCOME. When a later loss event changes the plan of a stage whose replacement
-is already recovering, or a replacement reports that every source of its plan is gone (CONTROL ``replan``),
-it plans that stage again from the stages that serve now and sends the new plan (CONTROL ``plan``) to every
-replacement of the stage still recovering: replicas of one stage are rebuilt by one plan, and a replacement
-never waits on a dead source (checkfree.swarm.node.recovering). A lost stage 0 is planned from a copy holder
-(stage 1 or S) only once a serving node of it reported holding its copy (``committed``); else that part takes
-the random-init fallback at once.
-
-**Parts.** The slots and messages to nodes (checkfree.swarm.supervisor.roster: ``Roster``, ``Link``), the
-node processes and their deaths (checkfree.swarm.supervisor.processes: ``Processes``), the checkpoints and
-rollback (checkfree.swarm.supervisor.checkpoints: ``Checkpoints``), the attempt loop
-(checkfree.swarm.supervisor.attempts: ``Attempts``), the handlers of peer messages
-(checkfree.swarm.supervisor.inbox: ``PeerMessages``) and the measurements with their crash records
-(checkfree.swarm.supervisor.results: ``Results``) and the soak runs' kills during recoveries
-(checkfree.swarm.supervisor.recovery_kills: ``RecoveryKills``, ``swarm run --recovery-kills``) and the evidence
-against misbehaving nodes with their eviction (checkfree.swarm.supervisor.conduct: ``Conduct``) are small objects
-wired here, and public: tests drive them directly. This module plans each loss event and runs the whole:
-start, iterate, recover, shut down.
+**One loop over explicit state.** Everything the supervisor decides from is one
+:class:`~checkfree.swarm.supervisor.state.SupervisorState` (the slots and their occupants and plans, the
+iteration, the attempt in progress, the schedule's clock, the retry counts, the reports received, the checkpoints
+stored); :class:`~checkfree.swarm.supervisor.results.Results` only records what happened, for throughput.json.
+:meth:`Supervisor.train` is the loop: while the target is not reached, bring every slot back to serving (wait for
+a returning node, plan the loss event, replace the dead, roll back), then run one attempt. Every wait is a loop
+of this module, and each turn of it receives the nodes' messages in one place (:meth:`Supervisor.serve`). The
+parts decide or act at once and never wait, nor call back into the supervisor: the node processes
+(checkfree.swarm.supervisor.processes), the messages to nodes (.link), the attempt's phases (.attempts), the
+schedule's replay (.outages), the loss-event planning (.planning), the handlers of peer messages (.inbox, which
+return what the processes must do), the evidence against misbehaving nodes (.conduct, which names whom to
+evict), the soak runs' kills during recoveries (.recovery_kills, ``swarm run --recovery-kills``). They are public:
+tests drive them directly.
 
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
 report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
@@ -64,21 +61,21 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
-from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule
-from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
+from checkfree.failures.traces import DowntimeSchedule
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.policies import make_recovery
 from checkfree.swarm.supervisor.attempts import Attempts
-from checkfree.swarm.supervisor.checkpoints import Checkpoints
 from checkfree.swarm.supervisor.conduct import Conduct
-from checkfree.swarm.supervisor.inbox import PeerMessages
-from checkfree.swarm.supervisor.outages import Outages
+from checkfree.swarm.supervisor.inbox import Action, PeerMessages
+from checkfree.swarm.supervisor.link import POLL_S, Link
+from checkfree.swarm.supervisor.outages import Outages, check_schedule, schedule_info
+from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.roster import Link, Roster, Slot, SwarmError
+from checkfree.swarm.supervisor.state import Roster, Slot, SupervisorState, SwarmError
 from checkfree.swarm.wire import control as schemas
 from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
@@ -89,6 +86,8 @@ __all__ = ["Slot", "Supervisor", "SwarmError"]
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 15.0
+RECOVERY_POLL_S = 0.02
+"""Wait of one receive while the swarm starts, recovers, rolls back, waits or shuts down, seconds."""
 
 
 class Supervisor:
@@ -127,19 +126,19 @@ class Supervisor:
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.strategy = make_recovery(setting)
-        self.run_dir, self.vocab_size, self.on_recovered = Path(run_dir), vocab_size, on_recovered
+        self.run_dir, self.on_recovered = Path(run_dir), on_recovered
         end = node_range(cfg.n_nodes, start, end)
         check_schedule(schedule, cfg)
-        self.schedule = schedule
-        self.roster = Roster(cfg, start, end, storage=self.strategy.rollback_on_stage_loss)
-        self.outages = Outages(schedule, self.roster)
-        self.keys = None if insecure else SwarmKeys.new()
+        keys = None if insecure else SwarmKeys.new()
+        roster = Roster(cfg, start, end, storage=self.strategy.rollback_on_stage_loss)
+        self.state = SupervisorState(cfg, setting, vocab_size, keys, roster)
+        self.conduct = Conduct(roster)
         identity = None
-        if self.keys is not None:
-            ring = KeyRing({n: self.keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
+        if keys is not None:
+            ring = KeyRing({n: keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
             launchers = range(LAUNCHER_ID_BASE, LAUNCHER_ID_BASE + cfg.n_nodes)
-            ring.update({n: self.keys.public_key(n) for n in launchers})
-            identity = self.keys.identity(SUPERVISOR_ID, ring)
+            ring.update({n: keys.public_key(n) for n in launchers})
+            identity = keys.identity(SUPERVISOR_ID, ring)
         self.transport = Transport(
             SUPERVISOR_ID,
             bind_host=bind_host,
@@ -147,43 +146,27 @@ class Supervisor:
             heartbeat_interval=cfg.heartbeat_interval,
             peer_timeout=cfg.peer_timeout,
             identity=identity,
-            validate=schemas.check_counting(lambda msg, exc: self.conduct.refused(msg, exc)),
+            validate=schemas.check_counting(self.conduct.refused),
         )
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
-        self.host = LocalHost(
-            self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=self.keys
-        )
+        self.host = LocalHost(self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=keys)
         self.results = Results(cfg, setting, iterations)
         self.results.vocab_size = vocab_size
         self.results.schedule = schedule_info(schedule, schedule_path)
-        self.results.schedule_clock = lambda: self.outages.clock
-        self.link = Link(self.transport, self.roster)
-        self.checkpoints = Checkpoints(cfg, self.roster, self.link)
-        self.processes = Processes(
-            cfg, self.roster, self.link, self.host, self.results, self.checkpoints, self.keys, self.address
-        )
-        self.attempts = Attempts(
-            cfg, self.strategy, self.outages, self.roster, self.link, self.processes, self.results
-        )
-        self.conduct = Conduct(self.roster, self.link, self.processes, self.results, self.keys)
-        self.peer_messages = PeerMessages(
-            cfg,
-            setting,
-            vocab_size,
-            self.keys,
-            self.roster,
-            self.link,
-            self.checkpoints,
-            self.processes,
-            self.results,
-            self.attempts,
-            self.conduct,
-        )
-        self.link.handle = self.peer_messages.handle
-        self.link.police = self.conduct.enforce
-        self.recovery_kills = RecoveryKills(recovery_kills or [], self.roster, self.processes, self.results)
+        self.link = Link(self.transport, roster)
+        self.outages = Outages(schedule, self.state)
+        self.processes = Processes(self.state, self.link, self.host, self.results, self.address)
+        self.attempts = Attempts(self.state, self.link)
+        self.planner = LossPlanner(self.strategy, self.state, self.link)
+        self.peer_messages = PeerMessages(self.state, self.link, self.results, self.conduct)
+        self.recovery_kills = RecoveryKills(recovery_kills or [], roster)
+
+    @property
+    def roster(self) -> Roster:
+        """The slots and their occupants (the state's)."""
+        return self.state.roster
 
     @property
     def token_path(self) -> Path:
@@ -201,13 +184,14 @@ class Supervisor:
                 throughput.json is written with ``"status": "failed"`` and the cause (``"interrupted"`` on a
                 KeyboardInterrupt: SIGINT, or SIGTERM through checkfree.cli), holding the committed iterations.
         """
+        state = self.state
         try:
             return self._run()
         except SwarmError as exc:
-            self.results.finish_early(self.run_dir, "failed", str(exc))
+            self.results.finish_early(self.run_dir, "failed", str(exc), state.schedule_clock)
             raise
         except KeyboardInterrupt as exc:
-            self.results.finish_early(self.run_dir, "interrupted", str(exc) or "SIGINT")
+            self.results.finish_early(self.run_dir, "interrupted", str(exc) or "SIGINT", state.schedule_clock)
             raise
         except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
             with open(self.run_dir / "supervisor.log", "a") as f:
@@ -216,7 +200,7 @@ class Supervisor:
                 f"internal error of the supervisor ({type(exc).__name__}: {exc}); traceback in "
                 f"{self.run_dir / 'supervisor.log'}."
             )
-            self.results.finish_early(self.run_dir, "failed", str(error))
+            self.results.finish_early(self.run_dir, "failed", str(error), state.schedule_clock)
             raise error from exc
         finally:
             self.host.reap_all()
@@ -224,31 +208,34 @@ class Supervisor:
 
     def _run(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.keys is not None:
-            self.keys.write_token(self.token_path, self.address)
-        for slot in self.roster.all():
-            if slot.local:
-                self.processes.spawn(slot, replacement=False)
-        for _ in self.processes.wait_serving(initial=True):
-            pass  # the initial start has no loss events to plan
+        if self.state.keys is not None:
+            self.state.keys.write_token(self.token_path, self.address)
+        self._start_nodes()
         if self.roster.storage is not None:
-            self.checkpoints.store_initial()
+            self._store_initial()
         self.results.start()
-        it = 0
-        while it < self.iterations:
-            it = self._ensure_serving(it)
+        self.state.training = True
+        self.train()
+        self._shutdown()
+        return self.results.finish(self.run_dir, schedule_clock=self.state.schedule_clock)
+
+    def train(self) -> None:
+        """The loop: until ``iterations`` are committed (or a replayed trace's window is over), bring every slot
+        back to serving, then run one attempt at the state's iteration; a commit moves it on, an abort redoes
+        it, a rollback moves it back. It starts from the state, whatever the state holds."""
+        state = self.state
+        while state.iteration < self.iterations:
+            state.iteration = self._ensure_serving(state.iteration)
             if self.outages.over():  # a replayed trace's window is over
                 self.results.ended_by = "schedule"
                 log.warning(
                     "supervisor: the schedule's %d iterations are over after %d committed iterations; the run ends",
-                    self.outages.clock,
-                    it,
+                    state.schedule_clock,
+                    state.iteration,
                 )
                 break
-            if self.attempts.attempt(it):
-                it += 1
-        self._shutdown()
-        return self.results.finish(self.run_dir)
+            if self._attempt(state.iteration):
+                state.iteration += 1
 
     def fetch_weights(self, node: int, stage: int, timeout: float = 30.0, part: str | None = None) -> Message:
         """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
@@ -261,12 +248,12 @@ class Supervisor:
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            msg = self.transport.recv(0.05)
+            msg = self.link.recv(0.05)
             if msg is None:
                 continue
             if msg.type == MessageType.WEIGHTS_RESPONSE and msg.meta.get("request") == rid:
                 return msg
-            self.peer_messages.handle(msg)
+            self.handle(msg)
         raise SwarmError(f"node {node} did not answer a weights request within {timeout:.0f} s.")
 
     def node_address(self, node: int) -> str | None:
@@ -276,110 +263,172 @@ class Supervisor:
     def write_config(self) -> None:
         (self.run_dir / "swarm_config.json").write_text(jsonio.dumps(self.cfg.to_json(), indent=1))
 
-    # ------------------------------------------------------------------ loss events
+    # ------------------------------------------------------------------ messages, and what they ask for
 
-    def _plan(self, stage: int, lost: set[int]) -> RecoveryPlan:
-        """The plan of a replacement of ``stage`` when ``lost`` have no serving replica (a lost stage 0 only
-        from the copy holders that hold their copy).
+    def serve(self, timeout: float, police: bool = True) -> None:
+        """Handle every message that arrives within ``timeout`` seconds (and those queued behind it); then, with
+        ``police`` once training started, evict the nodes whose messages were rejected too often."""
+        msg = self.link.recv(timeout)
+        while msg is not None:
+            self.handle(msg)
+            msg = self.link.recv(0)
+        if police and self.state.training:
+            for node in self.conduct.verdicts():
+                self._evict(node)
 
-        Raises:
-            SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
-        """
-        try:
-            return self.strategy.plan(stage, lost, self.cfg.n_stages, holding=self.roster.holding_stages())
-        except RecoveryImpossible as exc:
-            raise SwarmError(str(exc)) from None
+    def handle(self, msg: Message) -> None:
+        """Route one message (checkfree.swarm.supervisor.inbox) and carry out what it asks of the processes."""
+        self.execute(self.peer_messages.handle(msg))
 
-    def _assign(self, slot: Slot, plan: RecoveryPlan, force: bool = False) -> None:
-        """Make ``plan`` the slot's plan; a replacement that joined and still recovers gets it (CONTROL
-        ``plan``) when it changed, or with ``force`` (it asked for one)."""
-        changed, slot.plan = plan != slot.plan, plan
-        if (changed or force) and slot.address is not None and not slot.serving and not slot.dead:
-            slot.plan_seq += 1
-            members = {str(k): v for k, v in self.roster.members().items()}
-            self.link.grant(slot)  # its sources may answer it under this plan
-            self.link.command(slot.occupant, "plan", plan=plan.to_json(), members=members, seq=slot.plan_seq)
-            log.info(
-                "supervisor: node %d (stage %d) gets plan %d: %s from stages %s%s",
-                slot.occupant,
-                slot.stage,
-                slot.plan_seq,
-                plan.rule,
-                list(plan.sources),
-                f" ({plan.fallback})" if plan.fallback else "",
-            )
+    def execute(self, actions: list[Action]) -> None:
+        """Kill, mark dead or start what the handlers of peer messages named, in order."""
+        for action in actions:
+            if action.kind == "kill":
+                self.processes.kill(action.slot, action.why)
+            elif action.kind == "dead":
+                self.processes.mark_dead(action.slot, action.why)
+            elif action.kind == "start":
+                self.processes.spawn(action.slot, replacement=False)
+            else:
+                raise ValueError(f"unknown action {action.kind!r}")
 
-    def _plan_event(self, lost: set[int]) -> None:
-        """Plan, once for this loss event (``lost``: the stages with no serving replica), how every slot
-        without a serving node is rebuilt. Replacements execute these plans and never re-plan themselves; a
-        recovering replacement whose plan this event changes is sent the new one, so replicas of one stage
-        lost together are rebuilt alike, whatever order they join in.
+    def _evict(self, node: int) -> None:
+        """Revoke ``node``'s key everywhere and, if it occupies a slot, replace it as if it had crashed
+        (checkfree.swarm.supervisor.conduct)."""
+        roster, keys = self.roster, self.state.keys
+        slot = roster.by_node.get(node)
+        cause, own, by = self.conduct.cause(node)
+        roster.revoked.add(node)
+        if keys is not None:
+            keys.revoked.add(node)
+        self.link.revoke(node)
+        occupies = slot is not None and slot.occupant == node and not slot.dead
+        self.results.evictions.append(
+            {
+                "node": node,
+                "slot": slot.slot if slot is not None else None,
+                "stage": slot.stage if slot is not None else None,
+                "iteration": self.state.begun_iteration,
+                "t": self.results.now(),
+                "cause": cause,
+                "rejected_by_supervisor": own,
+                "reported_by": {str(r): n for r, n in sorted(by.items())},
+                "replaced": occupies,
+            }
+        )
+        log.warning("supervisor: node %d evicted: %s", node, cause)
+        if occupies:
+            assert slot is not None
+            self.processes.kill(slot, f"evicted: {cause}")  # its peers learn the revocation from 'peers'
+        else:
+            self.link.broadcast("peers", **roster.peers_fields())
 
-        Raises:
-            SwarmError: the setting cannot recover a lost stage (e.g. stage 0 under ``ours``).
-        """
-        for slot in self.roster.slots:
-            if not slot.serving and not slot.away:
-                self._assign(slot, self._plan(slot.stage, lost))
+    # ------------------------------------------------------------------ starting
 
-    def _answer_replans(self) -> None:
-        """A recovering replacement whose sources are all gone asked for a new plan: plan its stage again from
-        the stages that serve now, for every replacement of that stage (the asker gets it in any case)."""
-        for node, meta in sorted(self.link.inbox.pop("replan", {}).items()):
-            slot = self.roster.by_node.get(node)
-            if (
-                slot is None
-                or slot.occupant != node
-                or slot.serving
-                or slot.dead
-                or meta["seq"] < slot.plan_seq
-            ):
-                continue  # gone, serving, or a newer plan is on its way to it already
-            log.warning("supervisor: node %d asks for a new plan: %s", node, meta["reason"][:200])
-            slot.replans += 1  # at most max_attempts answers (checkfree.swarm.supervisor.inbox)
-            plan = self._plan(slot.stage, self.roster.lost_stages())
-            for other in self.roster.slots:
-                if other.stage == slot.stage and not other.serving:
-                    self._assign(other, plan, force=other is slot)
-
-    def _recovery_tick(self) -> None:
-        """Between polls while the swarm recovers: answer requests for a new plan, fire due recovery kills."""
-        self._answer_replans()
-        self.recovery_kills.tick()
-
-    def _idle(self, seconds: float) -> None:
-        """Serve messages and notice deaths for ``seconds`` (while the swarm waits for a returning node)."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            self.link.poll(min(0.02, max(0.0, deadline - time.monotonic())))
+    def _start_nodes(self) -> None:
+        """Start this machine's initial nodes and wait until every slot serves (a node that fails to start is
+        started again under its id, at most ``max_attempts`` times)."""
+        for slot in self.roster.all():
+            if slot.local:
+                self.processes.spawn(slot, replacement=False)
+        while True:
+            self.serve(RECOVERY_POLL_S)
             self.processes.check_deaths()
+            self.processes.replace_dead(initial=True)
+            if self.roster.all_serving():
+                return
 
-    def _wait_for_returns(self, it: int) -> None:
-        """A stage whose every replica the schedule keeps away is lost: wait, as the schedule's time passes,
-        until a node of it comes back (checkfree.swarm.supervisor.outages); its replacement then recovers the
-        stage by the setting's rule."""
-        stranded = self.outages.stranded()
-        if not stranded:
+    def _store_initial(self) -> None:
+        """Have every stage store version 0 before training starts (``checkpoint``).
+
+        Raises:
+            SwarmError: the storage node did not store it within ``recovery_timeout``.
+        """
+        self.link.broadcast("checkpoint", checkpoint_senders=checkpoint_senders(self.roster))
+        deadline = time.monotonic() + self.cfg.recovery_timeout
+        while not self.state.checkpoints.holds_initial():
+            if time.monotonic() > deadline:
+                raise SwarmError("the storage node did not store the initial checkpoint in time.")
+            self.serve(RECOVERY_POLL_S)
+
+    # ------------------------------------------------------------------ one attempt
+
+    def _attempt(self, it: int) -> bool:
+        """One attempt at iteration ``it``; True when committed, False when aborted (redo).
+
+        Raises:
+            SwarmError: iteration ``it`` failed ``max_attempts`` attempts.
+        """
+        due = [slot.slot for slot in self.outages.due(it)]
+        current = self.attempts.begin(it, due, self.results.last_wall_s())
+        try:
+            while True:
+                self.serve(POLL_S)
+                now = self.attempts.clock()
+                if self.attempts.crash_due(now):
+                    self._fire(it)
+                if self.processes.check_deaths() and current.phase != "commit":
+                    self.attempts.abort("a node died")
+                    self.results.aborts += 1
+                    return False
+                step = self.attempts.advance(now)
+                if step is None:
+                    continue
+                if step.kind == "fire":
+                    self._fire(it)
+                    continue
+                if step.kind == "committed":
+                    assert step.ends is not None and step.ready is not None
+                    self.attempts.committed()
+                    self.results.iteration(
+                        it,
+                        current.number,
+                        step.ends,
+                        step.ready,
+                        current.members,
+                        attempts=1 + self.state.failed_attempts.get(it, 0),
+                    )
+                    self.outages.committed()
+                    row = self.results.rows[-1]
+                    log.info(
+                        "supervisor: iteration %d committed: %.3f s, loss %.4f",
+                        it,
+                        row["wall_s"],
+                        row["loss"],
+                    )
+                    return True
+                self.attempts.retry(step.why)  # raises SwarmError at the limit
+                self.results.aborts += 1
+                return False
+        finally:
+            current.phase = "over"  # later reports of this attempt are stale
+
+    def _fire(self, it: int) -> None:
+        """The scheduled crashes of the attempt in progress fire now."""
+        current = self.state.current
+        assert current is not None
+        for n in current.due:
+            slot = self.roster.slots[n]
+            self._crash(slot, it, self.outages.fire(slot, it))
+
+    def _crash(self, slot: Slot, it: int, down: int) -> None:
+        """The scheduled crash of ``slot`` at schedule iteration ``down`` (during training iteration ``it``): kill
+        its node and keep the slot away as long as the schedule says; ``no_failure`` logs it and kills nobody."""
+        if not self.strategy.loses_state:
+            self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
+            log.info(
+                "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)", slot.slot, it
+            )
             return
-        reference = self.results.reference_iteration_s()
-        log.warning(
-            "supervisor: stages %s lost with every replica down (schedule iteration %d); waiting for a node to "
-            "come back, %.3f s per schedule iteration",
-            stranded,
-            self.outages.clock,
-            reference,
-        )
-        waited, seconds, start = self.outages.wait_for_returns(
-            reference, self._idle, lambda slot, down: self.attempts.crash(slot, it, down)
-        )
-        self.results.waited(it, waited, reference, seconds, start, self.outages.clock)
-        log.warning(
-            "supervisor: waited %.1f s (schedule iterations %d → %d) for stages %s",
-            seconds,
-            start,
-            self.outages.clock,
-            sorted(waited),
-        )
+        if (
+            not slot.dead
+        ):  # else its node is gone already (it came back and was not replaced yet): it stays away
+            self.results.scheduled_kill(slot, it)
+            self.processes.kill(slot, f"scheduled crash at iteration {it}")
+        if self.outages.keep_away(slot, down):
+            self.results.kept_away(slot)
+
+    # ------------------------------------------------------------------ recovering
 
     def _ensure_serving(self, it: int) -> int:
         """Bring back the slots whose down interval ended, wait while a stage has no replica left to come back,
@@ -390,28 +439,28 @@ class Supervisor:
             return it
         lost = self.roster.lost_stages()
         self.results.stages_lost(lost)
-        self._plan_event(lost)
+        self.planner.plan_event(lost)
         rollback = bool(lost) and self.strategy.rollback_on_stage_loss
-
-        def check_rollback() -> None:  # raises once no checkpoint every stage stored is left
-            if rollback and not self.checkpoints.has_complete():
-                cause = self.checkpoints.missing_cause()
-                raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
-
-        def tick() -> None:
-            check_rollback()  # the storage node died during this recovery: its checkpoints went with it
-            self._recovery_tick()
-
-        check_rollback()
+        self._check_rollback(rollback, lost)
         pending = {c.node for c in map(self.results.open_crash, self.roster.slots) if c is not None}
-        for new_loss in self.processes.wait_serving(tick=tick):
-            self._plan_event(new_loss)  # before any replacement of this loss starts
-            if new_loss and self.strategy.rollback_on_stage_loss and not rollback:
-                rollback, lost = True, new_loss  # a stage lost while a partial loss recovers
-                check_rollback()
+        while True:  # until every slot serves again (but those the schedule keeps away)
+            self.serve(RECOVERY_POLL_S)
+            self._check_rollback(rollback, lost)  # the storage node died: its checkpoints went with it
+            self.planner.answer_replans()
+            for victim, why in self.recovery_kills.tick(self.state.begun_iteration):
+                self.processes.kill(victim, why)
+            if self.processes.check_deaths():  # a new loss event: planned before any replacement of it starts
+                new_loss = self.roster.lost_stages()
+                self.planner.plan_event(new_loss)
+                if new_loss and self.strategy.rollback_on_stage_loss and not rollback:
+                    rollback, lost = True, new_loss  # a stage lost while a partial loss recovers
+                    self._check_rollback(rollback, lost)
+            self.processes.replace_dead()
+            if self.roster.all_serving():
+                break
         if rollback:
-            version = self.checkpoints.newest_complete()
-            self.results.rollback_bytes += self.checkpoints.rollback(version, self.processes.check_deaths)
+            version = self.state.checkpoints.newest_complete()
+            self.results.rollback_bytes += self._rollback(version)
             self.results.rollbacks.append(
                 {
                     "at_iteration": it,
@@ -427,55 +476,113 @@ class Supervisor:
             self.on_recovered(self, [c.to_json() for c in self.results.crashes if c.node in pending])
         return it
 
+    def _check_rollback(self, rollback: bool, lost: set[int]) -> None:
+        """Raise SwarmError once a rollback is needed and no checkpoint every stage stored is left."""
+        if rollback and not self.state.checkpoints.has_complete():
+            cause = self.state.checkpoints.missing_cause()
+            raise SwarmError(f"stages {sorted(lost)} were lost and cannot be rolled back: {cause}.")
+
+    def _rollback(self, version: int) -> int:
+        """Roll every serving node not at ``version`` back to it (a slot the schedule keeps away copies a live
+        replica when it comes back) and wait until each restored it; returns the bytes the nodes restored.
+
+        Raises:
+            SwarmError: a node died, the storage node died (its checkpoints with it), or the rollback timed out.
+        """
+        targets = {s.occupant for s in self.roster.slots if s.serving and s.version != version}
+        log.warning(
+            "supervisor: a whole stage was lost; rolling %d nodes back to iteration %d", len(targets), version
+        )
+        self.state.inbox.pop("restored", None)
+        for node in targets:
+            self.link.command(node, "rollback", version=version)
+        deadline = time.monotonic() + self.cfg.recovery_timeout
+        while not targets <= set(self.state.reported("restored")):
+            self.serve(RECOVERY_POLL_S, police=False)  # no eviction mid-rollback: a death here fails the run
+            storage = self.roster.storage
+            storage_died = storage is not None and storage.dead
+            if self.processes.check_deaths() or storage_died or time.monotonic() > deadline:
+                raise SwarmError(
+                    f"rollback to iteration {version} did not finish (a node or the storage node died, or it "
+                    "timed out)."
+                )
+        return sum(m.get("bytes", 0) for m in self.state.reported("restored").values())
+
+    def _idle(self, seconds: float) -> None:
+        """Serve messages and notice deaths for ``seconds`` (while the swarm waits for a returning node)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.serve(min(RECOVERY_POLL_S, max(0.0, deadline - time.monotonic())))
+            self.processes.check_deaths()
+
+    def _wait_for_returns(self, it: int) -> None:
+        """A stage whose every replica the schedule keeps away is lost: wait, as the schedule's time passes,
+        until a node of it comes back (checkfree.swarm.supervisor.outages); its replacement then recovers the
+        stage by the setting's rule."""
+        stranded = self.outages.stranded()
+        if not stranded:
+            return
+        reference = self.results.reference_iteration_s()
+        log.warning(
+            "supervisor: stages %s lost with every replica down (schedule iteration %d); waiting for a node to "
+            "come back, %.3f s per schedule iteration",
+            stranded,
+            self.state.schedule_clock,
+            reference,
+        )
+        waited, seconds, start = self._wait_out(it, reference)
+        self.results.waited(it, waited, reference, seconds, start, self.state.schedule_clock)
+        log.warning(
+            "supervisor: waited %.1f s (schedule iterations %d → %d) for stages %s",
+            seconds,
+            start,
+            self.state.schedule_clock,
+            sorted(waited),
+        )
+
+    def _wait_out(self, it: int, reference_s: float) -> tuple[dict[int, int], float, int]:
+        """Wait while a stage is lost with every replica away: one schedule iteration per ``reference_s`` seconds,
+        firing the crashes and returns due meanwhile, until every lost stage has a slot coming back, or until the
+        schedule is over (no node of the stage comes back within it).
+
+        Returns:
+            (stage → schedule iterations it waited, seconds waited, the schedule clock when the wait began).
+        """
+        waited: dict[int, int] = {}
+        start_clock, t0 = self.state.schedule_clock, time.monotonic()
+        stranded = self.outages.stranded()
+        while stranded and not self.outages.over():
+            for stage in stranded:
+                waited[stage] = waited.get(stage, 0) + 1
+            self._idle(reference_s)
+            for (
+                slot,
+                down,
+            ) in self.outages.advance():  # down intervals go by the clock, not a training iteration
+                self._crash(slot, it, down)
+            self.outages.bring_back()
+            stranded = self.outages.stranded()
+        return waited, time.monotonic() - t0, start_clock
+
+    # ------------------------------------------------------------------ shutting down
+
     def _shutdown(self) -> None:
         self.results.still_away = [s.slot for s in self.roster.slots if s.away]
-        self.link.inbox.clear()
+        self.state.inbox.clear()
         self.link.broadcast("shutdown")
         expected = {s.occupant for s in self.roster.all() if not s.dead}
         deadline = time.monotonic() + SHUTDOWN_TIMEOUT_S
-        while not expected <= set(self.link.reported("final")) and time.monotonic() < deadline:
-            self.link.poll(0.02)
-        missing = expected - set(self.link.reported("final"))
+        while not expected <= set(self.state.reported("final")) and time.monotonic() < deadline:
+            self.serve(RECOVERY_POLL_S)
+        missing = expected - set(self.state.reported("final"))
         if missing:
             log.warning("supervisor: no final stats from nodes %s", sorted(missing))
-        self.results.finals = self.link.reported("final")
+        self.results.finals = self.state.reported("final")
         for launcher in self.roster.launchers:
             self.link.command(launcher, "shutdown")
         self.host.wait_all(timeout=10.0)
 
 
-def check_schedule(
-    schedule: dict[int, list[int]] | DowntimeSchedule,
-    cfg: SwarmConfig,
-    path: str | None = None,
-    swarm: str = "the swarm",
-) -> None:
-    """Raise ValueError (one sentence naming ``path`` and ``swarm``) when ``schedule`` names a node outside the
-    swarm, or its down intervals are for another number of stages or replicas than ``cfg``'s."""
-    where = f"the schedule {path}" if path else "the schedule"
-    if isinstance(schedule, DowntimeSchedule):
-        if (schedule.stages, schedule.replicas) != (cfg.n_stages, cfg.replicas):
-            raise ValueError(
-                f"{where} maps {schedule.stages} stages × {schedule.replicas} replicas, but {swarm} has "
-                f"{cfg.n_stages} transformer stages × {cfg.replicas} replicas; write one for it (python "
-                f"failure_generator.py --trace FILE --stages {cfg.n_stages} --replicas {cfg.replicas} --out FILE)."
-            )
-        return
-    bad = sorted(n for n in schedule if n >= cfg.n_nodes)
-    if bad:
-        raise ValueError(f"{where} names node {bad[0]}, but {swarm} has nodes 0..{cfg.n_nodes - 1}.")
-
-
-def schedule_info(schedule: dict[int, list[int]] | DowntimeSchedule, path: str | None) -> dict[str, Any]:
-    """What throughput.json says of the schedule: its file, its format and, for down intervals, their length
-    and source."""
-    if isinstance(schedule, DowntimeSchedule):
-        return {
-            "path": path,
-            "format": DOWNTIME_FORMAT,
-            "iterations": schedule.iterations,
-            "iteration_seconds": schedule.iteration_seconds,
-            "source": schedule.source,
-            "stage_losses": len(schedule.stage_losses()),
-        }
-    return {"path": path, "format": "node-crash-iterations" if schedule else None}
+def checkpoint_senders(roster: Roster) -> list[int]:
+    """One serving replica per stage: the nodes that send their stage to the storage node (``checkpoint``)."""
+    return [ids[0] for ids in roster.members().values() if ids]

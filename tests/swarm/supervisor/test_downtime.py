@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 
 from checkfree.failures.traces import DowntimeSchedule
-from checkfree.swarm.supervisor.outages import Outages
-from checkfree.swarm.supervisor.roster import Roster
 from checkfree.swarm.supervisor.supervisor import Supervisor
 
 from helpers.swarm import live_config
@@ -85,39 +83,44 @@ def test_crashes_in_a_wait_fire_on_time_and_a_stage_that_never_comes_back_is_wai
     tmp_path: Path,
 ) -> None:
     cfg = live_config(tmp_path, replicas=2)
-    roster = Roster(cfg, 0, cfg.n_nodes, storage=False)
     schedule = DowntimeSchedule(3, 2, 20, 60.0, {4: [(2, 6)], 5: [(2, None)], 3: [(4, 9)], 6: [(3, 4)]})
-    outages = Outages(schedule, roster)
-    for slot in roster.slots:
-        slot.serving = True
-    outages.clock = 2
-    killed: list[tuple[int, int, int]] = []
+    sup = Supervisor(cfg, "ours", schedule, iterations=10, run_dir=tmp_path / "run", vocab_size=300)
+    try:
+        roster, outages = sup.roster, sup.outages
+        for slot in roster.slots:
+            slot.serving = True
+        sup.state.schedule_clock = 2
+        killed: list[tuple[int, int, int]] = []
 
-    def kill(slot, down: int) -> None:
-        killed.append((slot.slot, down, outages.clock))
-        slot.serving, slot.dead = False, True
-        outages.keep_away(slot, down)
+        def kill(slot, it: int, down: int) -> None:  # the supervisor's crash, without processes
+            killed.append((slot.slot, down, outages.clock))
+            slot.serving, slot.dead = False, True
+            outages.keep_away(slot, down)
 
-    for slot in outages.due(0):
-        kill(slot, outages.fire(slot, 0))
-    assert outages.stranded() == [2]
-    idled: list[float] = []
-    waited, _, start = outages.wait_for_returns(0.5, idled.append, kill)
-    # slot 6's [3, 4] and slot 3's [4, 9] fall inside the wait and fire at their schedule iteration
-    assert killed == [(4, 2, 2), (5, 2, 2), (6, 3, 3), (3, 4, 4)]
-    assert waited == {2: 4} and start == 2 and outages.clock == 6 and idled == [0.5] * 4
-    assert not roster.slots[4].away and roster.slots[5].away and roster.slots[3].away
-    assert not roster.slots[6].away  # back at 4, during the wait: it gets a replacement like a crash
-    # slot 4 goes down again, for good: stage 2 has no replica that comes back; it is waited out to the end
-    roster.slots[4].away, roster.slots[4].back_at = True, None
-    assert not outages.over()
-    waited, _, start = outages.wait_for_returns(0.5, idled.append, kill)
-    assert waited == {2: 14} and start == 6 and outages.clock == 20 and outages.over()
+        sup._crash = kill  # type: ignore[method-assign]
+        idled: list[float] = []
+        sup._idle = idled.append  # type: ignore[method-assign]
+        for slot in outages.due(0):
+            kill(slot, 0, outages.fire(slot, 0))
+        assert outages.stranded() == [2]
+        waited, _, start = sup._wait_out(0, 0.5)
+        # slot 6's [3, 4] and slot 3's [4, 9] fall inside the wait and fire at their schedule iteration
+        assert killed == [(4, 2, 2), (5, 2, 2), (6, 3, 3), (3, 4, 4)]
+        assert waited == {2: 4} and start == 2 and outages.clock == 6 and idled == [0.5] * 4
+        assert not roster.slots[4].away and roster.slots[5].away and roster.slots[3].away
+        assert not roster.slots[6].away  # back at 4, during the wait: it gets a replacement like a crash
+        # slot 4 goes down again, for good: stage 2 has no replica that comes back; it is waited out to the end
+        roster.slots[4].away, roster.slots[4].back_at = True, None
+        assert not outages.over()
+        waited, _, start = sup._wait_out(0, 0.5)
+        assert waited == {2: 14} and start == 6 and outages.clock == 20 and outages.over()
+    finally:
+        sup.transport.close()
 
 
 def test_swarm_table_adds_a_trace_replay_row_with_the_shortage_summed_over_stages(tmp_path: Path) -> None:
+    from checkfree.swarm.supervisor.outages import schedule_info
     from checkfree.swarm.supervisor.results import Results, summary_table
-    from checkfree.swarm.supervisor.supervisor import schedule_info
 
     cfg = live_config(tmp_path, replicas=2)
     res = Results(cfg, "ours", 3)

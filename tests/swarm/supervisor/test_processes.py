@@ -12,6 +12,7 @@ import pytest
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 
 pytestmark = pytest.mark.timeout(300)
@@ -90,7 +91,7 @@ def test_storage_restarts_that_each_recover_do_not_add_up_to_giving_up(tmp_path)
         for slot in sup.roster.all():
             slot.serving = True
         for restart in range(3 * cfg.max_attempts):
-            sup.results.current_iteration = restart
+            sup.state.current = Attempt(restart + 1, restart, {}, t_begin=0.0)
             sup.processes.mark_dead(storage, "process exited with code -9")
             assert sup._ensure_serving(restart) == restart
             assert storage.serving and storage.tries == 0

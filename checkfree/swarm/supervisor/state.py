@@ -1,0 +1,262 @@
+"""The supervisor's control state, in one place: the slots and their occupants, the attempt in progress, the
+schedule's clock, the retry counts and what the nodes reported (docs/paper.md §8).
+
+A *slot* is a stage replica's place in the swarm (an initial node id, its stage and location); its *occupant* is
+the node process serving it now (the initial node, then replacements with fresh ids). :class:`Roster` holds
+every slot and answers who serves which stage. An *attempt* is one try at one training iteration (:class:`Attempt`:
+``begin`` → forward → ``sync`` → ``commit``); an iteration takes several when one is aborted.
+
+:class:`SupervisorState` is everything the supervisor's loop decides from; its parts read and change it, and
+:class:`~checkfree.swarm.supervisor.results.Results` only records what happened. It is plain data: numbers, sets,
+lists and the slots (whose plans serialise as :meth:`~checkfree.recovery.planner.RecoveryPlan.to_json`), so
+:meth:`SupervisorState.to_json` can write it down, and a supervisor given the same state enters its loop where
+this one was (checkfree.swarm.supervisor.supervisor ``Supervisor.train``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from checkfree.recovery.planner import RecoveryPlan
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.checkpoints import StoredCheckpoints
+from checkfree.swarm.wire.auth import SwarmKeys
+
+
+class SwarmError(RuntimeError):
+    """The swarm cannot make progress (a limit of retries was exceeded); the message says which."""
+
+
+class Slot:
+    """A stage replica's place in the swarm: an initial node id, its stage, location and current process."""
+
+    def __init__(self, slot: int, stage: int, location: str, local: bool) -> None:
+        self.slot, self.stage, self.location, self.local = slot, stage, location, local
+        self.occupant = slot
+        self.address: str | None = None
+        self.serving = False
+        self.dead = False
+        self.version = 0
+        self.tries = 0
+        """Starts of this slot's node since it last served (at most ``max_attempts``)."""
+        self.deadline = float("inf")
+        """When a starting occupant that does not serve yet is killed (monotonic seconds)."""
+        self.launcher: int | None = None
+        """Id of the launcher that hosts this slot on another machine (None: local or not yet known)."""
+        self.plan: RecoveryPlan | None = None
+        """How this slot's replacement rebuilds its stage: planned once per loss event by the supervisor, and
+        again when a recovering replacement's sources are all gone (sent to it as CONTROL ``plan``)."""
+        self.plan_seq = 0
+        """How many new plans the occupant was sent after its WELCOME's (its ``replan`` names the one it runs)."""
+        self.replans = 0
+        """How many of the occupant's ``replan`` requests were answered (at most one per plan, at most
+        ``max_attempts`` in all: checkfree.swarm.supervisor.inbox)."""
+        self.rebuilt: tuple[Any, ...] | None = None
+        """(rule, source stages, parts, fallback) the occupant was rebuilt by, unless it is an initial node or
+        a copy of a live replica: two replicas of one stage must not serve rebuilt by different plans."""
+        self.away = False
+        """Kept down by a down-interval schedule (no replacement) until the schedule clock reaches ``back_at``
+        (checkfree.swarm.supervisor.outages)."""
+        self.back_at: int | None = None
+        """The schedule iteration an away slot comes back (None: not within the schedule)."""
+        self.copy_version: int | None = None
+        """The version of the CheckFree+ stage-0 copy the occupant last reported holding (stages 1 and S;
+        None: it reported none, e.g. a holder rebuilt since stage 0 last pushed its copies)."""
+        self.restarted = False
+        """The occupant replaces one that died (set when the death is noticed, cleared when a node serves)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The slot as plain data (the deadline, a moment of this process's clock, is left out)."""
+        return {
+            "slot": self.slot,
+            "stage": self.stage,
+            "location": self.location,
+            "local": self.local,
+            "occupant": self.occupant,
+            "address": self.address,
+            "serving": self.serving,
+            "dead": self.dead,
+            "version": self.version,
+            "tries": self.tries,
+            "launcher": self.launcher,
+            "plan": self.plan.to_json() if self.plan is not None else None,
+            "plan_seq": self.plan_seq,
+            "replans": self.replans,
+            "away": self.away,
+            "back_at": self.back_at,
+            "copy_version": self.copy_version,
+            "restarted": self.restarted,
+        }
+
+
+class Roster:
+    """Every slot of the swarm (plus the storage node's, under ``checkpoint``) and who occupies it.
+
+    Args:
+        cfg: the topology. start, end: the initial node ids this machine starts (the rest join from
+            launchers elsewhere). storage: whether the setting keeps a storage node.
+    """
+
+    def __init__(self, cfg: SwarmConfig, start: int, end: int, storage: bool) -> None:
+        self.cfg = cfg
+        table = cfg.location_table()
+        self.slots = [
+            Slot(n, cfg.stage_of(n), cfg.location_of(n, table), start <= n < end) for n in range(cfg.n_nodes)
+        ]
+        self.storage = Slot(cfg.storage_id, -1, cfg.storage_location, start == 0) if storage else None
+        self.by_node: dict[int, Slot] = {}
+        """Node id → its slot, for every node ever started (a dead occupant still maps to its slot)."""
+        self.launchers: set[int] = set()
+        """Ids of the other machines' launchers that joined."""
+        self.next_id = cfg.first_replacement_id
+        """The id the next replacement gets."""
+        self.revoked: set[int] = set()
+        """Evicted node ids, whose keys every process withdrew (checkfree.swarm.supervisor.conduct)."""
+
+    def all(self) -> list[Slot]:
+        """The stage slots, then the storage node's slot (if any)."""
+        return self.slots + ([self.storage] if self.storage is not None else [])
+
+    def members(self) -> dict[int, list[int]]:
+        """Stage → the occupants that serve it now."""
+        out: dict[int, list[int]] = {s: [] for s in range(self.cfg.n_stages + 1)}
+        for slot in self.slots:
+            if slot.serving:
+                out[slot.stage].append(slot.occupant)
+        return out
+
+    def lost_stages(self) -> set[int]:
+        """Stages with no serving replica."""
+        return {stage for stage, nodes in self.members().items() if not nodes}
+
+    def holding_stages(self) -> set[int]:
+        """Stages with a serving replica that reported holding its stage-0 copy (CheckFree+, docs/paper.md §3)."""
+        return {s.stage for s in self.slots if s.serving and s.copy_version is not None}
+
+    def peer_rows(self) -> list[list[Any]]:
+        """``[node, stage, location, address]`` of every live occupant that joined (the ``peers`` table)."""
+        return [
+            [s.occupant, s.stage, s.location, s.address]
+            for s in self.all()
+            if s.address is not None and not s.dead
+        ]
+
+    def peers_fields(self) -> dict[str, Any]:
+        """The fields of a ``peers`` command: the peer table, and the evicted ids whose keys nodes withdraw."""
+        return {"peers": self.peer_rows()} | ({"revoked": sorted(self.revoked)} if self.revoked else {})
+
+    def all_serving(self) -> bool:
+        """Every slot serves, except those the schedule keeps away."""
+        return all(s.serving or s.away for s in self.all())
+
+    def to_json(self) -> dict[str, Any]:
+        """The slots, the launchers, the next replacement id and the revoked ids, as plain data."""
+        return {
+            "slots": [s.to_json() for s in self.slots],
+            "storage": self.storage.to_json() if self.storage is not None else None,
+            "launchers": sorted(self.launchers),
+            "next_id": self.next_id,
+            "revoked": sorted(self.revoked),
+        }
+
+
+@dataclass
+class Attempt:
+    """The attempt in progress: one try at one iteration, as the supervisor runs it and checks reports against it.
+
+    Attributes:
+        number: the attempt's number (every attempt of the run gets the next one; nodes drop messages of older
+            attempts). iteration: the iteration it tries. members: stage → the nodes that serve it in this
+            attempt. t_begin: when ``begin`` was broadcast (the attempts' clock, seconds). phase: ``forward``,
+            ``sync`` (broadcast), ``commit`` (broadcast) or ``over`` (committed or aborted: later reports of this
+            attempt are stale). reported: command → the nodes whose report of it this attempt was taken (a
+            second one is refused). due: the slots whose scheduled crash falls in it; crash_at: when they are
+            killed (None: fired, or none due); deadline: when it is given up (``iteration_timeout``).
+    """
+
+    number: int
+    iteration: int
+    members: dict[int, list[int]]
+    t_begin: float
+    phase: str = "forward"
+    reported: dict[str, set[int]] = field(default_factory=dict)
+    due: list[int] = field(default_factory=list)
+    crash_at: float | None = None
+    deadline: float = float("inf")
+
+    def nodes(self) -> list[int]:
+        """Every member of this attempt."""
+        return [n for ids in self.members.values() for n in ids]
+
+
+@dataclass
+class SupervisorState:
+    """What the supervisor's loop decides from (module docstring).
+
+    Attributes:
+        cfg, setting, vocab_size: the run (what WELCOME tells a node). keys: the swarm's keys (None: plain TCP).
+        roster: the slots, their occupants and plans, retry counts per slot (``tries``, ``replans``).
+        iteration: the iteration the next attempt runs (committed iterations + 1; a rollback moves it back).
+        attempt: the number of the last attempt begun (0: none yet). current: that attempt (None before it).
+        schedule_clock: schedule iterations elapsed (committed iterations + iterations waited for a returning
+            node; checkfree.swarm.supervisor.outages). fired: (slot, schedule iteration) of the scheduled crashes
+            that fired (a redone iteration does not refire them).
+        failed_attempts: iteration → its attempts that stalled or timed out (at ``max_attempts`` the run stops).
+        commits: attempts committed so far (an iteration redone after a rollback counts again).
+        training: training has started (before, a node that fails to start is started again under its id, and
+            nobody is evicted).
+        inbox: CONTROL command → node → its meta: the reports the supervisor's waiting loops look for.
+        checkpoints: the versions the storage node holds (``checkpoint``).
+    """
+
+    cfg: SwarmConfig
+    setting: str
+    vocab_size: int
+    keys: SwarmKeys | None
+    roster: Roster
+    iteration: int = 0
+    attempt: int = 0
+    current: Attempt | None = None
+    schedule_clock: int = 0
+    fired: set[tuple[int, int]] = field(default_factory=set)
+    failed_attempts: dict[int, int] = field(default_factory=dict)
+    commits: int = 0
+    training: bool = False
+    inbox: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    checkpoints: StoredCheckpoints = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checkpoints = StoredCheckpoints(self.cfg.n_stages)
+
+    @property
+    def begun_iteration(self) -> int:
+        """The iteration of the last attempt begun (-1 before the first): no node's version may be ahead of
+        it + 1, and a crash noticed now happened during it."""
+        return self.current.iteration if self.current is not None else -1
+
+    def reported(self, command: str) -> dict[int, dict[str, Any]]:
+        """Node → meta of the ``command`` reports received since the inbox was last cleared."""
+        return self.inbox.get(command, {})
+
+    def to_json(self) -> dict[str, Any]:
+        """The control state as plain data (the swarm's secret is not in it: it lives in the join token, mode
+        0600); strict JSON."""
+        return {
+            "setting": self.setting,
+            "vocab_size": self.vocab_size,
+            "config": self.cfg.to_json(),
+            "roster": self.roster.to_json(),
+            "iteration": self.iteration,
+            "attempt": self.attempt,
+            "begun_iteration": self.begun_iteration,
+            "schedule_clock": self.schedule_clock,
+            "fired": sorted([slot, at] for slot, at in self.fired),
+            "failed_attempts": {str(k): v for k, v in sorted(self.failed_attempts.items())},
+            "commits": self.commits,
+            "training": self.training,
+            "checkpoints": {
+                "stored": {str(s): sorted(v) for s, v in sorted(self.checkpoints.stored.items())},
+                "lost_at": self.checkpoints.lost_at,
+            },
+        }
