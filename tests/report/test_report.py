@@ -59,13 +59,18 @@ def test_report_verdicts_follow_the_numbers(tmp_path):
         "Table 2: redundant computation has the shortest time to target",
         "Table 2: hours to target redundant computation < CheckFree+",
         "Table 2: hours to target redundant computation < checkpointing",
+        "Table 2: hours to target CheckFree+ < checkpointing",
+        "Table 2: hours to target CheckFree < checkpointing",
+        "Table 2: hours to target CheckFree+ < CheckFree",
     ]
     shortest = t2["Table 2: redundant computation has the shortest time to target"]
     assert (
         shortest.holds is False
     )  # redundant never reached the target: the paper's 16 %/h ordering fails here
     assert "redundant never reached" in shortest.evidence
-    assert not any(v.holds for v in t2.values())
+    assert not any(v.holds for s, v in t2.items() if "redundant" in s)
+    # CheckFree+ 2060 s < CheckFree 2560 s < checkpointing 4060 s: the rest of the paper's 16 %/h order holds
+    assert all(v.holds for s, v in t2.items() if "redundant" not in s)
     fig2 = [v for v in res.verdicts if v.claim.startswith("Fig. 2")]
     assert fig2 and fig2[0].holds is None  # random, copy and average were not run
     text = res.report.read_text()

@@ -19,16 +19,19 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_t_interval_matches_a_hand_computation():
-    iv = mean_ci([1.0, 2.0, 3.0])  # mean 2, s = 1, t_{0.975,2} = 4.303 → half-width 4.303 / √3
+    iv = mean_ci([1.0, 2.0, 3.0])  # mean 2, s = 1, t_{0.975,2} = 4.302653 → half-width 4.302653 / √3
     assert iv.mean == 2.0 and iv.n == 3
-    assert iv.half_width == pytest.approx(4.303 / math.sqrt(3))
-    assert (iv.low, iv.high) == pytest.approx((2 - 2.48434, 2 + 2.48434), abs=1e-5)
-    five = mean_ci([4.0, 4.2, 3.9, 4.1, 4.3])  # mean 4.1, s = 0.158114, t_{0.975,4} = 2.776
-    assert five.half_width == pytest.approx(2.776 * 0.1581139 / math.sqrt(5), rel=1e-6)
+    assert iv.half_width == pytest.approx(4.302653 / math.sqrt(3), rel=1e-6)
+    assert (iv.low, iv.high) == pytest.approx((2 - 2.484138, 2 + 2.484138), abs=1e-6)
+    five = mean_ci([4.0, 4.2, 3.9, 4.1, 4.3])  # mean 4.1, s = 0.158114, t_{0.975,4} = 2.776445
+    assert five.half_width == pytest.approx(2.776445 * 0.1581139 / math.sqrt(5), rel=1e-6)
     one = mean_ci([5.0])
     assert one.single and math.isnan(one.low) and one.format() == "5.0000 (1 seed)"
     assert mean_ci([-1.0, -2.0, -3.0]).format("+.2f") == "-2.00 ± 2.48"  # a signed spec signs the mean only
-    assert t_quantile_975(21) == 2.086 and t_quantile_975(500) == 1.960  # between entries: the smaller df
+    assert t_quantile_975(21) == pytest.approx(2.079614, rel=1e-6)  # the exact quantile, any df
+    assert t_quantile_975(500) == pytest.approx(1.964720, rel=1e-6)
+    with pytest.raises(ValueError):
+        t_quantile_975(0)
     with pytest.raises(ValueError):
         mean_ci([1.0, float("nan")])
     with pytest.raises(ValueError):

@@ -7,7 +7,7 @@ import pytest
 
 from checkfree.report.analysis import TimingOptions
 from checkfree.report.build import build_report
-from checkfree.report.stats import mean_ci
+from checkfree.report.stats import mean_ci, wilcoxon_p
 from checkfree.report.table2 import paper_ratio
 from checkfree.report.timing import TimingModel
 
@@ -113,11 +113,21 @@ def test_pairwise_orderings_are_verdicts_over_seeds(report):
     by = {}
     for v in report.verdicts:
         by.setdefault(v.statement, []).append(v)
-    plus_ckpt = by["Table 2: hours to target CheckFree+ < checkpointing"]
+    at5 = {
+        s: [v for v in vs if v.scope[1] == P[5.0]] for s, vs in by.items()
+    }  # 16 %/h has these orderings too
+    plus_ckpt = at5["Table 2: hours to target CheckFree+ < checkpointing"]
     assert sorted(v.seed for v in plus_ckpt) == [0, 1] and all(v.holds for v in plus_ckpt)
     # at ×1: CheckFree+ 2000 + 4·30 = 2120 s > CheckFree 2100 s in seed 0; 2000 + 6·30 = 2180 s < 2200 s in seed 1
-    plus_cf = {v.seed: v.holds for v in by["Table 2: hours to target CheckFree+ < CheckFree"]}
+    plus_cf = {v.seed: v.holds for v in at5["Table 2: hours to target CheckFree+ < CheckFree"]}
     assert plus_cf == {0: False, 1: True}
+    # at 16 %/h the paper's Table 2 orders every pair too (redundant < CheckFree+ < CheckFree < checkpointing)
+    plus_ckpt16 = {
+        v.seed: v.holds
+        for v in by["Table 2: hours to target CheckFree+ < checkpointing"]
+        if v.scope[1] == P[16.0]
+    }
+    assert plus_ckpt16 == {0: True, 1: True, 2: False}  # seed 2: CheckFree+ never reached, checkpointing did
     red_plus = {v.seed: v.holds for v in by["Table 2: hours to target redundant computation < CheckFree+"]}
     assert red_plus == {0: True, 1: True, 2: True}  # seed 2: CheckFree+ never reached, redundant did
     assert len(by["Table 2: redundant computation has the shortest time to target"]) == 3
@@ -126,18 +136,27 @@ def test_pairwise_orderings_are_verdicts_over_seeds(report):
         "- Table 2: hours to target CheckFree+ < CheckFree (tiny_config, 5 %/h (p_iter 0.003), world size 1): "
         "**holds in 1 of 2 seeds** (sign test p = 0.75; seeds 0, 1)."
     ) in text
+    # the Wilcoxon cell: slower − faster hours over the seeds where both reached
+    cf_minus_plus = [
+        hours(*PLAN[(5.0, s)]["checkfree"]) - hours(*PLAN[(5.0, s)]["checkfree_plus"]) for s in (0, 1)
+    ]
     _line(
         text,
         "5 %/h (p_iter 0.003)",
         "CheckFree+ < CheckFree",
         "holds in 1 of 2 (p = 0.75)",
+        f"p = {wilcoxon_p(cf_minus_plus):.3g} (n = 2)",
         "s2: runs missing",
     )
+    ckpt_minus_cf = [
+        hours(*PLAN[(5.0, s)]["checkpoint"]) - hours(*PLAN[(5.0, s)]["checkfree"]) for s in (0, 1)
+    ]
     _line(
         text,
         "5 %/h (p_iter 0.003)",
         "CheckFree < checkpointing",
         "holds in 2 of 2 (p = 0.25)",
+        f"p = {wilcoxon_p(ckpt_minus_cf):.3g} (n = 2)",
         "s2: runs missing",
     )
     _line(
@@ -145,9 +164,10 @@ def test_pairwise_orderings_are_verdicts_over_seeds(report):
         "16 %/h (p_iter 0.01)",
         "redundant computation < checkpointing",
         "holds in 3 of 3 (p = 0.125)",
+        "p = 0.125 (n = 3)",
         "—",
     )
-    _line(text, "10 %/h", "every ordering", "not judged", "runs missing: seeds 0, 1, 2")
+    _line(text, "10 %/h", "every ordering", "not judged", "—", "runs missing: seeds 0, 1, 2")
 
 
 def test_strategy_table_and_ratios_beside_the_paper(report):
@@ -162,7 +182,18 @@ def test_strategy_table_and_ratios_beside_the_paper(report):
         mean_ci(ckpt5).format(".4g"),
         f"s0 {ckpt5[0]:.4g}, s1 {ckpt5[1]:.4g}, s2 missing",
     )
-    _line(text, "16 %/h (p_iter 0.01)", "CheckFree+", "3 of 3", "2 of 3", "—")
+    plus16 = sorted(hours(*PLAN[(16.0, s)]["checkfree_plus"]) for s in (0, 1))  # seed 2 never reached
+    _line(
+        text,
+        "16 %/h (p_iter 0.01)",
+        "CheckFree+",
+        "3 of 3",
+        "2 of 3",
+        f"median {sum(plus16) / 2:.4g} of the 2 that reached, {plus16[0]:.4g}–{plus16[1]:.4g}",
+    )
+    assert (
+        "| 16 %/h (p_iter 0.01) | CheckFree+ | 2 | `r16-checkfree_plus-s2` | 100 | 5.5000 |" in text
+    )  # censored
     _line(text, "10 %/h", "CheckFree+", "0 of 3 (runs missing)")
     fam = report.table2.families[0]
     r16 = next(r for r in fam.rates if r.rate == 16.0)
