@@ -623,7 +623,7 @@ def plan_swarm(ctx: CheckContext, seen: set) -> SectionPlan:
     """The tiny corpus's cache, ``swarm run --dry-run`` (config, schedule, pyzmq, node map) on the CPU, and the
     nodes' memory on one GPU."""
     from checkfree.swarm.config import load_swarm_config
-    from checkfree.swarm.policies import make_recovery
+    from checkfree.swarm.policies import make_policy
 
     cfg = load_swarm_config("swarm_tiny.json")
     model = cfg.model
@@ -636,7 +636,7 @@ def plan_swarm(ctx: CheckContext, seen: set) -> SectionPlan:
     if r.returncode != 0:
         why = (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]
         raise ValueError(f"swarm run --dry-run refuses the section's swarm: {why}")
-    keeps = make_recovery("ours").keeps_stage0_copy
+    keeps = make_policy("ours").keeps_stage0_copy
     nodes = [
         M.swarm_node_estimate(
             model, corpus.vocab_size, cfg.stage_of(n), "cuda", cfg.in_flight, cfg.replicas, keeps

@@ -7,7 +7,7 @@ swaps are on: ``run.sh`` trains with swaps, ``run_2.sh`` without, and the swarm 
 
 :data:`TRAITS` says what each canonical setting does, once: the simulator's strategies
 (:class:`checkfree.recovery.base.RecoveryStrategy`) and the swarm's policies
-(:class:`checkfree.swarm.policies.SwarmRecovery`) both take their flags from it (:class:`HasSettingTraits`).
+(:class:`checkfree.swarm.policies.SwarmPolicy`) both take their flags from it (:class:`HasSettingTraits`).
 """
 
 from __future__ import annotations

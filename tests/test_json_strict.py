@@ -103,13 +103,13 @@ def test_every_json_write_under_checkfree_goes_through_the_strict_helper() -> No
 
 def test_the_wire_meta_is_strict_json_and_a_bare_nan_is_malformed() -> None:
     msg = Message(
-        MessageType.ITERATION_END, 0, 3, -1, {"stage": 0, "epoch": 1, "loss": math.nan, "tokens": 1}
+        MessageType.ITERATION_END, 0, 3, -1, {"stage": 0, "attempt": 1, "loss": math.nan, "tokens": 1}
     )
     frames = [bytes(f) for f in encode(msg)]
     meta = strict(frames[1].decode())
     assert meta["loss"] is None and meta["nonfinite"] == {"/loss": "NaN"}
     assert math.isnan(decode(frames).meta["loss"])  # the diverging loss still reaches the supervisor
-    raw = b'{"stage":0,"epoch":1,"loss":NaN,"tokens":1}'
+    raw = b'{"stage":0,"attempt":1,"loss":NaN,"tokens":1}'
     head = frames[0][:-8] + len(raw).to_bytes(4, "little") + frames[0][-4:]
     with pytest.raises(ProtocolError, match="not UTF-8 JSON"):
         decode([head, raw])

@@ -118,7 +118,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "port can then speak for any node)",
     )
     r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
-    r.add_argument("--checkpoint-interval", type=int, help="override checkpoint_interval K (iterations)")
+    r.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="K",
+        help="override checkpoint_every: the checkpoint setting stores every stage every K iterations",
+    )
+    r.add_argument("--checkpoint-interval", type=int, metavar="K", help="old name of --checkpoint-every")
     r.add_argument("--replicas", type=int, help="override replicas per stage")
     r.add_argument(
         "--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes"
@@ -156,10 +162,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.set_defaults(func=cmd_table)
 
 
-def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
+    """The config keys the options override; ``notes`` gets a sentence for an option's old name.
+
+    Raises:
+        ValueError: --checkpoint-every and its old name --checkpoint-interval disagree.
+    """
+    every = args.checkpoint_every
+    if args.checkpoint_interval is not None:
+        if every is not None and every != args.checkpoint_interval:
+            raise ValueError(
+                f"--checkpoint-every {every} and --checkpoint-interval {args.checkpoint_interval} disagree; "
+                "expected only --checkpoint-every (--checkpoint-interval is its old name)."
+            )
+        every = args.checkpoint_interval
+        notes.append(
+            f"--checkpoint-interval is now called --checkpoint-every; read as --checkpoint-every {every}."
+        )
     out: dict[str, Any] = {
         "time_scale": args.time_scale,
-        "checkpoint_interval": args.checkpoint_interval,
+        "checkpoint_every": every,
         "replicas": args.replicas,
         "data": args.data,
     }
@@ -228,7 +250,7 @@ def _check_run(
     return end
 
 
-def _memory(args: argparse.Namespace, cfg, strategy, end: int, devices):
+def _memory(args: argparse.Namespace, cfg, policy, end: int, devices):
     """This machine's nodes START..END−1, its supervisor (or launcher), forkserver and, under ``checkpoint``, the
     storage node, against its GPUs and host RAM (checkfree.memory.machine_memory), and what would make them fit:
     fewer microbatches in flight, or fewer nodes here (the rest on other machines). Builds nothing.
@@ -244,7 +266,7 @@ def _memory(args: argparse.Namespace, cfg, strategy, end: int, devices):
     hosts_supervisor = not (args.bootstrap or args.join_token)
     processes = [("supervisor" if hosts_supervisor else "launcher", M.PROCESS_BYTES)]
     processes.append(("forkserver the nodes start from", M.PROCESS_BYTES))
-    if hosts_supervisor and strategy.rollback_on_stage_loss:  # checkpoint: the storage node runs here
+    if hosts_supervisor and policy.rollback_on_stage_loss:  # checkpoint: the storage node runs here
         processes.append(
             (
                 f"storage node ({KEEP_VERSIONS} snapshots of every stage)",
@@ -255,7 +277,7 @@ def _memory(args: argparse.Namespace, cfg, strategy, end: int, devices):
     def machine(in_flight: int, last: int) -> M.MachineMemory:
         nodes = [(n, cfg.stage_of(n), devices.initial(n)) for n in range(args.start, last)]
         return M.machine_memory(
-            model, vocab, nodes, in_flight, cfg.replicas, strategy.keeps_stage0_copy, processes
+            model, vocab, nodes, in_flight, cfg.replicas, policy.keeps_stage0_copy, processes
         )
 
     here = machine(cfg.in_flight, end)
@@ -286,16 +308,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
-    from checkfree.swarm.policies import make_recovery
+    from checkfree.swarm.policies import make_policy
     from checkfree.swarm.supervisor.results import summary_table
     from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 
     notes: list[str] = []
-    cfg = load_swarm_config(args.config, _overrides(args), notes)
+    cfg = load_swarm_config(args.config, _overrides(args, notes), notes)
     for note in notes:
         logging.getLogger("checkfree").warning("%s", note)
-    strategy = make_recovery(args.setting)
-    if strategy.swaps and cfg.n_stages < 4:
+    policy = make_policy(args.setting)
+    if policy.swaps and cfg.n_stages < 4:
         raise ValueError(
             f"ours-plus needs at least 4 transformer stages for its swaps; the config has {cfg.n_stages}."
         )
@@ -307,7 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         recovery_kills = load_recovery_kills(args.recovery_kills)
     devices = resolve_devices(args.device, args.gpus, args.start)  # before anything is written or started
-    memory, advice = _memory(args, cfg, strategy, end, devices)
+    memory, advice = _memory(args, cfg, policy, end, devices)
     if not memory.fits and not args.dry_run:
         raise ValueError(memory.sentence(advice))
     run_dir = args.run_dir or _default_run_dir(args)

@@ -3,7 +3,7 @@
 A swarm config is a small JSON (or YAML) file (``configs/swarm_tiny.json``, ``configs/swarm_paper.json``)::
 
     {"model_config": "tiny_config.json", "replicas": 2, "microbatches": 4, "in_flight": 2,
-     "locations": null, "storage_location": "Iowa", "checkpoint_interval": 10, "time_scale": 1.0}
+     "locations": null, "storage_location": "Iowa", "checkpoint_every": 10, "time_scale": 1.0}
 
 Node ids (docs/paper.md §8): the swarm has ``S + 1`` stages (stage 0 = embedding, head, data and loss; transformer
 stages 1..S from the model config's ``n_stages``) and ``replicas`` nodes per stage, ids ``0 ..
@@ -12,6 +12,10 @@ one pipeline (pipeline ``p`` = replica index ``p``). The storage node of the ``c
 ``(S+1)·R``; replacements take fresh ids above it. Node ``n`` sits at ``locations[n % len(locations)]``
 (default: the paper's seven-location geo set); a replacement inherits its predecessor's location.
 Nothing here is specific to 7 × 3: any S ≥ 1 and R ≥ 1 work (``ours-plus`` needs S ≥ 4).
+
+``checkpoint_every`` is the checkpoint baseline's K, the name the simulator's config gives it too; the key's old
+name ``checkpoint_interval`` (which in the simulator's config is the interval of its resume checkpoints, another
+thing) is still read, with a one-line note (:data:`RENAMED`).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class SwarmConfig:
     """Latency/bandwidth table (JSON); None = the one shipped in checkfree/swarm/locations.json."""
     storage_location: str = "Iowa"
     """Location of the checkpoint storage node."""
-    checkpoint_interval: int = 100
+    checkpoint_every: int = 100
     """``checkpoint`` setting: every stage's weights and Adam state go to storage every K iterations."""
     time_scale: float = 1.0
     """Multiplies every emulated WAN delay (1 = real time, 0 = no emulation)."""
@@ -141,7 +145,7 @@ class SwarmConfig:
         return d
 
     def _validate(self) -> None:
-        for key in ("replicas", "in_flight", "checkpoint_interval", "max_attempts"):
+        for key in ("replicas", "in_flight", "checkpoint_every", "max_attempts"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 1.")
@@ -186,15 +190,43 @@ class SwarmConfig:
 
 _FIELDS = {f.name for f in dataclasses.fields(SwarmConfig)}
 
+RENAMED = {"checkpoint_interval": "checkpoint_every"}
+"""Old swarm config key → its name now; the old one is still read, with a note."""
 
-def swarm_config_from_dict(raw: dict[str, Any], source: str = "swarm config") -> SwarmConfig:
-    """Build a validated :class:`SwarmConfig` (unknown keys are an error; ``model`` is ignored).
+
+def renamed_keys(raw: dict[str, Any], source: str, notes: list[str] | None = None) -> dict[str, Any]:
+    """``raw`` with every old key of :data:`RENAMED` under its new name; ``notes`` gets one sentence per old key.
 
     Raises:
-        ConfigError: a key is unknown or a value is invalid. FileNotFoundError: the model config is missing.
+        ConfigError: ``raw`` gives a key under both names.
+    """
+    out = dict(raw)
+    for old, new in RENAMED.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ConfigError(
+                f"{source}: gives both {old!r} and {new!r}; expected only {new!r} ({old!r} is its old name)."
+            )
+        out[new] = out.pop(old)
+        if notes is not None:
+            notes.append(f"{source}: {old!r} is now called {new!r}; read as {new} = {out[new]!r}.")
+    return out
+
+
+def swarm_config_from_dict(
+    raw: dict[str, Any], source: str = "swarm config", notes: list[str] | None = None
+) -> SwarmConfig:
+    """Build a validated :class:`SwarmConfig` (unknown keys are an error; ``model`` is ignored; an old key name of
+    :data:`RENAMED` is read under its new one, with a sentence in ``notes``).
+
+    Raises:
+        ConfigError: a key is unknown or given under both names, or a value is invalid. FileNotFoundError: the model
+            config is missing.
     """
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a JSON object, got {type(raw).__name__}.")
+    raw = renamed_keys(raw, source, notes)
     unknown = sorted(set(raw) - _FIELDS - {"model", "description"})
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}; expected some of {sorted(_FIELDS)}.")
@@ -205,7 +237,8 @@ def load_swarm_config(
     path: str | Path, overrides: dict[str, Any] | None = None, notes: list[str] | None = None
 ) -> SwarmConfig:
     """Load a swarm config file, JSON or YAML (working directory first, then configs/), and apply ``overrides``;
-    ``notes`` receives a sentence per key the file gives twice.
+    ``notes`` receives a sentence per key the file gives twice and per old key name (:data:`RENAMED`) of the file
+    or the overrides.
 
     Raises:
         FileNotFoundError, ConfigError: one sentence naming the file or value.
@@ -216,7 +249,9 @@ def load_swarm_config(
     except ConfigFileError as e:
         raise ConfigError(str(e)) from None
     raw.pop("model", None)
-    raw.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    raw = renamed_keys(raw, f"swarm config {resolved}", notes)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    raw.update(renamed_keys(given, "--set", notes))
     return swarm_config_from_dict(raw, str(resolved))
 
 

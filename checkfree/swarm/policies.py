@@ -1,9 +1,12 @@
-"""How a swarm node recovers its stage, per ``SETTING`` (docs/paper.md §2, §3, §8); a registry, not an if-chain.
+"""The swarm's recovery policy of each ``SETTING`` (docs/paper.md §2, §3, §8): a registry, not an if-chain.
 
-A replacement node learns which stages have no serving replica (``lost``) and asks its setting for a
-:class:`~checkfree.recovery.planner.RecoveryPlan`: which stages to fetch weights from and how to combine them.
-The neighbour rules come from :func:`checkfree.recovery.planner.plan`, the one planner the simulator uses too;
-the math is checkfree/recovery/math.py (``weighted_average``, ``copy_state``), shared as well. Each policy's flags
+A *policy* is what a setting means to the swarm: its traits, and the plan that rebuilds a lost replica or stage.
+The supervisor plans, once per loss event, how each replacement rebuilds its stage
+(checkfree.swarm.supervisor.planning): it asks the setting's policy, given the stages with no serving replica
+(``lost``), for a :class:`~checkfree.recovery.planner.RecoveryPlan` (which stages to fetch weights from and how to
+combine them) and sends it in the replacement's WELCOME; the replacement executes it and plans nothing itself
+(checkfree.swarm.node.recovering). The neighbour rules come from :func:`checkfree.recovery.planner.plan`, the one
+planner the simulator uses too; the math is shared as well (checkfree.recovery.math). Each policy's flags
 (``loses_state``, ``swaps``, ``keeps_stage0_copy``, ``rollback_on_stage_loss``) come from the one table of settings,
 :data:`checkfree.settings.TRAITS`, that the simulator's strategies read too.
 
@@ -32,10 +35,10 @@ from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 from checkfree.recovery.registry import resolve_setting
 from checkfree.settings import HasSettingTraits
 
-__all__ = ["STRATEGIES", "SwarmRecovery", "make_recovery"]
+__all__ = ["POLICIES", "SwarmPolicy", "make_policy"]
 
 
-class SwarmRecovery(HasSettingTraits):
+class SwarmPolicy(HasSettingTraits):
     """Base: a partial failure copies a live replica; subclasses decide what a lost stage does.
 
     ``name`` is the canonical setting (the simulator's name; ``ours`` / ``ours-plus`` are aliases); its traits
@@ -64,11 +67,11 @@ class SwarmRecovery(HasSettingTraits):
         raise RecoveryImpossible(f"setting {self.name!r} cannot recover a lost stage {stage}.")
 
 
-class NoFailurePolicy(SwarmRecovery):
+class NoFailurePolicy(SwarmPolicy):
     name = "no_failure"
 
 
-class CheckpointPolicy(SwarmRecovery):
+class CheckpointPolicy(SwarmPolicy):
     name = "checkpoint"
 
     def plan_lost(
@@ -77,7 +80,7 @@ class CheckpointPolicy(SwarmRecovery):
         return RecoveryPlan("storage", (stage,), with_optimizer=True, fresh_lr_scale=False)
 
 
-class CheckFreePolicy(SwarmRecovery):
+class CheckFreePolicy(SwarmPolicy):
     """CheckFree (docs/paper.md §2): the plan comes from :func:`checkfree.recovery.planner.plan`, as in the simulator."""
 
     name = "checkfree"
@@ -110,23 +113,23 @@ class LadderPolicy(CheckFreePlusPolicy):
         return planner.plan_ladder([stage], n_stages, self.rungs, live=live, holding=holding)[stage]
 
 
-STRATEGIES: dict[str, type[SwarmRecovery]] = {
+POLICIES: dict[str, type[SwarmPolicy]] = {
     cls.name: cls
     for cls in (NoFailurePolicy, CheckpointPolicy, CheckFreePolicy, CheckFreePlusPolicy, LadderPolicy)
 }
 
 
-def make_recovery(setting: str) -> SwarmRecovery:
-    """The strategy of a ``SETTING`` name: canonical (``checkfree``, ``checkfree_plus``) or the authors' (``ours``
+def make_policy(setting: str) -> SwarmPolicy:
+    """The policy of a ``SETTING`` name: canonical (``checkfree``, ``checkfree_plus``) or the authors' (``ours``
     = CheckFree, ``ours-plus`` = CheckFree+), resolved by the simulator's one table of names and aliases.
 
     Raises:
-        ValueError: the name is unknown, or names a strategy the swarm does not run.
+        ValueError: the name is unknown, or names a simulator strategy the swarm does not run.
     """
     canonical = resolve_setting(setting, swaps=False)
-    if canonical not in STRATEGIES:
+    if canonical not in POLICIES:
         raise ValueError(
             f"setting {setting!r} has no swarm implementation; expected one of no_failure, checkpoint, "
             "ours (checkfree), ours-plus (checkfree_plus), ladder."
         )
-    return STRATEGIES[canonical]()
+    return POLICIES[canonical]()

@@ -1,6 +1,6 @@
 """The checkpoint storage node of the ``checkpoint`` setting (docs/paper.md §5, §8).
 
-Every ``checkpoint_interval`` iterations one replica of each stage pushes its weights and Adam state here
+Every ``checkpoint_every`` iterations one replica of each stage pushes its weights and Adam state here
 (a CHECKPOINT message, meta ``version`` = iterations completed). The node keeps the two newest versions per
 stage (a rollback needs a version every stage has, and the newest may still be in transit for some stage),
 acknowledges each with CONTROL ``stored`` to the supervisor, and answers WEIGHTS_REQUEST ``{stage, version}``

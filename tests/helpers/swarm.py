@@ -15,12 +15,12 @@ import zmq
 
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig, swarm_config_from_dict
-from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
+from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.recovering import FetchContext, Recovery
 from checkfree.swarm.node.stage0_copies import Stage0Copies
-from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.policies import make_policy
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import read_token
@@ -88,21 +88,21 @@ def stage0_copies_of(stage: int, setting: str = "ours-plus", node_id: int | None
     state = StageState(module, W.make_optimizer(module, 1e-3))
     membership = Membership(10 + stage, peers={0: {"stage": 0}}, members={0: [0], 1: [11], 4: [14]})
     n_stages = SwarmConfig(model_config="tiny_config.json").n_stages
-    active = make_recovery(setting).keeps_stage0_copy
+    active = make_policy(setting).keeps_stage0_copy
     node = 10 + stage if node_id is None else node_id
-    ctx = NodeContext(node, stage, EpochClock(max_version=5), membership, Sent())
+    ctx = NodeContext(node, stage, AttemptClock(max_version=5), membership, Sent())
     return Stage0Copies(ctx, n_stages, active, state)
 
 
 class FakeNode:
-    """The small state a Recovery or a GradientSync gets (node 20 of stage 1, epoch 4, iteration 3); sends,
+    """The small state a Recovery or a GradientSync gets (node 20 of stage 1, attempt 4, iteration 3); sends,
     rejections and give-ups are recorded."""
 
     def __init__(self) -> None:
         self.module = torch.nn.Linear(2, 2)
         self.state = StageState(self.module, W.make_optimizer(self.module, 1e-3))
         self.membership = Membership(20, peers={3: {"stage": 1}, 5: {"stage": 1}}, members={1: [3, 5]})
-        self.clock = EpochClock(epoch=4, iteration=3)
+        self.clock = AttemptClock(attempt=4, iteration=3)
         model = SimpleNamespace(grad_clip=1.0, grad_norm_mode="paper", lr=1e-3, lr_scale=1.1, init_std=0.02)
         self.cfg = SimpleNamespace(
             request_timeout=60.0,

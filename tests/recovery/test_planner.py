@@ -13,10 +13,10 @@ from checkfree.recovery.math import stage0_part
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan, plan, plan_ladder
 from checkfree.recovery.registry import make_strategy
 from checkfree.swarm.node.compute import build_stage
-from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
+from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.recovering import FetchContext, Recovery
-from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.policies import make_policy
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType
 from checkfree.training_state import TrainingState, make_adam
@@ -54,7 +54,7 @@ def simulator_choices(setting: str, n_stages: int) -> dict[tuple[int, ...], dict
 
 
 def swarm_choices(setting: str, n_stages: int) -> dict[tuple[int, ...], dict[int, tuple] | str]:
-    strategy = make_recovery(setting)
+    strategy = make_policy(setting)
     out: dict[tuple[int, ...], dict[int, tuple] | str] = {}
     for lost in events(n_stages):
         try:
@@ -127,7 +127,7 @@ def test_ladder_picks_each_rung_when_it_is_the_one_available(rungs, failed, live
 
 
 def test_swarm_ladder_takes_a_live_replica_then_the_neighbour_rule():
-    ladder = make_recovery("ladder")
+    ladder = make_policy("ladder")
     assert ladder.swaps and ladder.keeps_stage0_copy
     assert ladder.plan(2, set(), 4).rung == "replica"
     assert (ladder.plan(2, {2}, 4).rung, ladder.plan(2, {2}, 4).sources) == ("neighbour", (1, 3))
@@ -189,13 +189,13 @@ def _swarm_rebuild(stage: int, lost: set[int], copies: dict) -> tuple[StageState
     node = NodeContext(
         node_id=50,
         stage=stage,
-        clock=EpochClock(max_version=ITERATION + 1),
+        clock=AttemptClock(max_version=ITERATION + 1),
         membership=membership,
         send=lambda p, t, *a, meta=None, **k: sent.append((p, meta)),
     )
     ctx = FetchContext(node=node, cfg=cfg, reject=lambda m, w: None)
     ctx.iteration = max((ITERATION + 1) - 1, 0)  # as Node.run derives it from the WELCOME
-    plan = make_recovery("ours-plus").plan(stage, lost, 4)
+    plan = make_policy("ours-plus").plan(stage, lost, 4)
     rec = Recovery(ctx, plan, state, lambda *d: done.append(d), pytest.fail)
     rec.start()
     for peer, meta in sent:

@@ -47,10 +47,10 @@ def _ctl(**meta) -> Message:
     [
         ({"command": "crash"}, "CONTROL command is 'crash'"),
         ({"command": "stored"}, "lacks field 'stage'"),
-        ({"command": "sync", "epoch": 1, "evil": 1}, "unknown field 'evil'"),
-        ({"command": "sync", "epoch": "1"}, "field 'epoch' is '1'"),
-        ({"command": "sync", "epoch": True}, "field 'epoch'"),
-        ({"command": "ready", "epoch": 1, "grad_norm": 1.0, "pipelines": float("nan")}, "'pipelines'"),
+        ({"command": "sync", "attempt": 1, "evil": 1}, "unknown field 'evil'"),
+        ({"command": "sync", "attempt": "1"}, "field 'attempt' is '1'"),
+        ({"command": "sync", "attempt": True}, "field 'attempt'"),
+        ({"command": "ready", "attempt": 1, "grad_norm": 1.0, "pipelines": float("nan")}, "'pipelines'"),
         ({"command": "peers", "peers": [[1, 1, "Iowa", "udp://x"]]}, "'peers'"),
         ({"command": "rollback", "version": 2**63 - 1}, "'version'"),
     ],
@@ -62,7 +62,7 @@ def test_each_command_has_a_schema_checked_on_receipt(meta: dict, match: str) ->
 
 def test_data_plane_schemas_and_a_senders_own_bad_command_is_a_bug() -> None:
     ok = Message(
-        MessageType.FORWARD, 1, meta={"stage": 1, "epoch": 3, "route": [0, 1], "pos": 1, "pipeline": 0}
+        MessageType.FORWARD, 1, meta={"stage": 1, "attempt": 3, "route": [0, 1], "pos": 1, "pipeline": 0}
     )
     control.check(ok)
     with pytest.raises(ProtocolError, match="unknown field 'address'"):
@@ -70,7 +70,7 @@ def test_data_plane_schemas_and_a_senders_own_bad_command_is_a_bug() -> None:
             Message(MessageType.WEIGHTS_REQUEST, 1, meta={"stage": 1, "request": "r", "address": "x"})
         )
     with pytest.raises(ProtocolError, match="'grad_norm'"):  # no peer's number makes ω NaN (issue 21)
-        control.check(_ctl(command="ready", epoch=1, grad_norm=float("nan"), pipelines=1.0))
+        control.check(_ctl(command="ready", attempt=1, grad_norm=float("nan"), pipelines=1.0))
     with pytest.raises(control.SchemaBug):  # not a ProtocolError: no dispatcher may swallow it
         control.control("stored", stage=1)
 
@@ -111,7 +111,7 @@ def test_gradients_with_nan_or_from_a_non_replica_are_rejected() -> None:
     node.membership.members = {1: [20, 5]}
     sync = node.gradient_sync()
     grads = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
-    meta = {"stage": 1, "epoch": 4, "microbatches": 4}
+    meta = {"stage": 1, "attempt": 4, "microbatches": 4}
     with pytest.raises(ProtocolError, match="NaN"):
         sync.on_gradients(
             Message(
@@ -133,14 +133,14 @@ def test_gradients_with_nan_or_from_a_non_replica_are_rejected() -> None:
 
 def test_the_early_message_buffer_is_bounded_in_count_and_bytes() -> None:
     buf = FutureBuffer(max_messages=3, max_bytes=100)
-    small = Message(MessageType.FORWARD, 1, meta={"epoch": 5}, tensors={"a": torch.zeros(5)})  # 20 bytes
+    small = Message(MessageType.FORWARD, 1, meta={"attempt": 5}, tensors={"a": torch.zeros(5)})  # 20 bytes
     for _ in range(3):
         buf.add(small)
     with pytest.raises(ProtocolError, match="full"):
         buf.add(small)
     buf.take(lambda m: True)
     with pytest.raises(ProtocolError, match="full"):
-        buf.add(Message(MessageType.FORWARD, 1, meta={"epoch": 5}, tensors={"a": torch.zeros(26)}))
+        buf.add(Message(MessageType.FORWARD, 1, meta={"attempt": 5}, tensors={"a": torch.zeros(26)}))
 
 
 def test_a_bug_in_a_handler_is_a_crash_not_a_bad_message() -> None:
@@ -289,25 +289,25 @@ class _FakeSwarm:
         self.sent: list[tuple[str, float]] = []
         self.kills: list[float] = []
         self.died = False
-        self.epoch = 0
+        self.attempt = 0
         self.members: dict[int, list[int]] = {}
 
     def broadcast(self, command: str, **meta: object) -> None:
         self.sent.append((command, self.t))
         if command == "begin":
-            self.epoch = int(meta["epoch"])  # type: ignore[call-overload]
+            self.attempt = int(meta["attempt"])  # type: ignore[call-overload]
             self.members = {int(k): v for k, v in meta["members"].items()}  # type: ignore[union-attr]
         nodes = [n for ids in self.members.values() for n in ids]
         if command == "sync":
-            self.inbox["ready"] = {n: {"epoch": self.epoch, "grad_norm": 1.0} for n in nodes}
+            self.inbox["ready"] = {n: {"attempt": self.attempt, "grad_norm": 1.0} for n in nodes}
         if command == "commit":
-            self.inbox["committed"] = {n: {"epoch": self.epoch} for n in nodes}
+            self.inbox["committed"] = {n: {"attempt": self.attempt} for n in nodes}
 
     def recv(self, timeout: float = 0.0) -> None:
         self.t += 0.01
         begun = [t for c, t in self.sent if c == "begin"][-1]
         if self.t - begun >= self.forward_s:
-            ends = {n: {"epoch": self.epoch, "loss": 1.0, "tokens": 1} for n in self.members[0]}
+            ends = {n: {"attempt": self.attempt, "loss": 1.0, "tokens": 1} for n in self.members[0]}
             self.inbox["iteration_end"] = ends
 
     def kill(self, slot: object, why: str) -> None:

@@ -203,7 +203,7 @@ def test_staged_tensors_survive_the_next_message_through_a_real_transport() -> N
 
 
 def _fwd_meta() -> dict:
-    return {"stage": 1, "epoch": 0, "route": [0, 2, 4], "pos": 1, "pipeline": 0}
+    return {"stage": 1, "attempt": 0, "route": [0, 2, 4], "pos": 1, "pipeline": 0}
 
 
 def test_a_cpu_stage_computes_bit_identically_to_the_plain_module() -> None:

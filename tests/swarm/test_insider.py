@@ -2,8 +2,8 @@
 sender binding, and sends what that node could send.
 
 One small ``ours`` swarm (3 stages x 2 replicas: node n holds stage n // 2; pipeline 0's route is [0, 2, 4],
-pipeline 1's [1, 3, 5]) serves every attack. The attacks are sent for epochs that have not begun yet, so the
-target buffers them and takes them *before* the genuine messages of that epoch: had a check been missing, the
+pipeline 1's [1, 3, 5]) serves every attack. The attacks are sent for attempts that have not begun yet, so the
+target buffers them and takes them *before* the genuine messages of that attempt: had a check been missing, the
 poison would have been used (not merely beaten by the genuine copy). Each test lets the swarm commit more
 iterations, then checks that training went on with finite losses and that the target counted each attack in
 its report (``rejected``). The last test stops the swarm: its throughput.json is strict JSON. A second, tiny
@@ -24,7 +24,7 @@ from torch import nn
 from checkfree.pipeline import stage_order
 from checkfree.swarm.config import route
 from checkfree.swarm.node.compute import StageWorker, build_stage
-from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
+from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.gradient_sync import GradientSync, over_bound
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.relay import check_route
@@ -52,26 +52,29 @@ def _losses_since(sup: Supervisor, row: int) -> list[float]:
 
 
 def _pipeline(
-    epoch: int, msg_type: MessageType, sender: int, path: list[int], pos: int, value: float
+    attempt: int, msg_type: MessageType, sender: int, path: list[int], pos: int, value: float
 ) -> Message:
     name = "activations" if msg_type == MessageType.FORWARD else "gradients"
-    meta = {"stage": sender // 2, "epoch": epoch, "route": path, "pos": pos, "pipeline": 0}
+    meta = {"stage": sender // 2, "attempt": attempt, "route": path, "pos": pos, "pipeline": 0}
     return Message(msg_type, sender, 0, 0, meta, {name: torch.full(SHAPE, value)})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_nan_activations_from_the_predecessor_are_dropped_and_counted(swarm: Supervisor) -> None:
-    epoch, row = swarm.state.attempt, len(swarm.results.rows)
+    attempt, row = swarm.state.attempt, len(swarm.results.rows)
     before4, before2 = _rejected(swarm, 4), _rejected(swarm, 2)
     assert swarm.roster.members()[1][0] == 2 and swarm.roster.members()[2][0] == 4
     forward = Attacker(swarm, 4, as_id=2)  # node 2 precedes node 4 on pipeline 0's route [0, 2, 4]
     backward = Attacker(swarm, 2, as_id=4)  # and node 4 sends node 2 its BACKWARD
     try:
         forward.send(
-            *[_pipeline(e, MessageType.FORWARD, 2, [0, 2, 4], 2, math.nan) for e in (epoch + 2, epoch + 3)]
+            *[
+                _pipeline(e, MessageType.FORWARD, 2, [0, 2, 4], 2, math.nan)
+                for e in (attempt + 2, attempt + 3)
+            ]
         )
-        backward.send(_pipeline(epoch + 2, MessageType.BACKWARD, 4, [0, 2, 4], 1, math.inf))
+        backward.send(_pipeline(attempt + 2, MessageType.BACKWARD, 4, [0, 2, 4], 1, math.inf))
     finally:
         forward.close()
         backward.close()
@@ -85,15 +88,15 @@ def test_nan_activations_from_the_predecessor_are_dropped_and_counted(swarm: Sup
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_activations_from_a_node_off_the_route_are_dropped_and_counted(swarm: Supervisor) -> None:
-    epoch, row = swarm.state.attempt, len(swarm.results.rows)
+    attempt, row = swarm.state.attempt, len(swarm.results.rows)
     before = _rejected(swarm, 4)
     attacker = Attacker(swarm, 4, as_id=3)  # node 3 serves stage 1 too, but on pipeline 1's route
     huge = 3e38  # finite: only the route check can stop it (a stage that took it would compute inf/NaN)
     try:
         attacker.send(
-            _pipeline(epoch + 2, MessageType.FORWARD, 3, [0, 2, 4], 2, math.nan),  # NaN, and not node 2
-            _pipeline(epoch + 2, MessageType.FORWARD, 3, [0, 2, 4], 2, huge),  # finite, not node 2
-            _pipeline(epoch + 3, MessageType.FORWARD, 3, [0, 3, 4], 2, huge),  # a route of its own making
+            _pipeline(attempt + 2, MessageType.FORWARD, 3, [0, 2, 4], 2, math.nan),  # NaN, and not node 2
+            _pipeline(attempt + 2, MessageType.FORWARD, 3, [0, 2, 4], 2, huge),  # finite, not node 2
+            _pipeline(attempt + 3, MessageType.FORWARD, 3, [0, 3, 4], 2, huge),  # a route of its own making
         )
     finally:
         attacker.close()
@@ -109,17 +112,19 @@ def test_activations_from_a_node_off_the_route_are_dropped_and_counted(swarm: Su
 def test_nan_and_huge_gradients_from_a_real_replica_are_dropped_counted_and_reported(
     swarm: Supervisor,
 ) -> None:
-    epoch, row = swarm.state.attempt, len(swarm.results.rows)
+    attempt, row = swarm.state.attempt, len(swarm.results.rows)
     before = _rejected(swarm, 3)
     params = dict(build_stage(swarm.cfg.model, 1, 300, swarm.cfg.init_seed).named_parameters())
 
     def grads(e: int, value: float) -> Message:
         tensors = {f"g.{n}": torch.full_like(p, value) for n, p in params.items()}
-        return Message(MessageType.GRADIENTS, 2, 0, -1, {"stage": 1, "epoch": e, "microbatches": 4}, tensors)
+        return Message(
+            MessageType.GRADIENTS, 2, 0, -1, {"stage": 1, "attempt": e, "microbatches": 4}, tensors
+        )
 
     attacker = Attacker(swarm, 3, as_id=2)  # node 2 is the other replica of node 3's stage
     try:
-        attacker.send(grads(epoch + 1, math.nan), grads(epoch + 2, 3e38), grads(epoch + 3, 1e4))
+        attacker.send(grads(attempt + 1, math.nan), grads(attempt + 2, 3e38), grads(attempt + 3, 1e4))
     finally:
         attacker.close()
     after_commits(swarm, 5)
@@ -176,7 +181,7 @@ def test_the_route_check_names_the_one_sender_of_each_position() -> None:
 
     def msg(kind: MessageType, sender: int, path: list[int], pos: int, mb: int = 1) -> Message:
         return Message(
-            kind, sender, 0, mb, {"stage": 0, "epoch": 1, "route": path, "pos": pos, "pipeline": 1}
+            kind, sender, 0, mb, {"stage": 0, "attempt": 1, "route": path, "pos": pos, "pipeline": 1}
         )
 
     check_route(msg(MessageType.FORWARD, 5, swapped, 2), swapped, 2, cfg, members, True, 3)
@@ -239,7 +244,9 @@ def test_the_gradient_bound_drops_an_outlier_replica_and_averages_the_rest() -> 
     module.weight.grad = torch.full((2, 2), 0.1)
     ready: list[dict] = []
     membership = Membership(20, members={1: [5, 20]})
-    ctx = NodeContext(20, 1, EpochClock(epoch=4, iteration=3), membership, lambda *a, **k: ready.append(k))
+    ctx = NodeContext(
+        20, 1, AttemptClock(attempt=4, iteration=3), membership, lambda *a, **k: ready.append(k)
+    )
     cfg = SimpleNamespace(mb_count=4, replicas=2, model=SimpleNamespace(grad_clip=1e9))
     sync = GradientSync(ctx, StageState(module, torch.optim.Adam(module.parameters())), cfg, lambda: 4)
     huge = Message(
@@ -247,7 +254,7 @@ def test_the_gradient_bound_drops_an_outlier_replica_and_averages_the_rest() -> 
         5,
         3,
         -1,
-        {"stage": 1, "epoch": 4, "microbatches": 4},
+        {"stage": 1, "attempt": 4, "microbatches": 4},
         {"g.weight": torch.full((2, 2), 1e4)},
     )
     sync.on_gradients(huge)

@@ -166,7 +166,7 @@ def test_requests_waiting_for_a_grant_are_bounded_per_sender() -> None:
 @pytest.fixture
 def sup(tmp_path: Path) -> Iterator[Supervisor]:
     """A supervisor of configs/tiny_config.json (stages 0..4, 1 replica), every slot serving, an attempt of
-    epoch 7 begun at t = 100 s on a fake clock; no process is started."""
+    attempt 7 begun at t = 100 s on a fake clock; no process is started."""
     cfg = SwarmConfig(model_config="tiny_config.json", replicas=1, microbatch_timeout=30.0)
     sup = Supervisor(cfg, "ours", {}, iterations=1, run_dir=tmp_path, vocab_size=300)
     for slot in sup.roster.slots:
@@ -183,15 +183,15 @@ def sup(tmp_path: Path) -> Iterator[Supervisor]:
 def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervisor) -> None:
     handle, inbox = sup.peer_messages.handle, sup.state.inbox
     bad = sup.peer_messages.bad_messages
-    handle(_ctl(0, command="stalled", epoch=7, reason="forged"))  # 1 s after begin: impossible
-    handle(_ctl(1, command="stalled", epoch=7, reason="not stage 0"))
-    handle(_ctl(0, command="stalled", epoch=8, reason="an epoch not begun"))
-    handle(_ctl(0, command="stalled", epoch=6, reason="stale: ignored, not counted"))
+    handle(_ctl(0, command="stalled", attempt=7, reason="forged"))  # 1 s after begin: impossible
+    handle(_ctl(1, command="stalled", attempt=7, reason="not stage 0"))
+    handle(_ctl(0, command="stalled", attempt=8, reason="an attempt not begun"))
+    handle(_ctl(0, command="stalled", attempt=6, reason="stale: ignored, not counted"))
     assert "stalled" not in inbox and sup.peer_messages.bad_messages == bad + 3
     sup.now = 130.0  # microbatch_timeout after begin: a genuine stall is possible
-    handle(_ctl(0, command="stalled", epoch=7, reason="microbatch 0 not back after 30 s"))
+    handle(_ctl(0, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
     assert set(inbox["stalled"]) == {0}
-    handle(_ctl(0, command="stalled", epoch=7, reason="again"))  # once per epoch
+    handle(_ctl(0, command="stalled", attempt=7, reason="again"))  # once per attempt
     assert sup.peer_messages.bad_messages == bad + 4
     assert sup.conduct.evidence(0)[0] == 3 and sup.conduct.evidence(1)[0] == 1
 
@@ -199,24 +199,24 @@ def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervi
 def test_ready_committed_and_iteration_end_must_fit_the_attempts_phase(sup: Supervisor) -> None:
     handle, inbox, current = sup.peer_messages.handle, sup.state.inbox, sup.state.current
     bad = sup.peer_messages.bad_messages
-    handle(_ctl(2, command="ready", epoch=7, grad_norm=1.0, pipelines=1.0))  # before sync
-    handle(_ctl(2, command="committed", epoch=7, **_stats(4)))  # before commit
+    handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=1.0))  # before sync
+    handle(_ctl(2, command="committed", attempt=7, **_stats(4)))  # before commit
     tokens = sup.cfg.mb_count * sup.cfg.model.batch_size * sup.cfg.model.seq_l
-    end = {"stage": 0, "epoch": 7, "loss": 2.0, "seconds": 1.0}
+    end = {"stage": 0, "attempt": 7, "loss": 2.0, "seconds": 1.0}
     handle(Message(MessageType.ITERATION_END, 0, meta=end | {"tokens": tokens + 1}))  # not a pipeline's
     handle(Message(MessageType.ITERATION_END, 1, meta=end | {"tokens": tokens}))  # not stage 0
     assert sup.peer_messages.bad_messages == bad + 4 and not inbox
     handle(Message(MessageType.ITERATION_END, 0, meta=end | {"tokens": tokens}))
     assert set(inbox["iteration_end"]) == {0}
     current.phase = "sync"
-    handle(_ctl(2, command="ready", epoch=7, grad_norm=1.0, pipelines=2.0))  # 2 pipelines of 1
-    handle(_ctl(2, command="ready", epoch=7, grad_norm=1.0, pipelines=1.0, rejected=[3]))  # not its replica
-    handle(_ctl(2, command="ready", epoch=7, grad_norm=1.5, pipelines=1.0))
-    handle(_ctl(2, command="ready", epoch=7, grad_norm=9.0, pipelines=1.0))  # a second one
+    handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=2.0))  # 2 pipelines of 1
+    handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=1.0, rejected=[3]))  # not its replica
+    handle(_ctl(2, command="ready", attempt=7, grad_norm=1.5, pipelines=1.0))
+    handle(_ctl(2, command="ready", attempt=7, grad_norm=9.0, pipelines=1.0))  # a second one
     assert inbox["ready"][2]["grad_norm"] == 1.5 and sup.peer_messages.bad_messages == bad + 7
     current.phase = "commit"
-    handle(_ctl(2, command="committed", epoch=7, **_stats(9)))  # not the version commit 3 gives
-    handle(_ctl(2, command="committed", epoch=7, **_stats(4)))
+    handle(_ctl(2, command="committed", attempt=7, **_stats(9)))  # not the version commit 3 gives
+    handle(_ctl(2, command="committed", attempt=7, **_stats(4)))
     assert set(inbox["committed"]) == {2} and sup.peer_messages.bad_messages == bad + 8
 
 
@@ -272,8 +272,8 @@ def test_a_forged_stalled_flood_redoes_no_attempt_and_evicts_its_sender(swarm: S
     failed, rows = dict(swarm.state.failed_attempts), len(swarm.results.rows)
     attacker = Attacker(swarm, SUPERVISOR_ID, as_id=node)
     try:
-        for _ in range(32):  # in 0.7 s, each for the epoch running as it is sent
-            attacker.send(_ctl(node, command="stalled", epoch=swarm.state.attempt, reason="forged"))
+        for _ in range(32):  # in 0.7 s, each for the attempt running as it is sent
+            attacker.send(_ctl(node, command="stalled", attempt=swarm.state.attempt, reason="forged"))
             time.sleep(0.02)
     finally:
         attacker.close()
@@ -294,7 +294,7 @@ def test_a_forged_ready_with_a_nan_gradient_norm_is_rejected(swarm: Supervisor) 
             done = len(swarm.results.rows)  # before the genuine ready, had it been taken
             wait_until(lambda: swarm.state.current.phase == "sync", swarm)
             attacker.send(
-                _ctl(node, command="ready", epoch=swarm.state.attempt, grad_norm=norm, pipelines=1.0)
+                _ctl(node, command="ready", attempt=swarm.state.attempt, grad_norm=norm, pipelines=1.0)
             )
             wait_until(lambda: len(swarm.results.rows) > done, swarm)  # noqa: B023
     finally:
@@ -346,15 +346,15 @@ def test_a_repeat_offender_is_evicted_refused_and_replaced(swarm: Supervisor) ->
     attacker = Attacker(swarm, SUPERVISOR_ID, as_id=node)
     try:
         for _ in range(6):  # 24 claims that cannot be true of a serving stage-1 node
-            epoch = swarm.state.attempt
+            attempt = swarm.state.attempt
             attacker.send(
                 _ctl(node, command="replan", reason="forged", seq=0),
                 _ctl(node, command="recovery_failed", reason="forged"),
-                _ctl(node, command="ready", epoch=epoch + 5, grad_norm=1.0, pipelines=1.0),
+                _ctl(node, command="ready", attempt=attempt + 5, grad_norm=1.0, pipelines=1.0),
                 Message(
                     MessageType.ITERATION_END,
                     node,
-                    meta={"stage": 1, "epoch": epoch, "loss": 1.0, "tokens": 1, "seconds": 1.0},
+                    meta={"stage": 1, "attempt": attempt, "loss": 1.0, "tokens": 1, "seconds": 1.0},
                 ),
             )
         wait_until(lambda: node in _evicted(swarm), swarm, timeout=20)

@@ -139,7 +139,7 @@ def _hostile() -> dict[str, list[bytes]]:
     ]
     schema = [
         Message(MessageType.FORWARD, INSIDER, 0, 0, {"stage": 0}, {"activations": torch.zeros(1, 16, 32)}),
-        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "epoch": "x"}, {"g.x": torch.zeros(2)}),
+        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "attempt": "x"}, {"g.x": torch.zeros(2)}),
         Message(MessageType.CONTROL, INSIDER, meta={"command": "crash"}),
     ]
     return {
@@ -151,8 +151,8 @@ def _hostile() -> dict[str, list[bytes]]:
         + [good[2][:-16] + (5).to_bytes(8, "little", signed=True) + good[2][-8:]]
         + good[3:],
         "unknown type": [HEADER.pack(MAGIC, VERSION, 77, 0, INSIDER, 1, 0, len(good[1]), 1)] + good[1:],
-        "no epoch": [bytes(f) for f in encode(schema[0])],
-        "epoch not an integer": [bytes(f) for f in encode(schema[1])],
+        "no attempt": [bytes(f) for f in encode(schema[0])],
+        "attempt not an integer": [bytes(f) for f in encode(schema[1])],
         "unknown command": [bytes(f) for f in encode(schema[2])],
     }
 
@@ -162,7 +162,7 @@ def _nonsense() -> list[list[bytes]]:
     transport."""
     msgs = [
         Message(MessageType.CONTROL, INSIDER, meta={"command": "shutdown"}),  # only the supervisor commands
-        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "epoch": 0, "microbatches": 1}, {}),
+        Message(MessageType.GRADIENTS, INSIDER, 0, -1, {"stage": 1, "attempt": 0, "microbatches": 1}, {}),
         # a stage-0 copy under a setting that keeps none, from a node that does not serve stage 0
         Message(
             MessageType.STAGE0_COPY,

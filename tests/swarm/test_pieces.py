@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -12,8 +13,9 @@ import torch
 
 from checkfree.config import ConfigError
 from checkfree.recovery.planner import RecoveryImpossible
+from checkfree.swarm.cli import _overrides, add_parser
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
-from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.policies import make_policy
 from checkfree.swarm.supervisor.results import CrashRecord, Results, summary_table
 from checkfree.swarm.wire.protocol import Message, MessageType
 
@@ -58,6 +60,51 @@ def test_bad_config_values_raise_one_sentence(key: str, value: object, match: st
         swarm_config_from_dict({"model_config": "tiny_config.json", key: value})
 
 
+def test_the_checkpoint_baselines_k_is_checkpoint_every_and_its_old_name_is_read_with_a_note(
+    tmp_path: Path,
+) -> None:
+    """The swarm's checkpoint-baseline interval is ``checkpoint_every`` (the simulator's config name for the same
+    K); ``checkpoint_interval`` (in the simulator: the resume checkpoints) and ``--checkpoint-interval`` still work,
+    each with one sentence."""
+    raw = json.loads((ROOT / "configs" / "swarm_tiny.json").read_text())
+    assert raw["checkpoint_every"] == 10 and "checkpoint_interval" not in raw
+    old = tmp_path / "old.json"
+    old.write_text(
+        json.dumps({k if k != "checkpoint_every" else "checkpoint_interval": v for k, v in raw.items()})
+    )
+    notes: list[str] = []
+    assert load_swarm_config(old, notes=notes).checkpoint_every == 10
+    assert notes == [
+        f"swarm config {old}: 'checkpoint_interval' is now called 'checkpoint_every'; read as checkpoint_every = 10."
+    ]
+    notes.clear()
+    cfg = load_swarm_config(ROOT / "configs" / "swarm_tiny.json", {"checkpoint_interval": 4}, notes)  # --set
+    assert cfg.checkpoint_every == 4 and notes == [
+        "--set: 'checkpoint_interval' is now called 'checkpoint_every'; read as checkpoint_every = 4."
+    ]
+    with pytest.raises(ConfigError, match="gives both 'checkpoint_interval' and 'checkpoint_every'"):
+        swarm_config_from_dict(
+            {"model_config": "tiny_config.json", "checkpoint_interval": 3, "checkpoint_every": 3}
+        )
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    for flag, note in (
+        ("--checkpoint-every", []),
+        (
+            "--checkpoint-interval",
+            ["--checkpoint-interval is now called --checkpoint-every; read as --checkpoint-every 6."],
+        ),
+    ):
+        notes = []
+        args = parser.parse_args(["swarm", "run", "--setting", "checkpoint", "--no-schedule", flag, "6"])
+        assert _overrides(args, notes)["checkpoint_every"] == 6 and notes == note
+    args = parser.parse_args(
+        ["swarm", "run", "--setting", "checkpoint", "--checkpoint-every", "6", "--checkpoint-interval", "5"]
+    )
+    with pytest.raises(ValueError, match="--checkpoint-every 6 and --checkpoint-interval 5 disagree"):
+        _overrides(args, [])
+
+
 def test_route_prefers_the_pipelines_replica_and_falls_back_to_a_live_one() -> None:
     members = {0: [0, 1], 1: [2, 3], 2: [4], 3: [6, 7]}
     assert route(1, members, 3, [1, 2, 3]) == [1, 3, 4, 7]
@@ -82,27 +129,27 @@ def test_route_prefers_the_pipelines_replica_and_falls_back_to_a_live_one() -> N
     ],
 )
 def test_recovery_plans(setting: str, stage: int, lost: set[int], rule: str, stages: list[int]) -> None:
-    plan = make_recovery(setting).plan(stage, lost, 4)
+    plan = make_policy(setting).plan(stage, lost, 4)
     assert (plan.rule, list(plan.sources)) == (rule, stages)
     assert plan.fresh_lr_scale == (rule in ("checkfree", "copy", "stage0_copy"))
     assert plan.with_optimizer == (rule in ("replica", "storage"))
 
 
 def test_settings_flags_and_impossible_recoveries() -> None:
-    assert not make_recovery("no_failure").loses_state and make_recovery("ours").loses_state
-    assert make_recovery("ours-plus").swaps and not make_recovery("ours").swaps
-    assert make_recovery("checkpoint").rollback_on_stage_loss
+    assert not make_policy("no_failure").loses_state and make_policy("ours").loses_state
+    assert make_policy("ours-plus").swaps and not make_policy("ours").swaps
+    assert make_policy("checkpoint").rollback_on_stage_loss
     with pytest.raises(RecoveryImpossible, match="stage 0"):
-        make_recovery("ours").plan(0, {0}, 4)
-    plan = make_recovery("ours-plus").plan(0, {0, 1, 4}, 4)
+        make_policy("ours").plan(0, {0}, 4)
+    plan = make_policy("ours-plus").plan(0, {0, 1, 4}, 4)
     assert (plan.sources, plan.parts) == ((), ()) and "random init of ['embedding', 'head']" in plan.fallback
-    assert make_recovery("ours-plus").plan(0, {0}, 4).parts == ("embedding", "head")
+    assert make_policy("ours-plus").plan(0, {0}, 4).parts == ("embedding", "head")
     with pytest.raises(ValueError, match="unknown setting 'oursx'"):
-        make_recovery("oursx")
+        make_policy("oursx")
     with pytest.raises(ValueError, match="'copy' has no swarm implementation"):
-        make_recovery("copy")
-    assert make_recovery("checkfree").name == make_recovery("ours").name == "checkfree"
-    assert make_recovery("checkfree_plus").name == make_recovery("ours-plus").name == "checkfree_plus"
+        make_policy("copy")
+    assert make_policy("checkfree").name == make_policy("ours").name == "checkfree"
+    assert make_policy("checkfree_plus").name == make_policy("ours-plus").name == "checkfree_plus"
 
 
 def _copy(part: str, version: int, tensors: dict, sender: int = 0) -> Message:
@@ -177,7 +224,7 @@ def test_results_file_and_table(tmp_path: Path) -> None:
         res.iteration(
             it,
             it + 1,
-            {0: {"loss": loss, "tokens": 10, "epoch": it + 1}, 1: {"loss": loss, "tokens": 10}},
+            {0: {"loss": loss, "tokens": 10, "attempt": it + 1}, 1: {"loss": loss, "tokens": 10}},
             {n: {"grad_norm": 0.5} for n in (0, 1, 2, 3)},
             members,
         )

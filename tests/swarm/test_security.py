@@ -30,7 +30,7 @@ NODES = 4  # one pipeline: node i = stage i (3 transformer stages), storage node
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     tmp = tmp_path_factory.mktemp("attacked")
-    cfg = live_config(tmp, replicas=1, time_scale=0.1, checkpoint_interval=2, recovery_timeout=60)
+    cfg = live_config(tmp, replicas=1, time_scale=0.1, checkpoint_every=2, recovery_timeout=60)
     sup = Supervisor(cfg, "checkpoint", {}, iterations=10_000, run_dir=tmp / "run", vocab_size=300)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
@@ -86,7 +86,7 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
         attacker.send(
             Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "shutdown"}),
             Message(
-                MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "epoch": swarm.state.attempt}
+                MessageType.CONTROL, SUPERVISOR_ID, meta={"command": "abort", "attempt": swarm.state.attempt}
             ),
             Message(MessageType.LEAVE, 3),
         )
@@ -102,13 +102,13 @@ def test_a_spoofed_sender_is_dropped_and_counted(swarm: Supervisor) -> None:
 def test_forged_commands_from_a_node_do_not_stop_or_stall_another(swarm: Supervisor) -> None:
     bad = _counts(swarm, 2)[0]
     attacker = Attacker(swarm, 2, as_id=1)  # a compromised node 1 commands node 2
-    epoch = swarm.state.attempt
+    attempt = swarm.state.attempt
     try:
         attacker.send(
             Message(MessageType.CONTROL, 1, meta={"command": "shutdown"}),
-            Message(MessageType.CONTROL, 1, meta={"command": "commit", "epoch": epoch, "iteration": 0}),
+            Message(MessageType.CONTROL, 1, meta={"command": "commit", "attempt": attempt, "iteration": 0}),
             Message(
-                MessageType.CONTROL, 1, meta={"command": "begin", "epoch": 0, "iteration": 0, "members": {}}
+                MessageType.CONTROL, 1, meta={"command": "begin", "attempt": 0, "iteration": 0, "members": {}}
             ),
         )
     finally:
@@ -153,7 +153,7 @@ def test_malformed_and_lying_messages_to_the_supervisor_are_dropped(swarm: Super
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_poisoned_numbers_and_implausible_epochs_are_rejected(swarm: Supervisor) -> None:
+def test_poisoned_numbers_and_implausible_attempts_are_rejected(swarm: Supervisor) -> None:
     bad = _counts(swarm, 2)[0]
     nan = torch.full((2, 16, 32), float("nan"))
     attacker = Attacker(swarm, 2, as_id=1)
@@ -166,22 +166,22 @@ def test_poisoned_numbers_and_implausible_epochs_are_rejected(swarm: Supervisor)
             meta={"stage": 2, "request": "11:0:0", "version": 1},
             tensors={"w.x": torch.full((4,), float("inf"))},
         ),
-        # gradients from a node that is no replica of stage 2, NaN, for a far future epoch
+        # gradients from a node that is no replica of stage 2, NaN, for a far future attempt
         Message(
             MessageType.GRADIENTS,
             1,
             0,
             -1,
-            {"stage": 2, "epoch": far, "microbatches": 1},
+            {"stage": 2, "attempt": far, "microbatches": 1},
             {"g.x": torch.full((3,), float("nan"))},
         ),
-        # activations for epoch 2**62: never buffered (they used to stay in memory for the whole run)
+        # activations for attempt 2**62: never buffered (they used to stay in memory for the whole run)
         Message(
             MessageType.FORWARD,
             1,
             0,
             0,
-            {"stage": 1, "epoch": far, "route": [0, 1, 2, 3], "pos": 2, "pipeline": 0},
+            {"stage": 1, "attempt": far, "route": [0, 1, 2, 3], "pos": 2, "pipeline": 0},
             {"activations": nan},
         ),
         # a stage-0 copy from a node that does not serve stage 0, version 2**62, under a setting with none

@@ -173,7 +173,7 @@ def test_a_lost_stage_0_is_planned_only_from_copy_holders_that_hold_a_copy(tmp_p
         sup.state.current = Attempt(9, 7, sup.roster.members(), t_begin=0.0)
         reports = sup.peer_messages
         stage1, stage4 = sup.roster.slots[1], sup.roster.slots[4]
-        committed = {"command": "committed", "epoch": 9, "version": 7}
+        committed = {"command": "committed", "attempt": 9, "version": 7}
         reports._on_report(stage4, committed | {"stage0_copy": 7})
         sup.roster.slots[0].serving = False  # stage 0 is lost; stage 1 serves, rebuilt: it reported no copy
         sup.planner.plan_event(sup.roster.lost_stages())

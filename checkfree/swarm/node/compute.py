@@ -9,8 +9,8 @@ last one sends the output back to ``route[0]`` (``pos = len(route)``), which app
 (token-mean cross entropy / mb_count, docs/paper.md §6) and sends BACKWARD to ``route[-1]``. BACKWARD walks the route
 back to stage 0, which finishes the embedding's backward. At most ``in_flight`` microbatches of a pipeline
 are between embed and their last backward. Gradients accumulate in ``.grad`` until the iteration's
-exchange. Every message carries the ``epoch`` (one per attempt of an iteration, increasing): anything from
-an older epoch is dropped, which is how an aborted attempt's in-flight microbatches disappear.
+exchange. Every message carries its ``attempt``: the number of one try at an iteration, increasing: anything from
+an older attempt is dropped, which is how an aborted attempt's in-flight microbatches disappear.
 """
 
 from __future__ import annotations

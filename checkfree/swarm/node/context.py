@@ -1,8 +1,8 @@
 """The small state objects a swarm node's parts share, and the one :class:`NodeContext` that hands them over.
 
 A node (checkfree.swarm.node.node) is these objects plus parts that receive them: :class:`StageState` (the stage
-replica it trains: module, Adam, weights version, last gradient norm ω), :class:`EpochClock` (where the swarm
-is: epoch, iteration, the highest plausible weights version, early messages of a later epoch), the peer table
+replica it trains: module, Adam, weights version, last gradient norm ω), :class:`AttemptClock` (where the swarm
+is: attempt, iteration, the highest plausible weights version, early messages of a later attempt), the peer table
 (checkfree.swarm.node.membership) and a :class:`Send` callable. :class:`NodeContext` bundles the node's id and
 stage with its clock, peer table and ``send``; every part gets that one object. The parts (the gradient
 exchange of checkfree.swarm.node.gradient_sync, the stage-0 copies of checkfree.swarm.node.stage0_copies, stage
@@ -23,8 +23,8 @@ from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
-FUTURE_EPOCHS = 4
-"""An epoch more than this far ahead of the node's last ``begin`` is implausible (dropped and counted)."""
+FUTURE_ATTEMPTS = 4
+"""An attempt more than this far ahead of the node's last ``begin`` is implausible (dropped and counted)."""
 
 
 class Send(Protocol):
@@ -80,17 +80,17 @@ class StageState:
 
 
 @dataclass
-class EpochClock:
-    """Where the swarm is, as this node knows it from the supervisor's commands: its epoch and iteration.
+class AttemptClock:
+    """Where the swarm is, as this node knows it from the supervisor's commands: its attempt and iteration.
 
     Attributes:
-        epoch: the last ``begin``'s epoch (one per attempt of an iteration); -1 before any.
+        attempt: the number of the last ``begin``'s attempt (one try at an iteration); -1 before any.
         iteration: the last ``begin``'s iteration; -1 before any.
         max_version: the highest weights version a peer may claim (iterations the supervisor has begun).
-        future: messages of an epoch this node has not begun yet.
+        future: messages of an attempt this node has not begun yet.
     """
 
-    epoch: int = -1
+    attempt: int = -1
     iteration: int = -1
     max_version: int = 0
     future: FutureBuffer = field(default_factory=FutureBuffer)
@@ -99,20 +99,22 @@ class EpochClock:
         """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
         return version <= max(self.max_version, self.iteration + 1)
 
-    def epoch_of(self, msg: Message) -> int | None:
-        """The message's epoch; None (dropped) when stale, buffered (None) when it is ahead of this node.
+    def attempt_of(self, msg: Message) -> int | None:
+        """The message's attempt; None (dropped) when stale, buffered (None) when it is ahead of this node.
 
         Raises:
-            ProtocolError: the epoch is more than FUTURE_EPOCHS ahead of the supervisor's last ``begin``, or
-                the buffer for future epochs is full (count or bytes).
+            ProtocolError: the attempt is more than FUTURE_ATTEMPTS ahead of the supervisor's last ``begin``, or
+                the buffer for future attempts is full (count or bytes).
         """
-        epoch = msg.meta["epoch"]
-        if epoch > self.epoch:
-            if epoch > self.epoch + FUTURE_EPOCHS:
-                raise ProtocolError(f"epoch {epoch} is implausibly far ahead of this node's {self.epoch}")
+        attempt = msg.meta["attempt"]
+        if attempt > self.attempt:
+            if attempt > self.attempt + FUTURE_ATTEMPTS:
+                raise ProtocolError(
+                    f"attempt {attempt} is implausibly far ahead of this node's {self.attempt}"
+                )
             self.future.add(msg)
             return None
-        return epoch if epoch == self.epoch else None
+        return attempt if attempt == self.attempt else None
 
 
 @dataclass(frozen=True)
@@ -122,13 +124,13 @@ class NodeContext:
     Attributes:
         node_id: this node.
         stage: the stage it holds.
-        clock: its epoch, iteration and highest plausible weights version (updated by ``begin`` / ``commit``).
+        clock: its attempt, iteration and highest plausible weights version (updated by ``begin`` / ``commit``).
         membership: the peer table and the serving replicas of each stage.
         send: sends one message to a peer or the supervisor.
     """
 
     node_id: int
     stage: int
-    clock: EpochClock
+    clock: AttemptClock
     membership: Membership
     send: Send

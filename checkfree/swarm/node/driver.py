@@ -44,7 +44,7 @@ class PipelineDriver:
     """Runs the microbatches of one pipeline per iteration with at most ``in_flight`` outstanding.
 
     Args:
-        ctx: this stage-0 node, its epoch and iteration, the serving replicas of every stage (a route takes
+        ctx: this stage-0 node, its attempt and iteration, the serving replicas of every stage (a route takes
             one of each), and the ``send`` of FORWARD / BACKWARD, ITERATION_END and ``stalled``.
         cfg: the swarm config (microbatches, in-flight limit, timeouts, model batch shape).
         swaps: CheckFree+ stage order on odd microbatches.
@@ -72,7 +72,7 @@ class PipelineDriver:
         self.t_begin = time.monotonic()
 
     def begin(self) -> None:
-        """A new epoch: start the first ``in_flight`` microbatches."""
+        """A new attempt: start the first ``in_flight`` microbatches."""
         self._clear()
         stage0 = self.ctx.membership.serving(0)
         self.active = self.ctx.node_id in stage0
@@ -103,7 +103,7 @@ class PipelineDriver:
                 MessageType.FORWARD,
                 iteration,
                 mb,
-                {"epoch": ctx.clock.epoch, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {"attempt": ctx.clock.attempt, "route": path, "pos": 1, "pipeline": self.pipeline},
                 {"activations": h},
             )
 
@@ -114,7 +114,7 @@ class PipelineDriver:
         ctx, mb, iteration = self.ctx, msg.microbatch, self.ctx.clock.iteration
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
             raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
-        meta = {"epoch": ctx.clock.epoch, "route": path, "pipeline": self.pipeline}
+        meta = {"attempt": ctx.clock.attempt, "route": path, "pipeline": self.pipeline}
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
@@ -151,7 +151,7 @@ class PipelineDriver:
             clock.iteration,
             -1,
             {
-                "epoch": clock.epoch,
+                "attempt": clock.attempt,
                 "loss": sum(losses) / len(losses),
                 "tokens": len(losses) * b * t,
                 "seconds": time.monotonic() - self.t_begin,
@@ -162,13 +162,13 @@ class PipelineDriver:
     def _stalled(self, reason: str) -> None:
         if not self.stall_reported:
             self.stall_reported = True
-            epoch = self.ctx.clock.epoch
-            log.warning("node %d: epoch %d stalled: %s", self.ctx.node_id, epoch, reason)
+            attempt = self.ctx.clock.attempt
+            log.warning("node %d: attempt %d stalled: %s", self.ctx.node_id, attempt, reason)
             self.ctx.send(
                 SUPERVISOR_ID,
                 MessageType.CONTROL,
                 self.ctx.clock.iteration,
-                meta={"command": "stalled", "epoch": epoch, "reason": reason},
+                meta={"command": "stalled", "attempt": attempt, "reason": reason},
             )
 
     def tick(self) -> None:

@@ -1,6 +1,6 @@
 """Messages that arrive before a node can use them, kept in a buffer bounded in count and bytes.
 
-A node keeps FORWARD/BACKWARD/GRADIENTS of an epoch it has not begun yet (a peer got ``begin`` first), and
+A node keeps FORWARD/BACKWARD/GRADIENTS of an attempt it has not begun yet (a peer got ``begin`` first), and
 WEIGHTS_REQUESTs from peers the supervisor has not listed yet, that arrive before it serves, or whose grant has
 not arrived yet (checkfree.swarm.node.parts; at most a few per sender). A flood of either is dropped and counted,
 never kept for the rest of the run (checkfree.swarm.node.node).
@@ -13,13 +13,13 @@ from collections.abc import Callable
 from checkfree.swarm.wire.protocol import Message, ProtocolError
 
 MAX_FUTURE = 2000
-"""Early messages (a not-yet-begun epoch) buffered at most; more are dropped."""
+"""Early messages (a not-yet-begun attempt) buffered at most; more are dropped."""
 MAX_FUTURE_BYTES = 512 * 1024**2
 """Tensor bytes of early messages buffered at most."""
 
 
 class FutureBuffer:
-    """Messages that arrived early (a later epoch, a requester not yet listed or granted), bounded in count and
+    """Messages that arrived early (a later attempt, a requester not yet listed or granted), bounded in count and
     bytes, and with ``per_sender`` in messages per sender (one sender cannot fill it for the others)."""
 
     def __init__(
@@ -62,6 +62,6 @@ class FutureBuffer:
             self.nbytes = sum(self._size(m) for m in self.messages)
         return taken
 
-    def drop_before(self, epoch: int) -> None:
-        """Forget messages of epochs older than ``epoch``."""
-        self.take(lambda m: isinstance(m.meta.get("epoch"), int) and m.meta["epoch"] < epoch)
+    def drop_before(self, attempt: int) -> None:
+        """Forget messages of attempts older than ``attempt``."""
+        self.take(lambda m: isinstance(m.meta.get("attempt"), int) and m.meta["attempt"] < attempt)

@@ -18,7 +18,7 @@ of the run. So a replica's contribution is accepted only if
 A refused contribution is dropped: the stage averages over the remaining replicas (their microbatches alone
 count as pipelines), the node counts it (``rejected["gradients"]`` in its report) and names the replica in
 ``ready`` (``rejected``), which the supervisor writes to throughput.json (``rejected_gradients``). This node's
-own gradients are never dropped. A replica's second GRADIENTS of one epoch is refused (the first is kept), except
+own gradients are never dropped. A replica's second GRADIENTS of one attempt is refused (the first is kept), except
 that a contribution dropped on arrival may be replaced by a valid one (a forged copy must not block the
 genuine one).
 
@@ -87,14 +87,14 @@ def over_bound(parts: dict[int, Contribution], own: int, k: float = GRAD_BOUND_K
 
 
 class GradientSync:
-    """One node's side of the gradient exchange of the current epoch.
+    """One node's side of the gradient exchange of the current attempt.
 
     Args:
-        ctx: this replica and its stage, its epoch and iteration, who serves its stage (``members``), and the
+        ctx: this replica and its stage, its attempt and iteration, who serves its stage (``members``), and the
             ``send`` of GRADIENTS to the replicas and ``ready`` to the supervisor.
         state: the stage it trains (its module's ``.grad`` are averaged in place).
         cfg: the swarm config (``mb_count``, ``replicas``, ``model.grad_clip``).
-        microbatches: how many microbatches this replica ran in the current epoch.
+        microbatches: how many microbatches this replica ran in the current attempt.
     """
 
     def __init__(
@@ -102,23 +102,23 @@ class GradientSync:
     ) -> None:
         self.ctx, self.state, self.cfg, self.microbatches = ctx, state, cfg, microbatches
         self.received: dict[int, Contribution] = {}
-        """replica node id → its accepted contribution of the current epoch."""
+        """replica node id → its accepted contribution of the current attempt."""
         self.dropped: dict[int, str] = {}
-        """replica node id → why its contribution of the current epoch was dropped (averaged without it)."""
+        """replica node id → why its contribution of the current attempt was dropped (averaged without it)."""
         self.rejected_count = 0
         """Contributions dropped since the node started (non-finite or over the bound): its report counter."""
-        self.epoch = -1
-        """The epoch whose ``sync`` this node has started; -1 when none is under way."""
+        self.attempt = -1
+        """The attempt whose ``sync`` this node has started; -1 when none is under way."""
         self.norm = 1.0
         """The unclipped norm of the last averaged gradients (ω of the step that follows)."""
         self.reduced = -1
-        """The epoch whose gradients were averaged and reported ``ready`` (a ``commit`` needs it); -1: none."""
+        """The attempt whose gradients were averaged and reported ``ready`` (a ``commit`` needs it); -1: none."""
 
     def reset(self) -> None:
-        """Forget the epoch's gradients (a new epoch began, or it was aborted)."""
+        """Forget the attempt's gradients (a new attempt began, or it was aborted)."""
         self.received.clear()
         self.dropped.clear()
-        self.epoch = -1
+        self.attempt = -1
         self.reduced = -1
 
     def replicas(self) -> list[int]:
@@ -128,7 +128,7 @@ class GradientSync:
     def start(self) -> None:
         """``sync``: send this replica's gradients to the others, then reduce if they are all in."""
         clock = self.ctx.clock
-        self.epoch = clock.epoch
+        self.attempt = clock.attempt
         grads = W.grad_tensors(self.state.module)
         for peer in self.replicas():
             self.ctx.send(
@@ -136,17 +136,17 @@ class GradientSync:
                 MessageType.GRADIENTS,
                 clock.iteration,
                 -1,
-                {"epoch": clock.epoch, "microbatches": self.microbatches()},
+                {"attempt": clock.attempt, "microbatches": self.microbatches()},
                 grads,
             )
         self._try_reduce()
 
     def on_gradients(self, msg: Message) -> None:
-        """Keep a replica's gradients of the current epoch.
+        """Keep a replica's gradients of the current attempt.
 
         Raises:
             ProtocolError: the sender is not a serving replica of this stage, it sent its gradients of this
-                epoch already, a gradient is missing, extra, of the wrong shape or dtype, the microbatch count
+                attempt already, a gradient is missing, extra, of the wrong shape or dtype, the microbatch count
                 is implausible, or (the contribution is then dropped: the stage averages without it unless a
                 valid copy follows) the norm is not finite (NaN/inf) or a replica that ran no microbatch sent
                 a non-zero gradient. The node drops the message and counts it.
@@ -154,10 +154,10 @@ class GradientSync:
         sender = msg.sender
         if msg.meta["stage"] != self.ctx.stage or sender not in self.replicas():
             raise ProtocolError(f"gradients of stage {msg.meta['stage']} from {sender}, not a replica")
-        if self.ctx.clock.epoch_of(msg) is None:
+        if self.ctx.clock.attempt_of(msg) is None:
             return
         if sender in self.received:
-            raise ProtocolError(f"gradients of epoch {msg.meta['epoch']} from node {sender} came twice")
+            raise ProtocolError(f"gradients of attempt {msg.meta['attempt']} from node {sender} came twice")
         grads = W.split(msg.tensors, "g")
         params = dict(self.state.module.named_parameters())
         if grads.keys() != params.keys() or len(grads) != len(msg.tensors):
@@ -188,19 +188,19 @@ class GradientSync:
         self.dropped[sender] = why
         self.rejected_count += 1
         log.warning(
-            "node %d: stage %d averages without node %d's gradients of epoch %d: %s",
+            "node %d: stage %d averages without node %d's gradients of attempt %d: %s",
             self.ctx.node_id,
             self.ctx.stage,
             sender,
-            self.ctx.clock.epoch,
+            self.ctx.clock.attempt,
             why,
         )
 
     def _try_reduce(self) -> None:
         """Average the accepted gradients once every replica's are in (node-id order), norm, clip, report
         ready (with the replicas dropped)."""
-        epoch, module = self.ctx.clock.epoch, self.state.module
-        if self.epoch != epoch or not set(self.replicas()) <= set(self.received) | set(self.dropped):
+        attempt, module = self.ctx.clock.attempt, self.state.module
+        if self.attempt != attempt or not set(self.replicas()) <= set(self.received) | set(self.dropped):
             return
         params = dict(module.named_parameters())
         own = {n: (p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in params.items()}
@@ -224,12 +224,12 @@ class GradientSync:
                 p.grad = acc / pipelines
         self.norm = grad_norm(module)
         scale_grads(module, clip_coefficient(self.norm, self.cfg.model.grad_clip))
-        self.epoch = -1
-        self.reduced = epoch
+        self.attempt = -1
+        self.reduced = attempt
         extra = {"rejected": sorted(self.dropped)} if self.dropped else {}
         self.ctx.send(
             SUPERVISOR_ID,
             MessageType.CONTROL,
             self.ctx.clock.iteration,
-            meta=control("ready", epoch=epoch, grad_norm=self.norm, pipelines=pipelines, **extra),
+            meta=control("ready", attempt=attempt, grad_norm=self.norm, pipelines=pipelines, **extra),
         )

@@ -1,10 +1,10 @@
-"""A node's side of one iteration, driven by the supervisor's CONTROL commands (one *epoch* per attempt).
+"""A node's side of one iteration, driven by the supervisor's CONTROL commands (one *attempt* per try at it).
 
 ``begin`` (stage 0 starts its pipeline, checkfree.swarm.node.driver) → every node forwards/backwards what
 arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
 (checkfree.swarm.node.gradient_sync), record the unclipped norm ω (docs/paper.md §2), clip and report ``ready`` →
 ``commit``: Adam step (and, on checkpoint iterations, the designated replica ships weights + Adam state to
-storage) → ``committed``. ``abort`` drops the epoch's activations and gradients; nothing has been stepped.
+storage) → ``committed``. ``abort`` drops the attempt's activations and gradients; nothing has been stepped.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ class IterationCommands:
     """The ``begin`` / ``sync`` / ``commit`` / ``abort`` / ``checkpoint`` handlers of one node.
 
     Args:
-        ctx: this node, its epoch, iteration and highest plausible version (updated here), the serving
+        ctx: this node, its attempt, iteration and highest plausible version (updated here), the serving
             replicas (``begin`` brings the supervisor's list), and the ``send`` of ``committed``.
         parts: its stage, worker, gradient exchange, stage-0 copies and pipeline part.
-        dispatch: replays a buffered message of the epoch that begins.
+        dispatch: replays a buffered message of the attempt that begins.
         serving: whether this node serves (a replacement still fetching pushes no stage-0 copies).
         checkpoint: ships weights + Adam state to the storage node.
         report: the cumulative stats a ``committed`` carries.
@@ -59,11 +59,11 @@ class IterationCommands:
 
     def begin(self, meta: dict[str, Any]) -> None:
         clock, parts = self.ctx.clock, self.parts
-        if meta["epoch"] <= clock.epoch:
+        if meta["attempt"] <= clock.attempt:
             raise ProtocolError(
-                f"begin of epoch {meta['epoch']}; this node is at epoch {clock.epoch} already"
+                f"begin of attempt {meta['attempt']}; this node is at attempt {clock.attempt} already"
             )
-        clock.epoch, clock.iteration = meta["epoch"], meta["iteration"]
+        clock.attempt, clock.iteration = meta["attempt"], meta["iteration"]
         clock.max_version = max(clock.max_version, clock.iteration)
         self.ctx.membership.set_members(meta["members"])
         parts.worker.reset()
@@ -72,23 +72,23 @@ class IterationCommands:
             parts.stage0_copies.push()  # holders that joined since the last step
         if isinstance(parts.pipeline, PipelineDriver):
             parts.pipeline.begin()
-        clock.future.drop_before(clock.epoch)
-        for msg in clock.future.take(lambda m: m.meta.get("epoch") == clock.epoch):
+        clock.future.drop_before(clock.attempt)
+        for msg in clock.future.take(lambda m: m.meta.get("attempt") == clock.attempt):
             self.dispatch(msg)
 
     def sync(self, meta: dict[str, Any]) -> None:
-        if meta["epoch"] == self.ctx.clock.epoch:
+        if meta["attempt"] == self.ctx.clock.attempt:
             self.parts.gradients.start()
 
     def commit(self, meta: dict[str, Any]) -> None:
         clock, parts, state = self.ctx.clock, self.parts, self.parts.state
-        epoch = clock.epoch
-        if meta["epoch"] != epoch or parts.gradients.reduced != epoch:
+        attempt = clock.attempt
+        if meta["attempt"] != attempt or parts.gradients.reduced != attempt:
             raise ProtocolError(
-                f"commit of epoch {meta['epoch']}; this node is at epoch {epoch} and has reduced the "
-                f"gradients of epoch {parts.gradients.reduced}"
+                f"commit of attempt {meta['attempt']}; this node is at attempt {attempt} and has reduced the "
+                f"gradients of attempt {parts.gradients.reduced}"
             )
-        parts.gradients.reduced = -1  # one step per epoch
+        parts.gradients.reduced = -1  # one step per attempt
         t0 = time.thread_time()
         state.opt.step()
         state.opt.zero_grad(set_to_none=True)
@@ -100,11 +100,11 @@ class IterationCommands:
         if self.serving():
             parts.stage0_copies.push()
         parts.worker.reset()
-        done = control("committed", epoch=epoch, **self.report())
+        done = control("committed", attempt=attempt, **self.report())
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, clock.iteration, meta=done)
 
     def abort(self, meta: dict[str, Any]) -> None:
-        if meta["epoch"] == self.ctx.clock.epoch:
+        if meta["attempt"] == self.ctx.clock.attempt:
             self.parts.worker.reset()
             self.parts.gradients.reset()
             if isinstance(self.parts.pipeline, PipelineDriver):

@@ -14,7 +14,7 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
    candidate at once; an unanswered one after ``request_timeout``; after ``max_attempts`` rounds the node
    reports ``recovery_failed`` and exits (the supervisor retries). When every source is gone it asks the
    supervisor (``replan``), which sends a new plan (``plan``; also unasked, when a loss event changes it).
-3. **Iterate**, driven by the supervisor's CONTROL commands, one *epoch* per attempt of an iteration
+3. **Iterate**, driven by the supervisor's CONTROL commands, one *attempt* per try at an iteration
    (checkfree.swarm.node.iteration): ``begin`` → forward/backward of every microbatch → ``sync`` (the replicas
    average their gradients, checkfree.swarm.node.gradient_sync) → ``commit`` (Adam step) → ``committed``.
 4. **Serve weights** at any time to a peer the supervisor lists (a request from one not yet listed waits,
@@ -26,13 +26,13 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
    been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
 
 The node is small state objects (checkfree.swarm.node.context, the peer table of checkfree.swarm.node.membership) and
-parts that each receive them in one :class:`~checkfree.swarm.node.context.NodeContext` (its id, stage, epoch clock,
+parts that each receive them in one :class:`~checkfree.swarm.node.context.NodeContext` (its id, stage, attempt clock,
 peer table and ``send``). Every message passes the wire format and its schema
 (checkfree.swarm.wire.control) in the transport; the dispatch tables (``handlers`` by message type, ``commands`` by
 CONTROL command, from the supervisor only) route it. A peer message that still makes no sense (a wrong stage, a
-bad shape, NaN weights, an implausible epoch or version) raises ``ProtocolError``, is logged and counted in
+bad shape, NaN weights, an implausible attempt or version) raises ``ProtocolError``, is logged and counted in
 ``bad_messages``, and the node keeps serving. FORWARD / BACKWARD pass the data plane's checks first
-(checkfree.swarm.node.relay: finite values, on the received host bytes; the sender and route the epoch
+(checkfree.swarm.node.relay: finite values, on the received host bytes; the sender and route the attempt
 assigns); what they refuse is also counted in ``rejected`` (``nonfinite``, ``off_route``), with the
 gradients dropped by checkfree.swarm.node.gradient_sync (``gradients``). Any other exception is a bug: the node exits non-zero with the
 traceback in its log, and the supervisor replaces it like any crash.
@@ -53,7 +53,7 @@ import torch
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
-from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
+from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
@@ -61,7 +61,7 @@ from checkfree.swarm.node.membership import Membership, PeerSender, advertised, 
 from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node.recovering import Recovery, Rollback
 from checkfree.swarm.node.relay import check_pipeline_message, check_route
-from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.policies import make_policy
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import Identity, read_key_file
@@ -108,8 +108,8 @@ class Node:
         )
         self.address = advertised(self.transport, advertise_host)
         send = PeerSender(self.transport, node_id, stage, self.staging)
-        self.ctx = NodeContext(node_id, stage, EpochClock(), Membership(node_id), send)
-        """What every part of this node shares: its id and stage, epoch clock, peer table and ``send``."""
+        self.ctx = NodeContext(node_id, stage, AttemptClock(), Membership(node_id), send)
+        """What every part of this node shares: its id and stage, attempt clock, peer table and ``send``."""
         self.waiting = FutureBuffer(MAX_WAITING_REQUESTS, MAX_WAITING_REQUESTS * 1024, per_sender=4)
         """WEIGHTS_REQUESTs that arrived before this node serves or before the supervisor listed the sender."""
         self.state: StageState
@@ -187,7 +187,7 @@ class Node:
             self.transport.close()
 
     def _keep_early(self, msg: Message) -> None:
-        """A message before the WELCOME: kept for later (a weights request, or a FORWARD of the next epoch)."""
+        """A message before the WELCOME: kept for later (a weights request, or a FORWARD of the next attempt)."""
         early = self.waiting if msg.type == MessageType.WEIGHTS_REQUEST else self.ctx.clock.future
         try:
             early.add(msg)
@@ -196,22 +196,22 @@ class Node:
 
     def _setup(self, meta: dict[str, Any]) -> None:
         self.cfg = cfg = swarm_config_from_dict(meta["config"], "WELCOME config")
-        self.strategy = make_recovery(meta["setting"])
+        self.policy = make_policy(meta["setting"])
         self.netem = configure_links(self.transport, cfg)
         ctx = self.ctx
         ctx.clock.max_version = meta["iteration"]
-        # the supervisor's last begun epoch: a peer's FORWARD for the next one may arrive before our "begin"
-        ctx.clock.epoch = meta["epoch"]
+        # the supervisor's last begun attempt: a peer's FORWARD for the next one may arrive before our "begin"
+        ctx.clock.attempt = meta["attempt"]
         self._on_peers(meta)
         ctx.membership.set_members(meta["members"])
-        parts = build_parts(ctx, cfg, self.strategy, meta, self.cache_dir, self.reject, self.device)
+        parts = build_parts(ctx, cfg, self.policy, meta, self.cache_dir, self.reject, self.device)
         self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
         self.steps = IterationCommands(
             ctx, parts, self.dispatch, lambda: self.serving, self.send_checkpoint, self.report
         )
         self.commands |= self.steps.table()
         where = f"stage {self.stage} at {self.location}, {self.address}, {len(ctx.membership.peers)} peers"
-        log.info("node %d: %s, setting %s", self.id, where, self.strategy.name)
+        log.info("node %d: %s, setting %s", self.id, where, self.policy.name)
 
     def _serve(self, record: dict[str, Any]) -> None:
         self.serving = True
@@ -273,12 +273,12 @@ class Node:
     # ------------------------------------------------------------------ iterations
 
     def _on_pipeline(self, msg: Message) -> None:
-        """A FORWARD / BACKWARD: checked on the received host bytes (shape, finite values), kept for its epoch
-        if that is ahead, checked against the epoch's route (checkfree.swarm.node.relay), then computed on."""
+        """A FORWARD / BACKWARD: checked on the received host bytes (shape, finite values), kept for its attempt
+        if that is ahead, checked against the attempt's route (checkfree.swarm.node.relay), then computed on."""
         path, pos, key, tensor = check_pipeline_message(msg, self.cfg)
-        if not self.serving or self.ctx.clock.epoch_of(msg) is None:
+        if not self.serving or self.ctx.clock.attempt_of(msg) is None:
             return
-        check_route(msg, path, pos, self.cfg, self.ctx.membership.members, self.strategy.swaps, self.id)
+        check_route(msg, path, pos, self.cfg, self.ctx.membership.members, self.policy.swaps, self.id)
         msg.tensors = self.staging.to_device(msg.tensors)
         name = "activations" if msg.type == MessageType.FORWARD else "gradients"
         self.parts.pipeline.on_message(msg, path, pos, key, msg.tensors[name])

@@ -44,7 +44,7 @@ from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.recovering import FetchContext
 from checkfree.swarm.node.relay import StageRelay
 from checkfree.swarm.node.stage0_copies import Stage0Copies, stage0_part_shapes
-from checkfree.swarm.policies import SwarmRecovery
+from checkfree.swarm.policies import SwarmPolicy
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 
@@ -167,7 +167,7 @@ class NodeParts:
 def build_parts(
     ctx: NodeContext,
     cfg: SwarmConfig,
-    strategy: SwarmRecovery,
+    policy: SwarmPolicy,
     welcome: dict[str, Any],
     cache_dir: Path | None,
     reject: Callable[[Message, str], None],
@@ -179,7 +179,7 @@ def build_parts(
     module = build_stage(cfg.model, stage, vocab_size, cfg.init_seed, device)
     state = StageState(module, W.make_optimizer(module, cfg.model.lr))
     worker = StageWorker(module, stage)
-    keeps = strategy.keeps_stage0_copy
+    keeps = policy.keeps_stage0_copy
     holder = keeps and stage in (1, cfg.n_stages)
     shapes = stage0_part_shapes(cfg.model, vocab_size, cfg.init_seed) if holder else None
     copies = Stage0Copies(ctx, cfg.n_stages, keeps, state, shapes)
@@ -188,7 +188,7 @@ def build_parts(
     pipeline: PipelineDriver | StageRelay
     if stage == 0:
         batches = stage0_batches(cfg, welcome, cache_dir)
-        pipeline = PipelineDriver(ctx, cfg, strategy.swaps, batches, worker)
+        pipeline = PipelineDriver(ctx, cfg, policy.swaps, batches, worker)
     else:
         pipeline = StageRelay(ctx, worker)
     grants = WeightGrants(state, cfg.request_timeout)

@@ -8,8 +8,8 @@ too), in two steps:
 1. :func:`check_pipeline_message`, on the bytes as received (before they go to a GPU: no device sync): the
    tensor's shape and dtype, the route's length and position, and that every value is finite
    (``Rejected``, counter ``nonfinite``).
-2. :func:`check_route`, once the message's epoch is the node's (its ``begin`` brought the epoch's serving
-   replicas): the route is the one that epoch assigns to that pipeline and microbatch (the same
+2. :func:`check_route`, once the message's attempt is the node's (its ``begin`` brought the attempt's serving
+   replicas): the route is the one that attempt assigns to that pipeline and microbatch (the same
    checkfree.swarm.config.route stage 0 used), this node is at the position, and the sender is the node the
    route puts before it (FORWARD) or after it (BACKWARD) (``Rejected``, counter ``off_route``).
 
@@ -81,12 +81,12 @@ def check_route(
     me: int,
 ) -> None:
     """Check that a FORWARD / BACKWARD (:func:`check_pipeline_message` passed) comes from the node its route
-    assigns, on the route the current epoch assigns.
+    assigns, on the route the current attempt assigns.
 
     Args:
         msg: the message; ``path`` and ``pos``: its route and position.
         cfg: the swarm config (stages, microbatches).
-        members: the epoch's serving replicas per stage (the ``begin`` of the message's epoch).
+        members: the attempt's serving replicas per stage (the ``begin`` of the message's attempt).
         swaps: CheckFree+ stage order on odd microbatches (checkfree.pipeline.stage_order).
         me: this node's id.
 
@@ -102,7 +102,7 @@ def check_route(
         raise Rejected(f"{what}: microbatch {mb} is outside 0..{cfg.mb_count - 1}", "off_route")
     want = route(pipeline, members, cfg.n_stages, stage_order(mb, cfg.n_stages, swaps))
     if want is None or path != want:
-        raise Rejected(f"{what}: route {path[:8]} is not this epoch's route {want}", "off_route")
+        raise Rejected(f"{what}: route {path[:8]} is not this attempt's route {want}", "off_route")
     forward = msg.type == MessageType.FORWARD
     if not (1 <= pos <= n if forward else 0 <= pos < n) or path[pos % n] != me:
         raise Rejected(f"{what}: position {pos} of route {path[:8]} is not node {me}", "off_route")
@@ -115,7 +115,7 @@ class StageRelay:
     """Runs a transformer stage's forward and backward for the microbatches routed through this node.
 
     Args:
-        ctx: this node (it must sit at the message's route position), the epoch and iteration the outgoing
+        ctx: this node (it must sit at the message's route position), the attempt and iteration the outgoing
             messages carry, and the ``send`` of the FORWARD / BACKWARD on.
         worker: the stage's forward/backward with saved activations per (pipeline, microbatch).
     """
@@ -132,7 +132,7 @@ class StageRelay:
         ctx = self.ctx
         if pos >= len(route) or route[pos] != ctx.node_id or pos == 0:
             raise ProtocolError(f"route position {pos} of {route[:8]} is not this node")
-        meta = {"epoch": ctx.clock.epoch, "route": route, "pipeline": key[0]}
+        meta = {"attempt": ctx.clock.attempt, "route": route, "pipeline": key[0]}
         iteration = ctx.clock.iteration
         if msg.type == MessageType.FORWARD:
             out = self.worker.forward(key, tensor)

@@ -73,7 +73,7 @@ class Attempts:
             state.attempt, it, members, t_begin, due=due, crash_at=crash_at, deadline=deadline
         )
         members_json = {str(k): v for k, v in members.items()}
-        self.link.broadcast("begin", epoch=state.attempt, iteration=it, members=members_json)
+        self.link.broadcast("begin", attempt=state.attempt, iteration=it, members=members_json)
         return state.current
 
     def _current(self) -> Attempt:
@@ -96,7 +96,7 @@ class Attempts:
         current = self._current()
         number, members, nodes = current.number, current.members, current.nodes()
         got = {
-            k: {n: m for n, m in v.items() if m.get("epoch") == number} for k, v in self.state.inbox.items()
+            k: {n: m for n, m in v.items() if m.get("attempt") == number} for k, v in self.state.inbox.items()
         }
         by_node = self.state.roster.by_node
         alive = [n for n in nodes if not by_node[n].dead]
@@ -105,7 +105,7 @@ class Attempts:
                 current.crash_at = None
                 return Step("fire")  # the death aborts this attempt
             current.phase = "sync"
-            self.link.broadcast("sync", epoch=number)
+            self.link.broadcast("sync", attempt=number)
         elif current.phase == "sync" and set(nodes) <= set(got.get("ready", {})):
             current.phase = "commit"
             self._commit(current)
@@ -118,11 +118,8 @@ class Attempts:
         return None
 
     def _commit(self, current: Attempt) -> None:
-        meta: dict[str, Any] = {"epoch": current.number, "iteration": current.iteration}
-        if (
-            self.state.roster.storage is not None
-            and (current.iteration + 1) % self.cfg.checkpoint_interval == 0
-        ):
+        meta: dict[str, Any] = {"attempt": current.number, "iteration": current.iteration}
+        if self.state.roster.storage is not None and (current.iteration + 1) % self.cfg.checkpoint_every == 0:
             meta["checkpoint_senders"] = [ids[0] for ids in current.members.values() if ids]
         self.link.broadcast("commit", **meta)
 
@@ -136,9 +133,9 @@ class Attempts:
         current = self._current()
         current.phase = "over"  # later reports of this attempt are stale
         log.warning(
-            "supervisor: epoch %d aborted (%s); the iteration is redone after recovery", current.number, why
+            "supervisor: attempt %d aborted (%s); the iteration is redone after recovery", current.number, why
         )
-        self.link.broadcast("abort", epoch=current.number)
+        self.link.broadcast("abort", attempt=current.number)
 
     def retry(self, why: str) -> None:
         """The attempt stalled or timed out: abort it, to be tried again.
@@ -151,6 +148,6 @@ class Attempts:
         failed[it] = failed.get(it, 0) + 1
         if failed[it] >= self.cfg.max_attempts:
             current.phase = "over"
-            self.link.broadcast("abort", epoch=current.number)
+            self.link.broadcast("abort", attempt=current.number)
             raise SwarmError(f"iteration {it} failed {self.cfg.max_attempts} attempts; last: {why}.")
         self.abort(why)

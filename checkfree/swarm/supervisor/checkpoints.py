@@ -1,7 +1,7 @@
 """The checkpoint baseline on the supervisor's side: which versions the storage node holds (docs/paper.md §8).
 
 Under ``checkpoint`` (the paper's baseline, Table 1), one replica of every stage sends its weights and Adam
-state to the storage node every ``checkpoint_interval`` iterations (``commit`` names the senders); the storage
+state to the storage node every ``checkpoint_every`` iterations (``commit`` names the senders); the storage
 node reports each stored ``(stage, version)``. A whole-stage loss rolls every node back to the newest version
 that *every* stage stored, and the iterations since are redone (the supervisor's rollback,
 checkfree.swarm.supervisor.supervisor). When the storage node itself dies its checkpoints go with it:

@@ -9,7 +9,7 @@ node whose messages keep being dropped, so it cannot keep the swarm busy with th
 * *the supervisor's own verdicts*: a node's message that fails its schema (counted in the transport's
   ``validate`` hook, checkfree.swarm.wire.control.check_counting) or the supervisor's checks of its claims
   (checkfree.swarm.supervisor.inbox: a ``stalled`` before any microbatch can have timed out, a ``ready`` before
-  ``sync``, a second report of one epoch, a ``replan`` for a plan never sent, …);
+  ``sync``, a second report of one attempt, a ``replan`` for a plan never sent, …);
 * *what nodes report*: every ``committed`` / ``final`` / ``stored`` carries ``rejected_from``, the messages the
   reporter refused per sender (cumulative; the increase since its last report counts), and every ``ready`` names
   the replicas whose gradients it averaged without (one count each).
@@ -22,7 +22,7 @@ messages are still dropped there, and the bounded buffers keep the flood harmles
 
 **Verdict** (:meth:`Conduct.verdicts`; the supervisor evicts). A node is evicted once more than :data:`EVICT_THRESHOLD` rejected messages counted within the
 last :data:`EVICT_WINDOW_S` seconds (our choice: an honest node sees a few rejections at most, a late answer
-or a message of an epoch that was just aborted, and a flood is hundreds a second). The supervisor then:
+or a message of an attempt that was just aborted, and a flood is hundreds a second). The supervisor then:
 
 1. revokes its key in its own keyring and in the swarm keys (checkfree.swarm.wire.auth: every message on a
    connection the node holds is dropped from now on, and its next handshake is refused), and in every node's

@@ -10,9 +10,9 @@ in ``bad_messages`` and as an offence of its sender (checkfree.swarm.supervisor.
 whose messages keep being rejected), and never lets it out: one message cannot stop the supervisor.
 
 **A node's report is a claim, checked against what the supervisor knows of the attempt in progress**
-(checkfree.swarm.supervisor.state ``Attempt``), never a verdict. A report of an epoch that has not begun is
-rejected; one of an epoch that is over (aborted, committed) is stale and ignored; each node reports each of
-``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per epoch, and only as a member of it:
+(checkfree.swarm.supervisor.state ``Attempt``), never a verdict. A report of an attempt that has not begun is
+rejected; one of an attempt that is over (aborted, committed) is stale and ignored; each node reports each of
+``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per attempt, and only as a member of it:
 
 * ``ITERATION_END`` only from a stage-0 member, during the forward phase, with the tokens of a whole pipeline;
 * ``stalled`` (which aborts and redoes the attempt) only from a stage-0 member whose pipeline has not ended,
@@ -20,7 +20,7 @@ rejected; one of an epoch that is over (aborted, committed) is stale and ignored
   stall only after a microbatch has been out that long, and its ``begin`` came after the supervisor's. In a
   healthy swarm every attempt ends sooner, so no member can abort attempts at will;
 * ``ready`` only after ``sync``, with a finite gradient norm ≥ 0 (the schema), a plausible number of
-  pipelines, and naming as dropped only other replicas of its stage in this epoch (each is evidence against
+  pipelines, and naming as dropped only other replicas of its stage in this attempt (each is evidence against
   that replica, not a verdict);
 * ``committed`` only after ``commit``, with the version that commit gives (the iteration + 1);
 * ``serving`` only from a node that does not serve yet, with a recovery record of checked fields;
@@ -167,27 +167,27 @@ class PeerMessages:
 
     # ------------------------------------------------------------------ reports of one attempt
 
-    def _claim(self, slot: Slot, command: str, epoch: int, stage0: bool = False) -> Attempt | None:
-        """The attempt a node's report of ``epoch`` belongs to; None for a stale report (an epoch that is over),
+    def _claim(self, slot: Slot, command: str, attempt: int, stage0: bool = False) -> Attempt | None:
+        """The attempt a node's report of ``attempt`` belongs to; None for a stale report (an attempt that is over),
         which is ignored. The caller records it in ``reported`` once its own checks pass.
 
         Raises:
-            ProtocolError: the epoch has not begun, the node is no member (no stage-0 member, with
-                ``stage0``) of it, or it reported ``command`` in this epoch already.
+            ProtocolError: the attempt has not begun, the node is no member (no stage-0 member, with
+                ``stage0``) of it, or it reported ``command`` in this attempt already.
         """
         current, node = self.state.current, slot.occupant
-        if epoch > self.state.attempt:
+        if attempt > self.state.attempt:
             raise ProtocolError(
-                f"{command!r} of epoch {epoch}, which has not begun (epoch {self.state.attempt})"
+                f"{command!r} of attempt {attempt}, which has not begun (attempt {self.state.attempt})"
             )
-        if current is None or epoch != current.number or current.phase == "over":
+        if current is None or attempt != current.number or current.phase == "over":
             return None
         if node not in (current.members.get(0, []) if stage0 else current.nodes()):
             raise ProtocolError(
-                f"{command!r} of epoch {epoch} from node {node}, no {'stage-0 ' * stage0}member of it"
+                f"{command!r} of attempt {attempt} from node {node}, no {'stage-0 ' * stage0}member of it"
             )
         if node in current.reported.get(command, ()):
-            raise ProtocolError(f"a second {command!r} of epoch {epoch}")
+            raise ProtocolError(f"a second {command!r} of attempt {attempt}")
         return current
 
     def _take(self, current: Attempt, slot: Slot, meta: dict[str, Any], command: str) -> Actions:
@@ -197,7 +197,7 @@ class PeerMessages:
 
     def _on_iteration_end(self, slot: Slot, msg: Message) -> Actions:
         meta = msg.meta
-        current = self._claim(slot, "iteration_end", meta["epoch"], stage0=True)
+        current = self._claim(slot, "iteration_end", meta["attempt"], stage0=True)
         if current is None:
             return []
         if current.phase != "forward":
@@ -209,11 +209,11 @@ class PeerMessages:
 
     def _on_stalled(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """A stage-0 node's pipeline is stuck: the attempt is aborted and redone, if the claim can be true."""
-        current = self._claim(slot, "stalled", meta["epoch"], stage0=True)
+        current = self._claim(slot, "stalled", meta["attempt"], stage0=True)
         if current is None:
             return []
         if slot.occupant in current.reported.get("iteration_end", ()):
-            raise ProtocolError("'stalled' from a node whose pipeline ended in this epoch")
+            raise ProtocolError("'stalled' from a node whose pipeline ended in this attempt")
         elapsed = self.clock() - current.t_begin
         if elapsed < 0.99 * self.cfg.microbatch_timeout:  # 1 %: monotonic clocks of two machines
             raise ProtocolError(
@@ -222,7 +222,7 @@ class PeerMessages:
             )
         silent = sorted(set(current.nodes()) & self.outbox.silent())
         log.warning(
-            "supervisor: node %d reports epoch %d stalled after %.1f s (%s); nodes silent: %s",
+            "supervisor: node %d reports attempt %d stalled after %.1f s (%s); nodes silent: %s",
             slot.occupant,
             current.number,
             elapsed,
@@ -232,7 +232,7 @@ class PeerMessages:
         return self._take(current, slot, meta, "stalled")
 
     def _on_ready(self, slot: Slot, meta: dict[str, Any]) -> Actions:
-        current = self._claim(slot, "ready", meta["epoch"])
+        current = self._claim(slot, "ready", meta["attempt"])
         if current is None:
             return []
         if current.phase == "forward":
@@ -251,7 +251,7 @@ class PeerMessages:
         return self._take(current, slot, meta, "ready")
 
     def _on_committed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
-        current = self._claim(slot, "committed", meta["epoch"])
+        current = self._claim(slot, "committed", meta["attempt"])
         if current is None:
             return []
         if current.phase != "commit":
@@ -394,7 +394,7 @@ class PeerMessages:
             rank=slot.slot % self.cfg.replicas,
             checkpoint_version=self.state.checkpoints.newest_complete(),
             iteration=self.state.begun_iteration + 1,
-            epoch=self.state.attempt,
+            attempt=self.state.attempt,
             **self._keys(),
             **({"revoked": sorted(self.roster.revoked)} if self.roster.revoked else {}),
             **({"plan": slot.plan.to_json()} if slot.plan is not None else {}),

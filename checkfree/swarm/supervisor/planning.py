@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
-from checkfree.swarm.policies import SwarmRecovery
+from checkfree.swarm.policies import SwarmPolicy
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Slot, SupervisorState, SwarmError
 
@@ -27,12 +27,12 @@ class LossPlanner:
     """Plans loss events and sends the plans that changed to the replacements that recover.
 
     Args:
-        strategy: the setting's recovery policy. state: the supervisor's state (the slots and their plans, the
+        policy: the setting's recovery policy (checkfree.swarm.policies). state: the supervisor's state (the slots and their plans, the
             ``replan`` requests in its inbox). link: the ``plan`` and ``grant`` commands.
     """
 
-    def __init__(self, strategy: SwarmRecovery, state: SupervisorState, link: Link) -> None:
-        self.strategy, self.state, self.link = strategy, state, link
+    def __init__(self, policy: SwarmPolicy, state: SupervisorState, link: Link) -> None:
+        self.policy, self.state, self.link = policy, state, link
         self.roster = state.roster
 
     def plan(self, stage: int, lost: set[int]) -> RecoveryPlan:
@@ -44,7 +44,7 @@ class LossPlanner:
         """
         try:
             n_stages = self.state.cfg.n_stages
-            return self.strategy.plan(stage, lost, n_stages, holding=self.roster.holding_stages())
+            return self.policy.plan(stage, lost, n_stages, holding=self.roster.holding_stages())
         except RecoveryImpossible as exc:
             raise SwarmError(str(exc)) from None
 

@@ -1,6 +1,7 @@
 """What a swarm run measured, written to ``runs/<name>/throughput.json`` (docs/paper.md §8).
 
-* ``iterations``: one row per committed iteration in execution order — iteration index, epoch, attempts,
+* ``iterations``: one row per committed iteration in execution order — iteration index, ``attempt`` (the
+  number of the attempt that committed it; archived runs call it ``epoch``), ``attempts`` (how many it took),
   ``t_commit`` (seconds since the first ``begin``; the aggregation timestamp: every node has averaged its
   stage's gradients and stepped), ``wall_s`` (= t_commit − previous t_commit, recoveries included), mean
   loss over pipelines (nats), tokens, per-stage gradient norms.
@@ -28,7 +29,7 @@
 * ``rejected_messages``: node id → what its data-plane checks refused (``nonfinite`` and ``off_route``
   FORWARD / BACKWARD, dropped replica ``gradients``; checkfree.swarm.node.relay, .gradient_sync), as of its last
   report; ``rejected_gradients``: per committed iteration, each replica whose gradients its stage averaged
-  without (iteration, epoch, stage, replica, and the replicas that reported it); ``evictions``: nodes evicted
+  without (iteration, attempt, stage, replica, and the replicas that reported it); ``evictions``: nodes evicted
   for misbehaving, with the cause and the evidence (checkfree.swarm.supervisor.conduct).
 
 The file is strict JSON (checkfree.jsonio): a NaN/inf loss or gradient norm of a diverging run is ``null``,
@@ -221,13 +222,13 @@ class Results:
     def iteration(
         self,
         it: int,
-        epoch: int,
+        attempt: int,
         ends: dict[int, dict],
         ready: dict[int, dict],
         members: dict[int, list[int]],
         attempts: int = 1,
     ) -> None:
-        """Iteration ``it`` committed in attempt number ``epoch``, its ``attempts``-th try: ``ends`` (stage-0 node
+        """Iteration ``it`` committed in attempt number ``attempt``, its ``attempts``-th try: ``ends`` (stage-0 node
         → its ITERATION_END meta: loss, tokens), ``ready`` (node → its ``ready``: grad norm, replicas dropped),
         ``members`` (stage → the nodes that served it)."""
         t = self.now()
@@ -243,7 +244,7 @@ class Results:
             self.rejected_gradients.append(
                 {
                     "iteration": it,
-                    "epoch": epoch,
+                    "attempt": attempt,
                     "stage": stage,
                     "replica": replica,
                     "reported_by": sorted(by),
@@ -267,7 +268,7 @@ class Results:
         self.rows.append(
             {
                 "iteration": it,
-                "epoch": epoch,
+                "attempt": attempt,
                 "attempts": attempts,
                 "t_commit": t,
                 "wall_s": wall,

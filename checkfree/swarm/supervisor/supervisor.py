@@ -6,7 +6,7 @@ plus the storage node for ``checkpoint``. Each node JOINs at the supervisor's ad
 WELCOME (config, peers) and the others get the new peer table. Then, per iteration, one attempt after another
 until one commits (checkfree.swarm.supervisor.attempts):
 
-    begin(epoch, members) → stage-0 nodes run their pipelines → ITERATION_END from every pipeline
+    begin(attempt, members) → stage-0 nodes run their pipelines → ITERATION_END from every pipeline
     → sync → every node averages its stage's gradients with its replicas → ready (grad norm)
     → commit → Adam step → committed (stats)        — the commit time is the aggregation timestamp
 
@@ -65,7 +65,7 @@ from checkfree.failures.traces import DowntimeSchedule
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
-from checkfree.swarm.policies import make_recovery
+from checkfree.swarm.policies import make_policy
 from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.conduct import Conduct
 from checkfree.swarm.supervisor.inbox import Action, PeerMessages
@@ -125,12 +125,12 @@ class Supervisor:
         schedule_path: str | None = None,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
-        self.strategy = make_recovery(setting)
+        self.policy = make_policy(setting)
         self.run_dir, self.on_recovered = Path(run_dir), on_recovered
         end = node_range(cfg.n_nodes, start, end)
         check_schedule(schedule, cfg)
         keys = None if insecure else SwarmKeys.new()
-        roster = Roster(cfg, start, end, storage=self.strategy.rollback_on_stage_loss)
+        roster = Roster(cfg, start, end, storage=self.policy.rollback_on_stage_loss)
         self.state = SupervisorState(cfg, setting, vocab_size, keys, roster)
         self.conduct = Conduct(roster)
         identity = None
@@ -159,7 +159,7 @@ class Supervisor:
         self.outages = Outages(schedule, self.state)
         self.processes = Processes(self.state, self.link, self.host, self.results, self.address)
         self.attempts = Attempts(self.state, self.link)
-        self.planner = LossPlanner(self.strategy, self.state, self.link)
+        self.planner = LossPlanner(self.policy, self.state, self.link)
         self.peer_messages = PeerMessages(self.state, self.link, self.results, self.conduct)
         self.recovery_kills = RecoveryKills(recovery_kills or [], roster)
 
@@ -414,7 +414,7 @@ class Supervisor:
     def _crash(self, slot: Slot, it: int, down: int) -> None:
         """The scheduled crash of ``slot`` at schedule iteration ``down`` (during training iteration ``it``): kill
         its node and keep the slot away as long as the schedule says; ``no_failure`` logs it and kills nobody."""
-        if not self.strategy.loses_state:
+        if not self.policy.loses_state:
             self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})
             log.info(
                 "supervisor: scheduled crash of slot %d at iteration %d skipped (no_failure)", slot.slot, it
@@ -440,7 +440,7 @@ class Supervisor:
         lost = self.roster.lost_stages()
         self.results.stages_lost(lost)
         self.planner.plan_event(lost)
-        rollback = bool(lost) and self.strategy.rollback_on_stage_loss
+        rollback = bool(lost) and self.policy.rollback_on_stage_loss
         self._check_rollback(rollback, lost)
         pending = {c.node for c in map(self.results.open_crash, self.roster.slots) if c is not None}
         while True:  # until every slot serves again (but those the schedule keeps away)
@@ -452,7 +452,7 @@ class Supervisor:
             if self.processes.check_deaths():  # a new loss event: planned before any replacement of it starts
                 new_loss = self.roster.lost_stages()
                 self.planner.plan_event(new_loss)
-                if new_loss and self.strategy.rollback_on_stage_loss and not rollback:
+                if new_loss and self.policy.rollback_on_stage_loss and not rollback:
                     rollback, lost = True, new_loss  # a stage lost while a partial loss recovers
                     self._check_rollback(rollback, lost)
             self.processes.replace_dead()

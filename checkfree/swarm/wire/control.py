@@ -5,7 +5,7 @@ runs it on every message right after the wire-format decode (checkfree.swarm.wir
 has an unknown CONTROL command, an unknown field, a missing required field or a value of the wrong type or
 range raises :class:`~checkfree.swarm.wire.protocol.ProtocolError` and is dropped and counted like any malformed
 message (``stats['dropped_malformed']``). Handlers then read fields without further type checks; they still
-check what only they can know (is this epoch current, does this node hold that stage).
+check what only they can know (is this attempt current, does this node hold that stage).
 
 A schema maps a field name to a kind (below); a name ending in ``?`` is optional. Kinds:
 
@@ -166,16 +166,16 @@ COMMANDS: dict[str, dict[str, str]] = {
         "rank": "nat",
         "checkpoint_version": "nat",
         "iteration": "nat",
-        "epoch": "nat",
+        "attempt": "nat",
         "keys?": "keys",
         "revoked?": "nodes",
         "plan?": "obj",
     },
     "peers": {"peers": "peers", "keys?": "keys", "revoked?": "nodes"},
-    "begin": {"epoch": "nat", "iteration": "nat", "members": "members"},
-    "sync": {"epoch": "nat"},
-    "commit": {"epoch": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
-    "abort": {"epoch": "nat"},
+    "begin": {"attempt": "nat", "iteration": "nat", "members": "members"},
+    "sync": {"attempt": "nat"},
+    "commit": {"attempt": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
+    "abort": {"attempt": "nat"},
     "checkpoint": {"checkpoint_senders": "nodes"},
     "rollback": {"version": "nat"},
     "plan": {"plan": "obj", "members": "members", "seq": "nat"},
@@ -193,13 +193,13 @@ COMMANDS: dict[str, dict[str, str]] = {
         "bad_messages?": "nat",
         "rejected_from?": "tally",
     },
-    "committed": {"epoch": "nat", **_REPORT},
+    "committed": {"attempt": "nat", **_REPORT},
     "final": {
         **{k if k.endswith("?") else k + "?": v for k, v in _REPORT.items()},
         "stored_versions?": "members",
     },
-    "ready": {"epoch": "nat", "grad_norm": "norm", "pipelines": "norm", "rejected?": "nodes"},
-    "stalled": {"epoch": "nat", "reason": "str"},
+    "ready": {"attempt": "nat", "grad_norm": "norm", "pipelines": "norm", "rejected?": "nodes"},
+    "stalled": {"attempt": "nat", "reason": "str"},
     "restored": {"version": "nat", "bytes": "nat", "record": "record"},
     "recovery_failed": {"reason": "str"},
     "replan": {"reason": "str", "seq": "nat"},
@@ -207,19 +207,19 @@ COMMANDS: dict[str, dict[str, str]] = {
 }
 """CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
 
-_EPOCH_ROUTE = {"stage": "stage", "epoch": "nat", "route": "nodes", "pos": "nat", "pipeline": "nat"}
+_ATTEMPT_ROUTE = {"stage": "stage", "attempt": "nat", "route": "nodes", "pos": "nat", "pipeline": "nat"}
 
 SCHEMAS: dict[MessageType, dict[str, str]] = {
-    MessageType.FORWARD: _EPOCH_ROUTE,
-    MessageType.BACKWARD: _EPOCH_ROUTE,
+    MessageType.FORWARD: _ATTEMPT_ROUTE,
+    MessageType.BACKWARD: _ATTEMPT_ROUTE,
     MessageType.ITERATION_END: {
         "stage": "stage",
-        "epoch": "nat",
+        "attempt": "nat",
         "loss": "norm",
         "tokens": "nat",
         "seconds": "norm",
     },
-    MessageType.GRADIENTS: {"stage": "stage", "epoch": "nat", "microbatches": "nat"},
+    MessageType.GRADIENTS: {"stage": "stage", "attempt": "nat", "microbatches": "nat"},
     MessageType.WEIGHTS_REQUEST: {
         "stage": "stage",
         "request": "str",

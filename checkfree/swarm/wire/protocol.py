@@ -75,7 +75,7 @@ class Rejected(ProtocolError):
     Args:
         text: one sentence naming the message, the value seen and what was expected.
         counter: ``nonfinite`` (NaN/inf activations or activation gradients) or ``off_route`` (a FORWARD /
-            BACKWARD that is not from the node its route assigns, or whose route is not the epoch's).
+            BACKWARD that is not from the node its route assigns, or whose route is not the attempt's).
     """
 
     def __init__(self, text: str, counter: str) -> None:

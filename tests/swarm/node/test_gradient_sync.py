@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from checkfree.pipeline import clip_coefficient
-from checkfree.swarm.node.context import EpochClock, NodeContext, StageState
+from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.gradient_sync import GradientSync
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, decode, encode
@@ -23,7 +23,7 @@ class FakeNode:
     """One replica: the small state a GradientSync gets; messages go through encode/decode to the peers."""
 
     def __init__(self, node_id: int, swarm: dict[int, FakeNode], grad_clip: float, microbatches: int):
-        self.id, self.epoch = node_id, 3
+        self.id, self.attempt = node_id, 3
         self.swarm, self.to_supervisor = swarm, []
         self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
         gen = torch.Generator().manual_seed(node_id)
@@ -34,7 +34,9 @@ class FakeNode:
         cfg = SimpleNamespace(
             mb_count=MB_COUNT, replicas=len(REPLICAS), model=SimpleNamespace(grad_clip=grad_clip)
         )
-        ctx = NodeContext(node_id, STAGE, EpochClock(epoch=self.epoch, iteration=17), membership, self.send)
+        ctx = NodeContext(
+            node_id, STAGE, AttemptClock(attempt=self.attempt, iteration=17), membership, self.send
+        )
         self.sync = GradientSync(ctx, state, cfg, lambda: microbatches)
 
     def send(self, peer, mtype, iteration=-1, microbatch=-1, meta=None, tensors=None) -> None:
@@ -71,7 +73,7 @@ def test_replicas_average_the_gradients_bit_identically(microbatches, pipelines)
         assert torch.equal(grads[5][i], grads[6][i]) and torch.equal(grads[5][i], grads[7][i])
     for node in swarm.values():
         (ready,) = node.to_supervisor
-        assert ready.meta["command"] == "ready" and ready.meta["epoch"] == 3
+        assert ready.meta["command"] == "ready" and ready.meta["attempt"] == 3
         assert ready.meta["pipelines"] == pytest.approx(pipelines)
 
 
@@ -89,19 +91,19 @@ def test_omega_is_the_norm_of_the_average_before_clipping_and_the_step_uses_the_
         assert torch.allclose(p.grad, g * coefficient, rtol=1e-5, atol=0)
 
 
-def test_gradients_of_another_stage_sender_or_epoch_change_nothing():
+def test_gradients_of_another_stage_sender_or_attempt_change_nothing():
     """Another stage's or a non-replica's gradients are refused (ProtocolError: the node drops and counts the
-    message); a stale epoch's are ignored. Nothing is kept and no gradient changes."""
+    message); a stale attempt's are ignored. Nothing is kept and no gradient changes."""
     swarm = exchange(grad_clip=1e9)
     node = swarm[5]
     before = [p.grad.clone() for p in node.module.parameters()]
     node.sync.reset()
-    node.sync.epoch = node.epoch  # a sync of this epoch is under way; foreign gradients arrive
+    node.sync.attempt = node.attempt  # a sync of this attempt is under way; foreign gradients arrive
     stray = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
-    for meta, sender in (({"stage": STAGE + 1, "epoch": 3}, 6), ({"stage": STAGE, "epoch": 3}, 9)):
+    for meta, sender in (({"stage": STAGE + 1, "attempt": 3}, 6), ({"stage": STAGE, "attempt": 3}, 9)):
         with pytest.raises(ProtocolError, match="not a replica"):
             node.sync.on_gradients(Message(MessageType.GRADIENTS, sender, 17, -1, meta, stray))
-    node.sync.on_gradients(Message(MessageType.GRADIENTS, 6, 17, -1, {"stage": STAGE, "epoch": 2}, stray))
+    node.sync.on_gradients(Message(MessageType.GRADIENTS, 6, 17, -1, {"stage": STAGE, "attempt": 2}, stray))
     assert node.sync.received == {} and all(
         torch.equal(p.grad, b) for p, b in zip(node.module.parameters(), before, strict=True)
     )

@@ -69,7 +69,7 @@ def test_a_slot_stays_down_its_stage_trains_short_and_a_lost_stage_waits_for_its
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_under_checkpoint_the_returning_node_of_a_lost_stage_rolls_the_swarm_back(tmp_path: Path) -> None:
-    out = _run(tmp_path, "checkpoint", checkpoint_interval=3)
+    out = _run(tmp_path, "checkpoint", checkpoint_every=3)
     assert out["status"] == "completed" and out["iterations_completed"] == 10
     assert [(r["at_iteration"], r["to_iteration"], r["lost_stages"]) for r in out["rollbacks"]] == [
         (5, 3, [2])
