@@ -53,6 +53,21 @@ def test_nodes_fill_the_emptiest_stage_first_and_spares_wait_in_order(tmp_path: 
     assert sched.lost_iterations(1) == [] and sched.lost_iterations(2) == []
 
 
+def test_the_spare_that_waited_longest_fills_an_emptied_slot(tmp_path: Path) -> None:
+    """Spares are a queue (first in, first out), as the mapping rule says and records: e waited before f, so e
+    fills the slot a leaves, and when e leaves in turn the slot goes down again and f fills it. Taken last in,
+    first out, f would fill it and e's leaving would change nothing."""
+    trace = write(
+        tmp_path,
+        "0,add,a\n0,add,b\n0,add,c\n0,add,d\n0,add,e\n0,add,f\n"  # a→2, b→4, c→3, d→5; e, then f wait
+        "25000,remove,a\n"  # it 2: slot 2 down, e (the older spare) fills it at once: [2, 2]
+        "45000,remove,e\n",  # it 4: e leaves slot 2, f fills it at once: [4, 4]
+    )
+    sched = map_trace(read_trace(trace)[0], stages=2, replicas=2, iteration_seconds=10.0, hours=0.025)
+    assert sched.slots == {2: [(2, 2), (4, 4)]}
+    assert sched.source["rule"] == "emptiest stage first, spares FIFO"
+
+
 def test_a_stage_is_lost_only_when_its_last_replica_goes(tmp_path: Path) -> None:
     trace = write(tmp_path, "0,add,a\n0,add,b\n30000,remove,a\n52000,remove,b\n80000,add,c\n99000,add,d\n")
     sched = schedule_from_trace(trace, stages=1, replicas=2, iteration_seconds=10.0, hours=0.03)

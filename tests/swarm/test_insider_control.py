@@ -196,6 +196,20 @@ def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervi
     assert sup.conduct.evidence(0)[0] == 3 and sup.conduct.evidence(1)[0] == 1
 
 
+def test_only_a_stage_0_member_may_report_a_stall(sup: Supervisor) -> None:
+    """A stall aborts and redoes the attempt, and only a stage-0 node drives a pipeline: a transformer stage's
+    member reporting one, even when a microbatch could have timed out, is refused and counted against it."""
+    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    bad = sup.peer_messages.bad_messages
+    sup.now = 131.0  # past microbatch_timeout: the claim fails only for who makes it
+    for node in (1, 2, 4):  # stages 1, 2 and S: members of attempt 7, none of stage 0
+        handle(_ctl(node, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
+    assert "stalled" not in inbox and sup.peer_messages.bad_messages == bad + 3
+    assert all(sup.conduct.evidence(n)[0] == 1 for n in (1, 2, 4))
+    handle(_ctl(0, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
+    assert set(inbox["stalled"]) == {0}
+
+
 def test_ready_committed_and_iteration_end_must_fit_the_attempts_phase(sup: Supervisor) -> None:
     handle, inbox, current = sup.peer_messages.handle, sup.state.inbox, sup.state.current
     bad = sup.peer_messages.bad_messages

@@ -24,7 +24,7 @@ class FakeNode:
 
     def __init__(self, node_id: int, swarm: dict[int, FakeNode], grad_clip: float, microbatches: int):
         self.id, self.attempt = node_id, 3
-        self.swarm, self.to_supervisor = swarm, []
+        self.swarm, self.to_supervisor, self.refused = swarm, [], []
         self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
         gen = torch.Generator().manual_seed(node_id)
         for p in self.module.parameters():
@@ -44,8 +44,11 @@ class FakeNode:
         msg = decode(encode(Message(mtype, self.id, iteration, microbatch, meta, tensors or {}), copy=True))
         if peer == SUPERVISOR_ID:
             self.to_supervisor.append(msg)
-        else:
+            return
+        try:
             self.swarm[peer].sync.on_gradients(msg)
+        except ProtocolError as exc:  # the peer drops and counts it, as a node's dispatch does
+            self.swarm[peer].refused.append(str(exc))
 
 
 def exchange(grad_clip: float, microbatches: tuple[int, ...] = (MB_COUNT,) * 3) -> dict[int, FakeNode]:
@@ -107,3 +110,24 @@ def test_gradients_of_another_stage_sender_or_attempt_change_nothing():
     assert node.sync.received == {} and all(
         torch.equal(p.grad, b) for p, b in zip(node.module.parameters(), before, strict=True)
     )
+
+
+def test_a_replica_that_ran_no_microbatch_cannot_add_gradients_of_any_size():
+    """Node 6 claims 0 microbatches but sends gradients 10^6 times an honest one's: its contribution is dropped
+    (the bound per microbatch cannot judge a contribution of 0 microbatches), and the honest replicas average
+    their own two pipelines alone and name node 6 to the supervisor."""
+    swarm: dict[int, FakeNode] = {}
+    for node_id, mbs in zip(REPLICAS, (MB_COUNT, 0, MB_COUNT), strict=True):
+        swarm[node_id] = FakeNode(node_id, swarm, 1e9, mbs)
+    for p in swarm[6].module.parameters():
+        p.grad *= 1e6  # finite, and far beyond what an honest replica sends
+    own = {n: [p.grad.clone() for p in node.module.parameters()] for n, node in swarm.items()}
+    for node in swarm.values():
+        node.sync.start()
+    for n in (5, 7):
+        node = swarm[n]
+        for p, a, b in zip(node.module.parameters(), own[5], own[7], strict=True):
+            assert torch.allclose(p.grad, (a + b) / 2, rtol=1e-6, atol=0)
+        (ready,) = node.to_supervisor
+        assert ready.meta["rejected"] == [6] and ready.meta["pipelines"] == pytest.approx(2.0)
+        assert [r for r in node.refused if "ran no microbatch" in r], node.refused
