@@ -417,7 +417,7 @@ def section_recovery(ctx: CheckContext) -> bool:
             strategy.setup(state)
             for s in failed:
                 state.destroy(s)
-            plans = [(r.stage, r.rule, tuple(r.sources)) for r in strategy.recover(state, list(failed))]
+            plans = [(r.stage, r.rule, tuple(r.source_stages)) for r in strategy.recover(state, list(failed))]
             results.append(
                 (plans, {k: v.float().cpu() for s in failed for k, v in state.stage_state(s).items()})
             )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +28,6 @@ from typing import Any
 from checkfree.checkpoint import store
 from checkfree.checkpoint.store import Snapshot
 from checkfree.config import SAVE_MODES
-from checkfree.telemetry.metrics import Outbox
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +46,25 @@ class _Save:
 
 
 class SnapshotWriter:
-    """Saves snapshots in ``mode`` under ``root`` (disk modes) and queues one "checkpoint" line per save in
-    ``outbox`` (the trainer, checkfree/sim/trainer.py, writes it).
+    """Saves snapshots in ``mode`` under ``root`` (disk modes) and writes one "checkpoint" line per save through
+    ``emit`` when the save commits (always on the calling thread: a background save commits at the next call).
 
     Args:
         mode: "sync" | "async" | "memory".
         root: checkpoint directory for the disk modes (the universal format, loadable with ``--resume-from``);
             None: a temporary directory, deleted by :meth:`close` (library use without a run directory).
         keep: checkpoints kept on disk.
-        outbox: where the "checkpoint" lines wait (:class:`checkfree.telemetry.metrics.Outbox`).
+        emit: writes one metrics line, ``emit(kind, **fields)`` (the strategy's run context,
+            :meth:`checkfree.recovery.base.StrategyContext.emit`).
         writes: False on ranks that do not write to disk (they skip disk-mode captures entirely).
 
     Raises:
         ValueError: unknown mode.
     """
 
-    def __init__(self, mode: str, root: Path | None, keep: int, outbox: Outbox, writes: bool = True):
+    def __init__(
+        self, mode: str, root: Path | None, keep: int, emit: Callable[..., None], writes: bool = True
+    ):
         if mode not in SAVE_MODES:
             raise ValueError(f"save mode {mode!r} is unknown; expected one of {list(SAVE_MODES)}.")
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -71,7 +74,7 @@ class SnapshotWriter:
             log.warning(
                 "save mode %s without a checkpoint directory: writing to %s (deleted at the end)", mode, root
             )
-        self.mode, self.root, self.keep, self.outbox, self.writes = mode, root, max(1, keep), outbox, writes
+        self.mode, self.root, self.keep, self.emit, self.writes = mode, root, max(1, keep), emit, writes
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="checkpoint")
         self._pending: _Save | None = None  # capture or flush in flight
         self.latest: Snapshot | Path | None = None  # newest committed save (in memory or on disk)
@@ -138,7 +141,7 @@ class SnapshotWriter:
             save.flush = self._pool.submit(store.write_snapshot, save.snapshot, self.root, self.keep)
 
     def poll(self) -> None:
-        """Commit a finished background flush (queues its metrics line from the training thread)."""
+        """Commit a finished background flush (writes its metrics line from the training thread)."""
         save = self._pending
         if save is not None and save.flush is not None and save.flush.done():
             self._finish_flush()
@@ -172,7 +175,7 @@ class SnapshotWriter:
         self.stall_seconds += stall
         self.save_seconds += seconds
         self.save_bytes += save.bytes
-        self.outbox.add(
+        self.emit(
             "checkpoint",
             iteration=save.iteration,
             effective_iteration=save.effective,

@@ -289,7 +289,7 @@ class _Probe:
         if stage is not None:
             lost = t.state.stage_state(stage)
             t.strategy.begin_iteration(t.state, [stage])
-            t._handle_failures([stage])
+            t.lose_stages([stage])
             out.weight_rel_l2, out.weight_cosine = weight_distance(t.state.stage_state(stage), lost)
             rec = [r for r in t.ctx.sink.records if r["kind"] == "recovery"][-1]
             out.rule = rec["rule"] + (f" ({rec['rung']} rung)" if rec.get("rung") else "")

@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from checkfree.checkpoint import store
 from checkfree.checkpoint.writer import SnapshotWriter
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
+from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.training_state import TrainingState
 
 log = logging.getLogger(__name__)
@@ -40,13 +41,17 @@ def resolve_interval(configured: int, state: TrainingState) -> int:
     return paper_interval(sum(p.numel() for s in state.stages for p in s.parameters()))
 
 
-class _CheckpointStrategy(RecoveryStrategy):
-    """Shared part: a checkpoint every K effective iterations through a :class:`SnapshotWriter`."""
+class CheckpointBaseline(RecoveryStrategy):
+    """Shared part of ``checkpoint`` and ``one``: a checkpoint every K effective iterations through a
+    :class:`SnapshotWriter`."""
 
     checkpoint_subdir = "strategy"
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
+        self.every = 0
+        """K: effective iterations between checkpoints, set by :meth:`setup` (checkfree.sim.progress reads it to
+        expect the length of a run that rolls back)."""
         self.writer: SnapshotWriter | None = None
         self.iterations_lost = 0
         self.rollbacks = 0
@@ -59,7 +64,7 @@ class _CheckpointStrategy(RecoveryStrategy):
         self.every = resolve_interval(self.cfg.checkpoint_every, state)
         root = None if ctx.checkpoint_dir is None else ctx.checkpoint_dir / self.checkpoint_subdir
         self.writer = SnapshotWriter(
-            self.cfg.save_mode, root, self.cfg.keep_checkpoints, self.outbox, writes=ctx.rank == 0
+            self.cfg.save_mode, root, self.cfg.keep_checkpoints, ctx.emit, writes=ctx.rank == 0
         )
         log.info(
             "%s: a checkpoint every %d iterations, save mode %s", self.name, self.every, self.cfg.save_mode
@@ -105,13 +110,13 @@ class _CheckpointStrategy(RecoveryStrategy):
         }
 
 
-class Checkpoint(_CheckpointStrategy):
+class Checkpoint(CheckpointBaseline):
     """``checkpoint`` (alias ``whole_model``): on any stage failure, roll everything back to the last checkpoint.
 
     Every stage, optimizer, LR multiplier, gradient norm, the RNG and the data position (``effective_iteration``)
     return to the checkpoint; the wall-clock ``iteration`` keeps growing, so failures keep being drawn by it and
-    the iterations since the checkpoint are lost and redone. One "rollback" line (queued in the outbox, written
-    by the trainer before the recovery records) records them. Stage 0 is recovered like any other. Several
+    the iterations since the checkpoint are lost and redone. One "rollback" line (emitted before the trainer writes
+    the recovery records) records them. Stage 0 is recovered like any other. Several
     stages failing at once cost one rollback (no fallback is ever needed).
     """
 
@@ -126,7 +131,7 @@ class Checkpoint(_CheckpointStrategy):
         lost = from_eff - state.effective_iteration
         self.iterations_lost += lost
         self.rollbacks += 1
-        self.outbox.add(
+        self.emit(
             "rollback",
             iteration=wall,
             from_effective_iteration=from_eff,
@@ -144,18 +149,16 @@ class Checkpoint(_CheckpointStrategy):
         return [
             RecoveryRecord(
                 s,
+                "rollback",
                 self.name,
-                [],
-                None,
-                rule="rollback",
-                seconds=seconds,
+                latency_s=seconds,
                 extra={"to_effective_iteration": state.effective_iteration, "iterations_lost": lost},
             )
             for s in sorted(failed)
         ]
 
 
-class One(_CheckpointStrategy):
+class One(CheckpointBaseline):
     """``one``: restore only the failed stage(s) (weights, Adam state, LR multiplier) from the last checkpoint.
 
     The other stages keep their current state and training does not go back: nothing is lost or redone, but the
@@ -175,11 +178,9 @@ class One(_CheckpointStrategy):
         return [
             RecoveryRecord(
                 s,
+                "restore_one",
                 self.name,
-                [],
-                None,
-                rule="restore_one",
-                seconds=seconds,
+                latency_s=seconds,
                 extra={"checkpoint_effective_iteration": snap.effective_iteration, "stale_iterations": stale},
             )
             for s in sorted(failed)

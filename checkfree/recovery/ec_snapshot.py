@@ -29,10 +29,12 @@ from typing import Any
 
 import torch
 
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
+from checkfree.recovery.base import RecoveryStrategy
 from checkfree.recovery.checkpoint import resolve_interval
-from checkfree.recovery.math import checkfree_shares, checkfree_weight, is_consecutive, weighted_average
-from checkfree.recovery.planner import live_neighbours
+from checkfree.recovery.execute import execute_local
+from checkfree.recovery.math import is_consecutive
+from checkfree.recovery.planner import RecoveryPlan, live_neighbours
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.recovery.stage_copy import flatten, restore_copy, unflatten
 from checkfree.training_state import TrainingState
 
@@ -67,6 +69,8 @@ class ECSnapshot(RecoveryStrategy):
 
     def __init__(self, cfg, seed: int = 0):
         super().__init__(cfg, seed)
+        self.every = 0
+        """K: effective iterations between snapshot rounds, set by :meth:`setup`."""
         self.snapshots: dict[
             int, torch.Tensor
         ] = {}  # transformer stage → its snapshot vector (its own memory)
@@ -91,7 +95,7 @@ class ECSnapshot(RecoveryStrategy):
 
     def snapshot_round(self, state: TrainingState) -> None:
         """Every transformer stage snapshots itself; the parity block is re-encoded from all of them (one
-        "snapshot" line in the outbox)."""
+        "snapshot" line emitted)."""
         e = state.effective_iteration
         t0 = time.perf_counter()
         for s in range(1, state.n_stages + 1):
@@ -105,7 +109,7 @@ class ECSnapshot(RecoveryStrategy):
         self.rounds += 1
         self.stall_seconds += stall
         self.parity_bytes += sent
-        self.outbox.add(
+        self.emit(
             "snapshot",
             iteration=state.iteration,
             effective_iteration=e,
@@ -128,7 +132,7 @@ class ECSnapshot(RecoveryStrategy):
         for j in lost:
             t0 = time.perf_counter()
             records.append(self._fallback(state, j, lost))
-            records[-1].seconds = time.perf_counter() - t0
+            records[-1].latency_s = time.perf_counter() - t0
             self.fallbacks += 1
         self.snapshot_round(
             state
@@ -146,48 +150,34 @@ class ECSnapshot(RecoveryStrategy):
         stale = state.effective_iteration - self.snapshot_effective
         return RecoveryRecord(
             j,
+            "ec_decode",
             self.name,
-            sorted(s for s in self.snapshots if s != j),
-            None,
-            rule="ec_decode",
-            seconds=time.perf_counter() - t0,
+            source_stages=sorted(s for s in self.snapshots if s != j),
+            latency_s=time.perf_counter() - t0,
             extra={"snapshot_effective_iteration": self.snapshot_effective, "stale_iterations": stale},
         )
 
     def _fallback(self, state: TrainingState, j: int, lost: list[int]) -> RecoveryRecord:
         """Two or more lost: the CheckFree rule from the nearest live stages, fresh Adam at lr × lr_scale."""
         left, right = live_neighbours(j, lost, state.n_stages)
-        sources = [s for s in (left, right) if s is not None]
+        sources = tuple(s for s in (left, right) if s is not None)
         if not sources:
             raise RuntimeError(f"stage {j} has no live transformer stage to fall back on (all {lost} lost).")
-        if len(sources) == 1:
-            new, weights, rule = state.stage_state(sources[0]), [1.0], "copy"
-        else:
-            w = [
-                checkfree_weight(state.grad_norms[s], self.cfg.grad_clip, self.cfg.grad_norm_mode)
-                for s in sources
-            ]
-            new = weighted_average(state.stage_state(left), state.stage_state(right), w[0], w[1])
-            weights, rule = list(checkfree_shares(w[0], w[1])), "checkfree"
-        state.load_stage(j, new)
-        state.fresh_optimizer(j, self.cfg.lr_scale)
+        rule = "copy" if len(sources) == 1 else "checkfree"
+        fallback = (
+            f"{len(lost)} stages lost at once (parity decodes one): {rule} rule from stages {list(sources)}"
+        )
+        plan = RecoveryPlan(rule, sources, fallback=fallback)
+        record = execute_local(state, j, plan, self.cfg, self.seed, self.name)
+        record.consecutive = is_consecutive(j, lost)
         log.info(
             "stage %d lost with %s: one parity block decodes one loss; %s rule from %s",
             j,
             lost,
             rule,
-            sources,
+            list(sources),
         )
-        return RecoveryRecord(
-            j,
-            self.name,
-            sources,
-            weights,
-            rule=rule,
-            consecutive=is_consecutive(j, lost),
-            fallback=f"{len(lost)} stages lost at once (parity decodes one): {rule} rule from "
-            f"stages {sources}",
-        )
+        return record
 
     def stats(self) -> dict[str, Any]:
         vec = 0 if self.parity is None else self.parity.numel() * self.parity.element_size()

@@ -22,16 +22,19 @@ The ladder runs CheckFree+ out-of-order execution (its neighbour rung is CheckFr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from typing import Any
 
 from checkfree.config import parse_ladder_rungs
-from checkfree.recovery import planner
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy, StrategyContext
+from checkfree.recovery import planner, rules
+from checkfree.recovery.base import RecoveryStrategy, StrategyContext
 from checkfree.recovery.ec_snapshot import ECSnapshot
 from checkfree.recovery.math import is_consecutive
 from checkfree.recovery.neighbours import CheckFreePlus
+from checkfree.recovery.planner import RecoveryPlan
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.recovery.redundant import Redundant
 from checkfree.recovery.stage_copy import restore_copy
 from checkfree.training_state import TrainingState
@@ -50,8 +53,6 @@ class Ladder(RecoveryStrategy):
         self.neighbour = CheckFreePlus(cfg, seed) if "neighbour" in self.rungs else None
         self.executor = self.neighbour or CheckFreePlus(cfg, seed)  # runs the neighbour/random plans
         self.used: Counter[str] = Counter()
-        for part in self._parts:  # one outbox: the rungs' lines keep the order they were produced in
-            part.outbox = self.outbox
 
     @property
     def _parts(self) -> list[RecoveryStrategy]:
@@ -60,7 +61,7 @@ class Ladder(RecoveryStrategy):
     # ------------------------------------------------------------------ hooks: every rung kept keeps its state
     def bind(self, ctx: StrategyContext) -> None:
         super().bind(ctx)
-        for part in self._parts:
+        for part in self._parts:  # one context: the rungs' lines are written in the order they are produced
             part.bind(ctx)
 
     def setup(self, state: TrainingState) -> None:
@@ -94,14 +95,11 @@ class Ladder(RecoveryStrategy):
         for j in sorted(failed):
             t0, p = time.perf_counter(), plans[j]
             if p.rung == "redundant":
-                restore_copy(self.redundant.replicas[j], state, j)
-                record = RecoveryRecord(j, self.name, list(p.sources), [1.0], rule=p.rule)
+                record = self._restore_redundant(state, j, p)
             elif p.rung == "ec_snapshot":
                 record = ec.decode(state, j)
             else:  # neighbour or random: the planner's rule, a fresh Adam at lr × lr_scale
-                new, record = self.executor.execute(state, j, p)
-                state.load_stage(j, new)
-                state.fresh_optimizer(j, self.cfg.lr_scale)
+                record = self.executor.execute(state, j, p)
             self._finish(record, p.rung, t0, lost)
             records.append(record)
         if ec is not None and any(plans[j].rung != "ec_snapshot" for j in lost if j >= 1):
@@ -110,11 +108,26 @@ class Ladder(RecoveryStrategy):
             )  # snapshots died with their stages: a new round makes the code complete again
         return records
 
+    def _restore_redundant(self, state: TrainingState, j: int, plan: RecoveryPlan) -> RecoveryRecord:
+        """Stage ``j`` from the Bamboo copy its predecessor holds: the weights through the rule table's
+        ``replica`` (a copy of the copy), the Adam state and LR multiplier restored with them."""
+        held = self.redundant.replicas[j]
+        inputs = rules.RuleInputs(
+            template=state.stages[j].state_dict(),
+            sources=[held.weights],  # what the one source, the predecessor, holds of stage j
+            stage=j,
+            iteration=state.iteration,
+            seed=self.seed,
+            cfg=self.cfg,
+        )
+        restore_copy(dataclasses.replace(held, weights=rules.rebuild(plan, inputs).state), state, j)
+        return RecoveryRecord(j, plan.rule, self.name, source_stages=list(plan.sources), weights=[1.0])
+
     def _finish(self, record: RecoveryRecord, rung: str, t0: float, lost: set[int]) -> None:
         record.strategy = self.name
-        record.extra["rung"] = rung
+        record.rung = rung
         record.consecutive = is_consecutive(record.stage, lost)
-        record.seconds = time.perf_counter() - t0
+        record.latency_s = time.perf_counter() - t0
         self.used[rung] += 1
 
     def stats(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Recovery from neighbouring stages: CheckFree, CheckFree+ and the paper's ablations (Copy, Average, Zero, Random).
 
 Registered strategies that execute the planner's plans (checkfree/recovery/planner.py) on a
-:class:`~checkfree.training_state.TrainingState` with the pure math of checkfree/recovery/math.py (which swarm
-nodes use too).
+:class:`~checkfree.training_state.TrainingState` through the one rule table (checkfree/recovery/rules.py, which
+swarm nodes execute too).
 
 Neighbours of a failed transformer stage i are the nearest *surviving* transformer stages on each side
 (i−1 and i+1 unless those failed in the same iteration too; stage 0 is never a neighbour, its shapes differ).
@@ -17,19 +17,11 @@ import time
 import torch
 
 from checkfree.recovery import planner
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
-from checkfree.recovery.math import (
-    average,
-    checkfree_shares,
-    checkfree_weight,
-    copy_state,
-    is_consecutive,
-    random_init,
-    stage0_from_copies,
-    weighted_average,
-    zero_mlp_output,
-)
+from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery.execute import execute_local
+from checkfree.recovery.math import is_consecutive
 from checkfree.recovery.planner import RecoveryPlan
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.training_state import StateDict, TrainingState
 
 log = logging.getLogger(__name__)
@@ -45,8 +37,9 @@ class NoFailure(RecoveryStrategy):
 
 
 class _NeighbourStrategy(RecoveryStrategy):
-    """Shared loop: the planner decides each lost stage's rule and sources; this executes the plans on local
-    stages, then gives each rebuilt stage a fresh Adam at lr × lr_scale."""
+    """Shared loop: the planner decides each lost stage's rule and sources; the rule table executes the plans on
+    local stages (:func:`checkfree.recovery.execute.execute_local`), each rebuilt stage with a fresh Adam at
+    lr × lr_scale."""
 
     planner_setting = ""
     """The planner's setting this strategy executes (its canonical name; a subclass keeps its parent's)."""
@@ -56,99 +49,30 @@ class _NeighbourStrategy(RecoveryStrategy):
         records = []
         for stage in sorted(failed):
             t0 = time.perf_counter()
-            new, record = self.execute(state, stage, plans[stage])
-            state.load_stage(stage, new)
-            state.fresh_optimizer(stage, self.cfg.lr_scale)
+            record = self.execute(state, stage, plans[stage])
             record.consecutive = is_consecutive(stage, failed)
-            record.seconds = time.perf_counter() - t0
+            record.latency_s = time.perf_counter() - t0
             if record.consecutive:
                 log.info(
                     "stage %d failed together with a neighbour; rebuilt from live stages %s",
                     stage,
-                    record.sources,
+                    record.source_stages,
                 )
             records.append(record)
         return records
 
-    def execute(
-        self, state: TrainingState, stage: int, plan: RecoveryPlan
-    ) -> tuple[StateDict, RecoveryRecord]:
-        """The new weights of ``stage`` by ``plan`` (read from the live stages of ``state``) and its record.
+    def execute(self, state: TrainingState, stage: int, plan: RecoveryPlan) -> RecoveryRecord:
+        """Rebuild ``stage`` by ``plan`` from the live stages of ``state`` (loaded, with a fresh Adam at
+        lr × lr_scale) and return its record.
 
         Raises:
             ValueError: a rule this strategy cannot execute (e.g. "stage0_copy" without the copies).
         """
-        try:
-            rule = _RULES[plan.rule]
-        except KeyError:
-            raise ValueError(f"strategy {self.name!r} cannot execute rule {plan.rule!r}.") from None
-        new, shares, extra = rule(self, state, stage, plan)
-        record = RecoveryRecord(
-            stage, self.name, list(plan.sources), shares, rule=plan.rule, fallback=plan.fallback, extra=extra
-        )
-        return new, record
+        return execute_local(state, stage, plan, self.cfg, self.seed, self.name, self.copies_of_stage0())
 
-    def weights(self, state: TrainingState, left: int, right: int) -> tuple[float, float]:
-        """ω of the two neighbours: their last gradient norms (paper §4.1), or the release's clipped variant."""
-        mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
-        return (
-            checkfree_weight(state.grad_norms[left], clip, mode),
-            checkfree_weight(state.grad_norms[right], clip, mode),
-        )
-
-
-Executed = tuple[StateDict, list[float] | None, dict]
-
-
-def _copy(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
-    return copy_state(state.stage_state(plan.sources[0])), [1.0], {}
-
-
-def _zero(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
-    return zero_mlp_output(state.stage_state(plan.sources[0]), strategy.cfg.architecture), [1.0], {}
-
-
-def _average(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
-    left, right = plan.sources
-    return average(state.stage_state(left), state.stage_state(right)), [0.5, 0.5], {}
-
-
-def _checkfree(
-    strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan
-) -> Executed:
-    left, right = plan.sources
-    w_left, w_right = strategy.weights(state, left, right)
-    new = weighted_average(state.stage_state(left), state.stage_state(right), w_left, w_right)
-    extra = {"grad_norm_mode": strategy.cfg.grad_norm_mode, "omega": [w_left, w_right]}
-    return new, list(checkfree_shares(w_left, w_right)), extra
-
-
-def _random(strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan) -> Executed:
-    template = state.stages[stage].state_dict()
-    return random_init(template, strategy.seed, state.iteration, stage, strategy.cfg.init_std), None, {}
-
-
-def _stage0_copy(
-    strategy: _NeighbourStrategy, state: TrainingState, stage: int, plan: RecoveryPlan
-) -> Executed:
-    """E and E⁻¹ from the copies stages 1 and S hold; a part whose holder is lost gets a seeded random init."""
-    copies = strategy.stage0_copy
-    if copies is None:
-        raise ValueError(f"strategy {strategy.name!r} keeps no stage-0 copies.")
-    template = state.stages[0].state_dict()
-    seed, std = strategy.seed, strategy.cfg.init_std
-    return stage0_from_copies(template, copies, plan.parts, seed, state.iteration, std), None, {}
-
-
-_RULES = {
-    "copy": _copy,
-    "zero": _zero,
-    "average": _average,
-    "checkfree": _checkfree,
-    "random": _random,
-    "stage0_copy": _stage0_copy,
-}
-"""Plan rule → its execution on local stages (the swarm executes the same rules on fetched weights)."""
+    def copies_of_stage0(self) -> StateDict | None:
+        """The copies of E and E⁻¹ the "stage0_copy" rule reads (CheckFree+); None: this strategy keeps none."""
+        return None
 
 
 class Copy(_NeighbourStrategy):
@@ -200,6 +124,14 @@ class CheckFreePlus(CheckFree):
 
     name = "checkfree_plus"
     planner_setting = "checkfree_plus"
+
+    def __init__(self, cfg, seed: int = 0):
+        super().__init__(cfg, seed)
+        self.stage0_copy: StateDict | None = None
+        """The copies of E and E⁻¹ (stage 0's state dict) stages 1 and S hold, kept from :meth:`setup` on."""
+
+    def copies_of_stage0(self) -> StateDict | None:
+        return self.stage0_copy
 
     def setup(self, state: TrainingState) -> None:
         self.stage0_copy = state.stage_state(0)

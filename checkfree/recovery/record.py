@@ -6,8 +6,8 @@ Schema (:meth:`RecoveryRecord.to_json`; every key below is always present, null 
 
 | key | meaning |
 |---|---|
-| ``stage`` | the stage rebuilt (0..S) |
 | ``iteration`` | the iteration of the loss (simulator: the wall-clock iteration; swarm: the iteration it was lost in) |
+| ``stage`` | the stage rebuilt (0..S) |
 | ``strategy`` | the canonical setting that rebuilt it (checkfree.settings); null where the run names it once |
 | ``rule`` | a rule of checkfree/recovery/rules.py, or ``ec_decode``, ``rollback``, ``restore_one`` (the baselines) |
 | ``source_stages`` | the stages the new weights came from, in the plan's order ([] for a random init or a checkpoint) |
@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SCHEMA_KEYS = (
-    "stage",
     "iteration",
+    "stage",
     "strategy",
     "rule",
     "source_stages",

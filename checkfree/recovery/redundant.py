@@ -26,16 +26,11 @@ from typing import Any
 
 import torch
 
-from checkfree.recovery.base import RecoveryRecord, RecoveryStrategy
-from checkfree.recovery.math import (
-    checkfree_shares,
-    checkfree_weight,
-    is_consecutive,
-    random_state,
-    recovery_seed,
-    weighted_average,
-)
-from checkfree.recovery.planner import live_neighbours
+from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery.execute import execute_local
+from checkfree.recovery.math import is_consecutive
+from checkfree.recovery.planner import RecoveryPlan, live_neighbours
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.recovery.stage_copy import StageCopy, refresh_copy, restore_copy, take_copy
 from checkfree.training_state import TrainingState
 
@@ -123,18 +118,18 @@ class Redundant(RecoveryStrategy):
             restore_copy(self.replicas[j], state, j)
             records[j] = RecoveryRecord(
                 j,
+                "replica",
                 self.name,
-                [holder],
-                [1.0],
-                rule="replica",
+                source_stages=[holder],
+                weights=[1.0],
                 consecutive=is_consecutive(j, lost),
-                seconds=time.perf_counter() - t0,
+                latency_s=time.perf_counter() - t0,
             )
         still_lost = set(orphans)
         for j in orphans:
             t0 = time.perf_counter()
             records[j] = self._fallback(state, j, still_lost)
-            records[j].seconds = time.perf_counter() - t0
+            records[j].latency_s = time.perf_counter() - t0
             still_lost.discard(j)
             self.fallbacks += 1
             log.info(
@@ -149,41 +144,17 @@ class Redundant(RecoveryStrategy):
         holder = predecessor(j, state.n_stages)
         why = f"predecessor {holder} (replica holder) lost too"
         if j == 0:
-            gen = torch.Generator().manual_seed(recovery_seed(self.seed, state.iteration, 0))
-            state.load_stage(0, random_state(state.stages[0].state_dict(), gen, self.cfg.init_std))
-            state.fresh_optimizer(0, self.cfg.lr_scale)
-            return RecoveryRecord(
-                0,
-                self.name,
-                [],
-                None,
-                rule="random",
-                consecutive=True,
-                fallback=f"{why}: random init of stage 0",
-            )
-        left, right = live_neighbours(j, still_lost, state.n_stages)
-        sources = [s for s in (left, right) if s is not None]
-        if not sources:
-            raise RuntimeError(f"stage {j} has no live transformer stage to fall back on.")
-        if len(sources) == 1:
-            new, weights, rule = state.stage_state(sources[0]), [1.0], "copy"
+            plan = RecoveryPlan("random", fallback=f"{why}: random init of stage 0")
         else:
-            mode, clip = self.cfg.grad_norm_mode, self.cfg.grad_clip
-            w = [checkfree_weight(state.grad_norms[s], clip, mode) for s in sources]
-            new = weighted_average(state.stage_state(left), state.stage_state(right), w[0], w[1])
-            weights = list(checkfree_shares(w[0], w[1]))
-            rule = "checkfree"
-        state.load_stage(j, new)
-        state.fresh_optimizer(j, self.cfg.lr_scale)
-        return RecoveryRecord(
-            j,
-            self.name,
-            sources,
-            weights,
-            rule=rule,
-            consecutive=True,
-            fallback=f"{why}: {rule} rule from stages {sources}",
-        )
+            left, right = live_neighbours(j, still_lost, state.n_stages)
+            sources = tuple(s for s in (left, right) if s is not None)
+            if not sources:
+                raise RuntimeError(f"stage {j} has no live transformer stage to fall back on.")
+            rule = "copy" if len(sources) == 1 else "checkfree"
+            plan = RecoveryPlan(rule, sources, fallback=f"{why}: {rule} rule from stages {list(sources)}")
+        record = execute_local(state, j, plan, self.cfg, self.seed, self.name)
+        record.consecutive = True
+        return record
 
     def stats(self) -> dict[str, Any]:
         means = {j: sum(v) / len(v) for j, v in self.forward_seconds.items() if v}

@@ -6,6 +6,7 @@ import math
 import statistics
 from pathlib import Path
 
+from checkfree.recovery.record import LATENCY_KEY
 from checkfree.report import recoveries, seeds, swap_cost
 from checkfree.report import table2 as table2_md
 from checkfree.report import traces as traces_md
@@ -233,8 +234,8 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
     for s in swarms:
         detail = [
             f"node {r.get('node', '?')} (stage {r.get('stage', '?')}, iteration {r.get('iteration', '?')}) "
-            f"→ {r.get('rule', '?')} from {r.get('sources', r.get('source_peers', '?'))}, "
-            f"{_f(_num(r.get('latency_s', r.get('latency_seconds'))), '.2f')} s, {r.get('bytes', '?')} B"
+            f"→ {r.get('rule', '?')} from {'?' if r['source_nodes'] is None else r['source_nodes']}, "
+            f"{_f(_num(r.get(LATENCY_KEY)), '.2f')} s, {r.get('bytes', '?')} B"
             for r in s.recoveries
         ]
         if detail:

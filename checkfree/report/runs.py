@@ -3,6 +3,11 @@
 A simulator run directory (checkfree.sim.launch) holds config.json, options.json, metrics.jsonl and, once finished,
 summary.json. A swarm run directory holds throughput.json (its keys are read defensively: whatever is missing is
 listed, never fatal).
+
+Recovery records, the simulator's "recovery" lines and the swarm's ``crashes`` rows alike, are read as the one
+schema of checkfree/recovery/record.py: records written before it (benchmarks/results/) go through its one legacy
+mapping (:func:`checkfree.recovery.record.upgrade`), so every reader here sees ``source_stages``,
+``source_nodes`` and the one latency key ``latency_s``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
+from checkfree.recovery.record import LATENCY_KEY, upgrade
 from checkfree.report.timing import RunCosts
 from checkfree.settings import canonical_name
 from checkfree.telemetry.metrics import read_metrics
@@ -259,25 +265,15 @@ class SwarmRun:
 
     @property
     def recoveries(self) -> list[dict[str, Any]]:
-        raw = self._first("recoveries", "crashes", "recovery")
-        return [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
+        """The ``crashes`` rows, as the one recovery record schema (:func:`checkfree.recovery.record.upgrade`)."""
+        raw = self._first("crashes")
+        return [upgrade(r, "swarm") for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
 
     @property
     def recovery_latencies(self) -> list[float]:
-        out = []
-        for r in self.recoveries:
-            for k in (
-                "latency_s",
-                "latency_seconds",
-                "crash_to_serving_seconds",
-                "recovery_seconds",
-                "seconds",
-            ):
-                v = _num(r.get(k))
-                if math.isfinite(v):
-                    out.append(v)
-                    break
-        return out
+        """Each recovered crash's ``latency_s`` (crash → serving, seconds)."""
+        values = (_num(r.get(LATENCY_KEY)) for r in self.recoveries)
+        return [v for v in values if math.isfinite(v)]
 
     @property
     def bytes_by_type(self) -> dict[str, float]:
@@ -292,7 +288,7 @@ class SwarmRun:
             "per-iteration wall times": bool(self.iteration_times) or self.mean_iteration_seconds is not None,
             "iterations completed": self.iterations is not None,
             "tokens/s": self.tokens_per_second is not None,
-            "crashes/recoveries": self._first("recoveries", "crashes", "recovery") is not None,
+            "crashes/recoveries": self._first("crashes") is not None,
             "bytes by message type": bool(self.bytes_by_type),
         }
         self.missing = [k for k, ok in checks.items() if not ok]
@@ -355,7 +351,9 @@ def load_run(path: Path) -> Run | SwarmRun:
             raise RunDirError(f"{summary_path} is not a JSON object.")
     if not isinstance(config, dict) or not isinstance(options, dict):
         raise RunDirError(f"{path}: config.json and options.json must be JSON objects.")
-    records = _drop_superseded(records)
+    records = [
+        upgrade(r, "simulator") if r.get("kind") == "recovery" else r for r in _drop_superseded(records)
+    ]
     train_its = [r.get("iteration") for r in records if r.get("kind") == "train"]
     dups = len(train_its) - len(set(train_its))
     if dups:

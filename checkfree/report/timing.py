@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS, hourly_rate, per_iteration_probability
+from checkfree.recovery.record import LATENCY_KEY
 
 GIB = 2**30
 PAPER_CHECKPOINT_ITERATION_SECONDS = 91.35
@@ -241,7 +242,7 @@ class RunCosts:
     compute_seconds: list[float] = field(default_factory=list)
     """Measured seconds of each training iteration (forward + backward + step), as the simulator timed it."""
     recoveries: list[tuple[int, float]] = field(default_factory=list)
-    """(iteration, measured seconds) per recovered stage."""
+    """(iteration, measured seconds: the record's ``latency_s``) per recovered stage."""
     save_stalls: list[tuple[int, float]] = field(default_factory=list)
     """(iteration, stall seconds) per strategy checkpoint save (not the simulator's own resume checkpoints)."""
     snapshot_stalls: list[tuple[int, float]] = field(default_factory=list)
@@ -279,7 +280,7 @@ class RunCosts:
                 max_iter = max(max_iter, it)
                 costs.compute_seconds.append(_num(r.get("seconds"), math.nan))
             elif kind == "recovery":
-                costs.recoveries.append((it, _num(r.get("seconds"))))
+                costs.recoveries.append((it, _num(r.get(LATENCY_KEY))))
             elif kind == "checkpoint" and r.get("purpose") == "strategy":
                 stall = r.get(
                     "stall_seconds", r.get("seconds")

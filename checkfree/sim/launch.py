@@ -24,7 +24,6 @@ from checkfree import jsonio
 from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.failures.injection import StageFailureSource, StageSchedule
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
-from checkfree.recovery.registry import make_strategy
 from checkfree.rundir import RunDirPlan, apply_run_dir
 from checkfree.sim.options import SimulateOptions
 from checkfree.sim.preflight import preflight
@@ -313,7 +312,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
         log.info("data: %s", corpus.describe())
         budget_line, data_epochs = data_budget_line(cfg, world, len(corpus.train))
         log.info("data: %s", budget_line)
-        strategy = make_strategy(opts.setting, cfg, opts.swaps, seed=cfg.seed)
+        strategy = pre.recovery_strategy
         source = pre.source
         log.info(
             "strategy %s, swaps %s, p_iter %.6g from %s, grad_norm_mode %s",

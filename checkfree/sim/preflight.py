@@ -36,6 +36,7 @@ from checkfree.failures.rates import PAPER_ITERATION_SECONDS, resolve_failure_pr
 from checkfree.failures.schedules import load_stage_schedule
 from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
 from checkfree.pipeline import stage_order
+from checkfree.recovery.base import RecoveryStrategy
 from checkfree.recovery.registry import make_strategy, resolve_setting
 from checkfree.rundir import RunDirPlan, check_directory_path, holds_something, plan_run_dir
 from checkfree.sim.options import SimulateOptions
@@ -48,7 +49,8 @@ class Preflight:
     """What a validated run needs: resolved config and strategy, failure source, run directory plan, resume."""
 
     cfg: Config
-    strategy: str
+    recovery_strategy: RecoveryStrategy
+    """The run's strategy, built once here (to validate it) and handed to the trainer (checkfree.sim.launch)."""
     probability: float
     probability_source: str
     source: StageFailureSource
@@ -57,6 +59,11 @@ class Preflight:
     data_fingerprint: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     memory: MemoryCheck | None = None
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's canonical name."""
+        return self.recovery_strategy.name
 
 
 def config_overrides(opts: SimulateOptions) -> dict[str, Any]:
@@ -446,4 +453,4 @@ def preflight(opts: SimulateOptions) -> Preflight:
     if resume is not None:
         _check_resume(Path(resume), cfg, fingerprint, opts.allow_data_change, warnings)
     plan = plan_run_dir(run_dir, resume_from=resume, overwrite=opts.overwrite)
-    return Preflight(cfg, strategy.name, p, p_source, source, plan, resume, fingerprint, warnings, mem)
+    return Preflight(cfg, strategy, p, p_source, source, plan, resume, fingerprint, warnings, mem)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 
 from checkfree.recovery.base import RecoveryStrategy
+from checkfree.recovery.checkpoint import CheckpointBaseline
 
 WARN_FACTOR = 10
 """Warn when the expected wall-clock length exceeds this many times max_iterations."""
@@ -89,11 +90,13 @@ class WallClockGuard:
 
 
 def expected_run_length(strategy: RecoveryStrategy, failures, max_iterations: int) -> float | None:
-    """Expected wall-clock iterations of a strategy that rolls back (``rollback_on_stage_loss``, with ``every``
-    set by its setup) under a random injector (``probability``, ``n_stages``, ``include_stage0``); None when it
-    does not apply."""
+    """Expected wall-clock iterations of a strategy that rolls back (``rollback_on_stage_loss``: a checkpoint
+    baseline, with its interval ``every`` set by its setup) under a random injector (``probability``,
+    ``n_stages``, ``include_stage0``); None when it does not apply."""
     p, n = getattr(failures, "probability", None), getattr(failures, "n_stages", None)
     if not strategy.rollback_on_stage_loss or p is None or n is None:
         return None
+    if not isinstance(strategy, CheckpointBaseline):
+        raise TypeError(f"strategy {strategy.name!r} rolls back but keeps no checkpoint interval.")
     stages = n + bool(getattr(failures, "include_stage0", False))
     return expected_wall_iterations(any_failure_probability(p, stages), strategy.every, max_iterations)

@@ -11,8 +11,9 @@ Each data-parallel rank (a torchrun process) holds one replica of every stage. P
 
 Strategies that keep state also get ``begin_iteration`` (before failed stages are lost) and
 ``before_optimizer_step`` (after backward, before any parameter changes) to take snapshots. The trainer writes
-every metrics line: its own, the recovery records ``recover`` returns, and the lines a strategy queued during a
-hook ("rollback", "checkpoint", "snapshot"; ``RecoveryStrategy.take_records``), right after that hook.
+its own metrics lines and the recovery records ``recover`` returns (checkfree/recovery/record.py); a strategy
+writes its own lines ("rollback", "checkpoint", "snapshot") the moment a hook produces them, through
+:meth:`RunContext.emit`, so every line is in the order it happened.
 
 ``iteration`` (wall clock) only grows; ``effective_iteration`` (data position and LR schedule) can roll back when a
 checkpoint strategy restores an old state, and the run ends when it reaches max_iterations.
@@ -120,6 +121,11 @@ class RunContext:
     recovery_accounting: bool = True
     """Measure each recovery against the lost stage (checkfree.telemetry.recovery_accounting); off: no extra fields."""
 
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Write one metrics line now (a strategy's "rollback", "checkpoint", "snapshot" lines; the strategy's
+        :class:`~checkfree.recovery.base.StrategyContext`)."""
+        self.sink.write(kind, **fields)
+
 
 class Trainer:
     """Trains ``stages`` under ``strategy`` with failures from ``failures``; see the module docstring."""
@@ -188,7 +194,7 @@ class Trainer:
         st, cfg = self.state, self.cfg
         failed = self.failures.draw(st.iteration)
         self.strategy.begin_iteration(st, failed)
-        self._handle_failures(failed)
+        self.lose_stages(failed)
         lr = learning_rate(cfg, st.effective_iteration)
         for s, opt in enumerate(st.optimizers):
             for g in opt.param_groups:
@@ -212,7 +218,6 @@ class Trainer:
         loss_value = self._reduce_and_step(total)
         self.strategy.after_step(st)
         seconds = time.perf_counter() - t0
-        self._write_strategy_records()
         tokens = cfg.tokens_per_iteration * self.ctx.world_size
         self.last_rate = self.meter.record(tokens, seconds)
         self.ctx.sink.write(
@@ -230,13 +235,15 @@ class Trainer:
         st.effective_iteration += 1
         return loss_value
 
-    def _write_strategy_records(self) -> None:
-        """Write the lines the strategy queued since the last call, in the order it produced them."""
-        for record in self.strategy.take_records():
-            self.ctx.sink.write(**record)
+    def lose_stages(self, failed: list[int]) -> None:
+        """Lose the stages in ``failed`` now and let the strategy rebuild them: a "failure" line per stage, the
+        stages destroyed (NaN weights, no optimizer state) when the strategy ``loses_state``, its recovery, and a
+        "recovery" line per rebuilt stage (its :class:`~checkfree.recovery.record.RecoveryRecord`).
 
-    def _handle_failures(self, failed: list[int]) -> None:
-        self._write_strategy_records()  # lines of begin_iteration come before the failure lines
+        :meth:`step` calls it after the strategy's ``begin_iteration``; a caller outside the loop (the probe,
+        checkfree/probe/run.py) calls ``strategy.begin_iteration(state, failed)`` first when the strategy's
+        snapshots may be due.
+        """
         if not failed:
             return
         st = self.state
@@ -254,23 +261,23 @@ class Trainer:
         lost = self.accounting.keep(st, failed) if self.accounting is not None else None
         for s in failed:
             st.destroy(s)
-        records = self.strategy.recover(st, list(failed))
-        self._write_strategy_records()  # a rollback (and a save committed meanwhile) before the recovery lines
+        records = self.strategy.recover(st, list(failed))  # a rollback's lines are written meanwhile
         if lost is not None:
             self.accounting.annotate(lost, st, records)
         del lost
         for rec in records:
+            rec.iteration = st.iteration
             self.counts["recoveries"] += 1
             self.counts["fallbacks"] += rec.fallback is not None
             self.counts["consecutive"] += rec.consecutive
-            self.ctx.sink.write(**rec.to_metrics(st.iteration))
+            self.ctx.sink.write("recovery", **rec.to_json())
             log.info(
-                "iteration %d: stage %d recovered by %s (%s) from %s%s",
+                "iteration %d: stage %d recovered by %s (%s) from stages %s%s",
                 st.iteration,
                 rec.stage,
                 rec.strategy,
                 rec.rule,
-                rec.sources,
+                rec.source_stages,
                 f"; fallback: {rec.fallback}" if rec.fallback else "",
             )
 
@@ -293,7 +300,6 @@ class Trainer:
             dist.all_reduce(loss_sum, group=ctx.group)
             loss_sum /= ctx.world_size
         self.strategy.before_optimizer_step(st)
-        self._write_strategy_records()
         # ω of the DP-averaged gradient, before clipping (paper §4.1), of every stage: (S + 1,) on the device
         norms = torch.stack([grad_norm_on_device(stage, ctx.device) for stage in st.stages])
         host = torch.cat([loss_sum.reshape(1).float(), norms.float()]).tolist()  # the step's one host sync
@@ -424,7 +430,6 @@ class Trainer:
         """Train until effective_iteration reaches max_iterations; returns the summary."""
         cfg, st = self.cfg, self.state
         self.strategy.setup(st)
-        self._write_strategy_records()
         t_start = time.perf_counter()
         self.evaluate()
         last_loss = float("nan")
@@ -475,7 +480,6 @@ class Trainer:
         if reached:
             ended_by = "target"
         self.strategy.finish(st)
-        self._write_strategy_records()
         if self.final_checkpoint:
             self.save_checkpoint()
         target = self._target_summary(reached, ended_by)

@@ -59,28 +59,6 @@ class MetricsSink:
         self.mirror = None
 
 
-class Outbox:
-    """Metrics lines a component produced, in order, until their writer takes them.
-
-    The simulator's strategies and the checkpoint writer (checkfree/recovery/, checkfree/checkpoint/writer.py) keep
-    their "rollback", "checkpoint" and "snapshot" lines here; the trainer (checkfree/sim/trainer.py) alone writes
-    them to the :class:`MetricsSink`.
-    """
-
-    def __init__(self) -> None:
-        self._records: list[dict[str, Any]] = []
-
-    def add(self, kind: str, **fields: Any) -> None:
-        """Queue one line (``{"kind": kind, **fields}``, as :meth:`MetricsSink.write` takes it)."""
-        self._records.append({"kind": kind, **fields})
-
-    def take(self) -> list[dict[str, Any]]:
-        """Every queued line, oldest first; the outbox is empty afterwards."""
-        out = list(self._records)
-        self._records.clear()
-        return out
-
-
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl; a torn last line (a run killed mid-write) is skipped.
 

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from checkfree.pipeline import forward_loss
-from checkfree.recovery.base import RecoveryRecord
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.training_state import StateDict, TrainingState
 
 

@@ -91,7 +91,10 @@ def test_intervals_and_fig2_separation_from_known_numbers():
     result = {"steps": [0, 5], "cells": cells}
     table = intervals(result)
     iv = table[(2, "random")]["5"]
-    assert iv.mean == pytest.approx(3.1) and iv.half_width == pytest.approx(4.303 * 0.1 / math.sqrt(3))
+    t_2 = 4.302653  # Student's t, 0.975 quantile, 2 degrees of freedom (to 7 digits)
+    assert iv.mean == pytest.approx(3.1) and iv.half_width == pytest.approx(
+        t_2 * 0.1 / math.sqrt(3), rel=1e-6
+    )
     assert table[(2, "copy")]["minus_no_failure"].mean == pytest.approx(1.0)
     assert table[(2, "copy")]["minus_no_failure"].half_width == pytest.approx(0.0, abs=1e-12)
     (line,) = fig2_separation(result, table)

@@ -108,7 +108,7 @@ def test_rollback_restores_the_checkpoint_state_and_rng(tmp_path):
     torch.manual_seed(1234)  # disturb the global generator; the rollback must put it back
     failed = t.failures.draw(5)
     t.strategy.begin_iteration(t.state, failed)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     assert same_tensors(full_state(t), at_checkpoint)
     assert torch.equal(torch.get_rng_state(), rng)
     assert (t.state.iteration, t.state.effective_iteration) == (5, 3)
@@ -125,7 +125,7 @@ def test_one_restores_only_the_failed_stage(tmp_path):
     others = full_state(t, [0, 1, 3, 4])
     failed = t.failures.draw(6)
     t.strategy.begin_iteration(t.state, failed)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     assert same_tensors(full_state(t, [2]), stage2_at_4)
     assert same_tensors(full_state(t, [0, 1, 3, 4]), others)
     assert t.state.effective_iteration == 6
@@ -186,7 +186,7 @@ def test_redundant_restores_the_pre_failure_state_exactly(tmp_path):
         t.step()
     before = full_state(t)
     failed = t.failures.draw(3)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     assert same_tensors(full_state(t), before)  # stage 0 from stage 4's replica, stage 2 from stage 1's
     stats = t.strategy.stats()
     expected = sum(t.numel() * t.element_size() for t in full_state(t))
@@ -202,7 +202,7 @@ def test_redundant_run_equals_no_failure_and_two_consecutive_losses_fall_back(tm
     _, summary, recs = run("redundant", {4: [2, 3]}, tmp_path / "pair")
     by_stage = {r["stage"]: r for r in recs if r["kind"] == "recovery"}
     assert by_stage[2]["rule"] == "replica" and by_stage[2]["fallback"] is None
-    assert by_stage[3]["rule"] == "checkfree" and by_stage[3]["sources"] == [2, 4]
+    assert by_stage[3]["rule"] == "checkfree" and by_stage[3]["source_stages"] == [2, 4]
     assert "predecessor 2" in by_stage[3]["fallback"] and summary["fallbacks"] == 1
 
 
@@ -230,7 +230,7 @@ def test_ec_snapshot_decodes_the_lost_stage_to_its_snapshot_and_leaves_the_other
     others = full_state(t, [0, 1, 2, 4])
     failed = t.failures.draw(6)
     t.strategy.begin_iteration(t.state, failed)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     assert same_tensors(full_state(t, [3]), stage3_at_4)
     assert same_tensors(full_state(t, [0, 1, 2, 4]), others)
     assert t.state.lr_multipliers[3] == lr3 and t.state.effective_iteration == 6
@@ -283,7 +283,7 @@ def test_one_restores_every_stage_lost_in_the_same_iteration(tmp_path):
     failed = t.failures.draw(6)
     assert sorted(failed) == [0, 2, 3]
     t.strategy.begin_iteration(t.state, failed)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     assert same_tensors(full_state(t, [0, 2, 3]), lost_at_4)
     assert same_tensors(full_state(t, [1, 4]), others)
     assert t.state.effective_iteration == 6

@@ -69,7 +69,7 @@ def test_redundant_restores_stage_0_from_stage_S_and_only_from_there():
     t.step()
     stage0 = adam_and_weights(t, 0)
     records = fail(t, [0, 1])  # stage S = 4 holds stage 0's replica: exact; stage 1's holder (0) died
-    assert records[0].rule == "replica" and records[0].sources == [4]
+    assert records[0].rule == "replica" and records[0].source_stages == [4]
     assert all(torch.equal(a, b) for a, b in zip(adam_and_weights(t, 0), stage0, strict=True))
     assert records[1].fallback and "predecessor 0" in records[1].fallback
 
@@ -78,7 +78,7 @@ def test_redundant_restores_stage_0_from_stage_S_and_only_from_there():
     t.step()
     records = fail(t, [0, 4])  # stage 0's replica died with stage 4: no exact restore of stage 0 exists
     assert records[0].rule == "random" and "predecessor 4" in records[0].fallback
-    assert records[4].rule == "replica" and records[4].sources == [3]
+    assert records[4].rule == "replica" and records[4].source_stages == [3]
 
 
 def test_ec_snapshot_records_how_stale_the_decoded_stage_is():
@@ -86,7 +86,7 @@ def test_ec_snapshot_records_how_stale_the_decoded_stage_is():
     t.strategy.setup(t.state)
     for _ in range(6):
         t.step()
-    rec = fail(t, [3])[3].to_metrics(6)
+    rec = fail(t, [3])[3].to_json()
     assert rec["rule"] == "ec_decode"
     assert rec["snapshot_effective_iteration"] == 4 and rec["stale_iterations"] == 2
 

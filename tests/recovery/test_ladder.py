@@ -28,7 +28,7 @@ def fail_at(t, iteration: int) -> dict[int, dict]:
         t.step()
     failed = t.failures.draw(iteration)
     t.strategy.begin_iteration(t.state, failed)
-    t._handle_failures(failed)
+    t.lose_stages(failed)
     return {r["stage"]: r for r in records if r["kind"] == "recovery"}
 
 
@@ -36,7 +36,7 @@ def test_redundant_rung_restores_the_replica_exactly():
     t = trainer("redundant,random", {3: [2]})
     recs = fail_at(t, 3)
     before = full_state(t, [2])
-    assert recs[2]["rung"] == "redundant" and recs[2]["rule"] == "replica" and recs[2]["sources"] == [1]
+    assert recs[2]["rung"] == "redundant" and recs[2]["rule"] == "replica" and recs[2]["source_stages"] == [1]
     t2 = trainer("redundant,random", {})
     fail_at(t2, 3)
     assert same_tensors(before, full_state(t2, [2]))  # bit-identical to the run where nothing failed
@@ -59,7 +59,7 @@ def test_stale_snapshot_and_double_loss_step_down_to_the_neighbour_rule():
     t = trainer("ec_snapshot,neighbour,random", {6: [2, 3]})
     recs = fail_at(t, 6)  # one parity block decodes one loss
     assert [recs[s]["rung"] for s in (2, 3)] == ["neighbour", "neighbour"]
-    assert recs[2]["sources"] == [1, 4] and recs[2]["rule"] == "checkfree"
+    assert recs[2]["source_stages"] == [1, 4] and recs[2]["rule"] == "checkfree"
 
 
 def test_neighbour_rung_rebuilds_from_stages_restored_exactly():
@@ -67,7 +67,8 @@ def test_neighbour_rung_rebuilds_from_stages_restored_exactly():
     recs = fail_at(t, 3)
     assert recs[2]["rung"] == "redundant"  # its holder, stage 1, survived
     assert recs[3]["rung"] == "neighbour"  # its holder, stage 2, died with it
-    assert recs[3]["rule"] == "checkfree" and recs[3]["sources"] == [2, 4]  # stage 2 counts as alive again
+    # stage 2 counts as alive again
+    assert recs[3]["rule"] == "checkfree" and recs[3]["source_stages"] == [2, 4]
     assert t.state.lr_multipliers[3] == pytest.approx(1.1) and t.state.lr_multipliers[2] == 1.0
 
 

@@ -49,7 +49,7 @@ def simulator_choices(setting: str, n_stages: int) -> dict[tuple[int, ...], dict
             for s in lost:  # put the destroyed stages back for the next event
                 state.load_stage(s, {k: v.nan_to_num(0.0) for k, v in state.stage_state(s).items()})
             continue
-        out[lost] = {r.stage: (r.rule, tuple(r.sources)) for r in records}
+        out[lost] = {r.stage: (r.rule, tuple(r.source_stages)) for r in records}
     return out
 
 

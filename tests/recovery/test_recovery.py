@@ -15,6 +15,8 @@ from checkfree.recovery.math import (
 )
 from checkfree.recovery.planner import live_neighbours
 from checkfree.recovery.registry import REGISTRY, make_strategy, resolve_setting
+from checkfree.sim.trainer import RunContext
+from checkfree.telemetry.metrics import MetricsSink
 from checkfree.training_state import TrainingState, make_adam
 
 from helpers import tiny_config
@@ -157,7 +159,7 @@ def test_checkfree_uses_gradient_norm_weights():
     state, (rec,) = run("checkfree", [2])
     # ω_1 = 1, ω_3 = 3: (1·1 + 3·3) / 4 = 2.5
     assert weight(state, 2) == pytest.approx(2.5)
-    assert rec.sources == [1, 3] and rec.weights == pytest.approx([0.25, 0.75]) and rec.fallback is None
+    assert rec.source_stages == [1, 3] and rec.weights == pytest.approx([0.25, 0.75]) and rec.fallback is None
 
 
 def test_checkfree_clipped_mode_is_the_release_variant():
@@ -179,7 +181,7 @@ def test_recovered_stage_gets_fresh_adam_at_scaled_lr():
 
 def test_checkfree_first_stage_falls_back_to_copy():
     state, (rec,) = run("checkfree", [1])
-    assert weight(state, 1) == 2.0 and rec.fallback and rec.sources == [2]
+    assert weight(state, 1) == 2.0 and rec.fallback and rec.source_stages == [2]
 
 
 def test_checkfree_plus_copies_first_and_last_from_partners():
@@ -271,6 +273,7 @@ def test_baseline_fallbacks_weight_each_neighbour_by_its_own_gradient_norm(setti
     """The CheckFree fallback of redundant and ec_snapshot gives ω_left to the left stage (not swapped)."""
     state = make_state()
     strategy = make_strategy(setting, tiny_config(snapshot_every=4), False)
+    strategy.bind(RunContext(sink=MetricsSink(None)))  # ec_snapshot writes its "snapshot" lines through it
     strategy.setup(state)
     strategy.begin_iteration(state, failed)
     for s in failed:
@@ -278,7 +281,7 @@ def test_baseline_fallbacks_weight_each_neighbour_by_its_own_gradient_norm(setti
     records = {r.stage: r for r in strategy.recover(state, failed)}
     assert weight(state, stage) == pytest.approx(expected)
     assert records[stage].rule == "checkfree" and records[stage].fallback
-    left, right = records[stage].sources
+    left, right = records[stage].source_stages
     omega = state.grad_norms
     assert records[stage].weights == pytest.approx(
         [omega[left] / (omega[left] + omega[right]), omega[right] / (omega[left] + omega[right])]

@@ -58,9 +58,30 @@ def test_failed_stage_is_recovered_and_logged(tmp_path):
     train(t, 4)
     sink.close()
     recs = [r for r in read_metrics(tmp_path / "m.jsonl") if r["kind"] == "recovery"]
-    assert [(r["iteration"], r["stage"], r["sources"]) for r in recs] == [(2, 2, [1, 4]), (2, 3, [1, 4])]
+    got = [(r["iteration"], r["stage"], r["source_stages"]) for r in recs]
+    assert got == [(2, 2, [1, 4]), (2, 3, [1, 4])]
     assert all(r["consecutive"] for r in recs)
     assert all(torch.isfinite(p).all() for p in params_of(t))
+
+
+@pytest.mark.parametrize(
+    ("setting", "overrides", "at", "expected"),
+    [
+        # the rollback is written while the strategy recovers: after the failure, before the recovery lines
+        ("checkpoint", dict(checkpoint_every=2, save_mode="memory"), 3, ["failure", "rollback", "recovery"]),
+        # a snapshot round due at iteration 4 is taken at the iteration's start, before the stage is lost
+        ("ec_snapshot", {"snapshot_every": 2}, 4, ["snapshot", "failure", "recovery"]),
+    ],
+)
+def test_a_strategys_lines_are_written_when_its_hooks_produce_them(setting, overrides, at, expected):
+    t = make_trainer(tiny_config(**overrides), setting, ScriptedFailures({at: [2]}))
+    lines: list[dict] = []
+    t.ctx.sink.write = lambda kind, **fields: lines.append({"kind": kind, **fields})
+    train(t, at + 1)
+    kinds = [r["kind"] for r in lines if r.get("iteration") == at and r["kind"] != "checkpoint"]
+    assert kinds == [*expected, "train"]
+    recovery = next(r for r in lines if r["kind"] == "recovery")
+    assert recovery["iteration"] == at and recovery["latency_s"] >= 0 and recovery["source_nodes"] is None
 
 
 def test_resume_equals_uninterrupted_run_bitwise(tmp_path):

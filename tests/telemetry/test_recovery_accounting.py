@@ -37,7 +37,7 @@ def recovery_records(tmp_path, setting, values, failed=(2,), **kw):
     fill(t, values)
     before = probe(t)
     t.strategy.setup(t.state)
-    t._handle_failures(t.failures.draw(0))
+    t.lose_stages(t.failures.draw(0))
     after = probe(t)
     sink.close()
     recs = [r for r in read_metrics(tmp_path / f"{setting}.jsonl") if r["kind"] == "recovery"]
