@@ -9,6 +9,7 @@ the transport and reaches the application's checks.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import threading
@@ -46,8 +47,17 @@ def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     # the attacked swarm still shuts down in order: every node alive at the end (the storage node included)
     # answers the shutdown with its final statistics (Supervisor._shutdown keeps them in results.finals)
     alive = {slot.occupant for slot in sup.roster.all() if not slot.dead}
-    missing = alive - set(sup.results.finals)
+    finals = sup.results.finals
+    missing = alive - set(finals)
     assert len(alive) == NODES + 1 and not missing, f"no final statistics from nodes {sorted(missing)}"
+    # and throughput.json holds them: each live node's counters as of its final report, and the bytes sent
+    saved = json.loads((tmp / "run" / "throughput.json").read_text())
+    for n in alive:
+        assert saved["malformed_dropped"][str(n)] == finals[n]["dropped_malformed"], n
+        assert saved["rejected_messages"].get(str(n)) == finals[n].get("rejected"), n
+    for kind in ("CONTROL", "FORWARD", "BACKWARD"):
+        sent = sum(f["sent_bytes"].get(kind, 0) for f in finals.values())
+        assert saved["bytes_sent_by_type"][kind] >= sent > 0, kind
 
 
 def _counts(sup: Supervisor, node: int) -> tuple[int, int, int]:
