@@ -81,14 +81,13 @@ import os
 from dataclasses import dataclass, field
 
 from checkfree.config import Config, parse_ladder_rungs
+from checkfree.data.tokenizer import HUB_TOKENIZERS
 
 GIB = 2**30
 FIT_FRACTION = 0.9
 """A run fits when the estimate is ≤ 90 % of the memory: the rest is the margin for what the estimate misses."""
 SLACK = 0.05
 """Allocator rounding and fragmentation: 5 % of every tensor byte estimated."""
-TOKENIZER_VOCAB = {"llama2": 32000, "gpt2": 50257}
-"""Vocabulary of the hub tokenizers (the same table as checkfree/sim/launch.py's HUB_VOCAB; a test checks it)."""
 PROCESS_BYTES = 336 * 2**20
 """Host RSS of one rank or node process before it builds anything: 335 MiB measured on the development machine
 (torch 2.13 CPU, transformers 5.23) for ``python -c "import checkfree.swarm.node.node"`` and 333 MiB for
@@ -119,9 +118,11 @@ def gib(nbytes: float) -> str:
 
 
 def model_vocab_size(cfg: Config) -> int:
-    """The vocabulary a run's model gets: the hub tokenizer's (llama2, gpt2), else the config's ``vocab_size``
-    (the byte-level BPE's size, an upper bound when a small corpus yields fewer merges)."""
-    return TOKENIZER_VOCAB.get(cfg.tokenizer_name, cfg.vocab_size)
+    """The vocabulary a run's model gets: the hub tokenizer's (llama2, gpt2; checkfree.data.tokenizer's
+    ``HUB_TOKENIZERS``), else the config's ``vocab_size`` (the byte-level BPE's size, an upper bound when a small
+    corpus yields fewer merges)."""
+    hub = HUB_TOKENIZERS.get(cfg.tokenizer_name)
+    return cfg.vocab_size if hub is None else hub.vocab_size
 
 
 # ------------------------------------------------------------------------------------------------ parameters

@@ -7,6 +7,7 @@ within ±25 %. The refusals must be one sentence, fast, and write nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -65,10 +66,11 @@ def test_parameter_count_of_the_paper_configs_matches_a_meta_model(name) -> None
     assert M.parameter_counts(cfg, vocab).total == sum(stage_parameter_counts(stages))
 
 
-def test_the_vocabulary_table_is_the_launchers() -> None:
-    from checkfree.sim.launch import HUB_VOCAB
-
-    assert M.TOKENIZER_VOCAB == HUB_VOCAB
+def test_a_model_for_a_hub_tokenizer_gets_that_tokenizers_vocabulary() -> None:
+    """One table (checkfree.data.tokenizer.HUB_TOKENIZERS) serves the memory estimate and a dry run's counts."""
+    cfg = load_config("tiny_config.json")
+    sizes = {t: M.model_vocab_size(dataclasses.replace(cfg, tokenizer=t)) for t in ("llama2", "gpt2", "bpe")}
+    assert sizes == {"llama2": 32000, "gpt2": 50257, "bpe": cfg.vocab_size}
 
 
 # ---------------------------------------------------------------------------------------- activations

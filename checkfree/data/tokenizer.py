@@ -21,11 +21,24 @@ logger = logging.getLogger(__name__)
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN,)
 MIN_BPE_VOCAB = 256 + len(SPECIAL_TOKENS)
-HUB_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    # Repositories tried in order; meta-llama is gated (needs a token), the mirror is public.
-    "llama2": ("meta-llama/Llama-2-7b-hf", "NousResearch/Llama-2-7b-hf"),
-    "gpt2": ("openai-community/gpt2", "gpt2"),
+
+
+@dataclass(frozen=True)
+class HubTokenizer:
+    """A tokenizer of the Hugging Face hub that configs name ("llama2", "gpt2")."""
+
+    repos: tuple[str, ...]
+    """Repositories tried in order (meta-llama is gated, needs a token; its mirror is public)."""
+    vocab_size: int
+    """``len(tokenizer)``: the vocabulary of a model built for it, known without loading it (the memory
+    estimate, a dry run's parameter counts)."""
+
+
+HUB_TOKENIZERS: dict[str, HubTokenizer] = {
+    "llama2": HubTokenizer(("meta-llama/Llama-2-7b-hf", "NousResearch/Llama-2-7b-hf"), 32000),
+    "gpt2": HubTokenizer(("openai-community/gpt2", "gpt2"), 50257),
 }
+"""The one table of hub tokenizers, by the name a config's ``tokenizer`` gives."""
 _EOS_CANDIDATES = (EOS_TOKEN, "</s>", "<eos>", "<|end_of_text|>", "<|eot_id|>")
 
 
@@ -127,7 +140,7 @@ def load_tokenizer(tokenizer: str, kind: str, out_dir: Path, hf_cache_dir: Path)
 def _load_hub_tokenizer(name: str, hf_cache_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    repos = HUB_TOKENIZERS[name.lower()]
+    repos = HUB_TOKENIZERS[name.lower()].repos
     for repo in repos:  # a copy fetched earlier needs no network
         try:
             return AutoTokenizer.from_pretrained(repo, cache_dir=str(hf_cache_dir), local_files_only=True)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from checkfree import jsonio
 from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.failures.injection import StageFailureSource, StageSchedule
+from checkfree.memory import model_vocab_size
 from checkfree.model import build_hf_model, split_model, stage_parameter_counts
 from checkfree.rundir import RunDirPlan, apply_run_dir
 from checkfree.sim.options import SimulateOptions
@@ -35,7 +36,6 @@ from checkfree.telemetry.throughput import device_peak
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-HUB_VOCAB = {"llama2": 32000, "gpt2": 50257}
 PROCESS_GROUP_TIMEOUT = datetime.timedelta(minutes=10)
 DATA_PREP_TIMEOUT = datetime.timedelta(hours=24)
 """How long ranks 1..W−1 wait for rank 0 to prepare the token cache (:func:`rank0_first`). Preparing a hub
@@ -52,7 +52,7 @@ def plan_lines(opts: SimulateOptions) -> list[str]:
     """
     pre = preflight(opts)
     cfg, strategy, p, source = pre.cfg, pre.strategy, pre.probability, pre.probability_source
-    vocab = HUB_VOCAB.get(cfg.tokenizer_name, cfg.vocab_size)
+    vocab = model_vocab_size(cfg)
     with torch.device("meta"):
         stages = split_model(build_hf_model(cfg, vocab, seed=0), cfg)
     counts = stage_parameter_counts(stages)
