@@ -488,3 +488,6 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
         "gpu_check.md",
         "gpu_check_logs.tar.gz",
     ]
+    scratch = Path(re.search(r"runs in (\S+);", text)[1])
+    simulator_runs = [d for d in (scratch / "runs").iterdir() if d.name != "swarm"]
+    assert len(simulator_runs) == 6 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
