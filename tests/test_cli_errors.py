@@ -257,7 +257,11 @@ GENERATOR = {
     "rate 100": (["--rate", "100"], "failure rate 100"),
     "no stages": (["--rate", "16", "--stages", "0"], "n_stages 0"),
     "probability 1.5": (["--rate", "7", "--probability", "1.5"], "[0, 1)"),
-    "checkpoint interval 1": (["--rate", "16", "--checkpoint-interval", "1"], "checkpoint_interval 1"),
+    "checkpoint every 1": (["--rate", "16", "--checkpoint-every", "1"], "checkpoint_every 1"),
+    "checkpoint every and its old name disagree": (
+        ["--rate", "16", "--checkpoint-every", "50", "--checkpoint-interval", "40"],
+        "--checkpoint-every 50 and --checkpoint-interval 40 disagree",
+    ),
     "out in a missing directory": (["--rate", "16", "--out", "@missing/x.json"], "does not exist"),
     "out is a directory": (["--rate", "16", "--out", "@empty_dir"], "is a directory"),
 }

@@ -26,6 +26,9 @@ from checkfree.rundir import check_writable
 
 log = logging.getLogger(__name__)
 
+DEFAULT_CHECKPOINT_EVERY = 100
+"""The authors' K: their swarm sends a checkpoint every 100 iterations, and those iterations never fail."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The generator's options (shared by ``python -m checkfree schedule`` and ``failure_generator.py``)."""
@@ -63,10 +66,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stage-seed", type=int, default=None, help="seed of the which-stage RNG (default rate*5)"
     )
     parser.add_argument(
-        "--checkpoint-interval",
+        "--checkpoint-every",
         type=int,
-        default=100,
-        help="iterations with itr %% K == 1 never fail; 0 = every iteration may fail",
+        default=None,
+        metavar="K",
+        help=f"the swarm's checkpoint baseline sends every K iterations: iterations with itr %% K == 1 never fail; "
+        f"0 = every iteration may fail (default {DEFAULT_CHECKPOINT_EVERY})",
+    )
+    parser.add_argument(
+        "--checkpoint-interval", type=int, default=None, metavar="K", help="old name of --checkpoint-every"
     )
     parser.add_argument(
         "--probability",
@@ -83,6 +91,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=None, help="output JSON file (default: stdout)")
 
 
+def checkpoint_every(args: argparse.Namespace) -> int:
+    """``--checkpoint-every``, or its old name ``--checkpoint-interval`` (read with a one-line note), or the
+    authors' 100.
+
+    Raises:
+        ValueError: both names are given with different values.
+    """
+    every, old = args.checkpoint_every, args.checkpoint_interval
+    if old is not None:
+        if every is not None and every != old:
+            raise ValueError(
+                f"--checkpoint-every {every} and --checkpoint-interval {old} disagree; expected only "
+                "--checkpoint-every (--checkpoint-interval is its old name)."
+            )
+        log.warning(
+            "--checkpoint-interval is now called --checkpoint-every; read as --checkpoint-every %d.", old
+        )
+        every = old
+    return DEFAULT_CHECKPOINT_EVERY if every is None else every
+
+
 def schedule_text(args: argparse.Namespace) -> str:
     """The schedule asked for by parsed :func:`add_arguments` options, as the authors' one-line JSON.
 
@@ -97,7 +126,7 @@ def schedule_text(args: argparse.Namespace) -> str:
         iterations=args.iterations,
         seed=args.seed,
         stage_seed=args.stage_seed,
-        checkpoint_interval=args.checkpoint_interval or None,
+        checkpoint_every=checkpoint_every(args) or None,
         probability=args.probability,
         iteration_seconds=args.iteration_seconds,
     )

@@ -221,19 +221,19 @@ def generate_node_schedule(
     iterations: int = 500,
     seed: int = 33,
     stage_seed: int | None = None,
-    checkpoint_interval: int | None = 100,
+    checkpoint_every: int | None = 100,
     probability: float | None = None,
     iteration_seconds: float = PAPER_ITERATION_SECONDS,
 ) -> dict[str, list[int]]:
     """Crash schedule of the swarm's nodes in the authors' format (docs/paper.md §8); defaults reproduce their files.
 
-    Per iteration 0..iterations−1 (except checkpoint-send iterations ``itr % checkpoint_interval == 1``, which
+    Per iteration 0..iterations−1 (except the swarm's checkpoint-send iterations ``itr % checkpoint_every == 1``, which
     neither fail nor consume a draw), ``random.Random(seed)`` decides whether a stage fails with the
     per-iteration probability (``probability``, else :data:`SWARM_FAILURE_PROBABILITIES`, else the docs/paper.md §1
     formula at ``iteration_seconds``); only then does ``random.Random(stage_seed)`` (default rate·5) pick the
     stage uniformly in 1..n_stages. Every replica of that stage (nodes stage·replicas … stage·replicas+replicas−1)
     gets the iteration. Every node 0..(n_stages+1)·replicas−1 is listed (stage 0 never fails), each list ending
-    with the sentinel iterations+1. ``checkpoint_interval=None`` lets every iteration fail.
+    with the sentinel iterations+1. ``checkpoint_every=None`` lets every iteration fail.
     """
     for name, value, low, high in (
         ("n_stages", n_stages, 1, MAX_SCHEDULE_NODES),
@@ -247,9 +247,9 @@ def generate_node_schedule(
             f"{n_stages} stages × {replicas} replicas is {(n_stages + 1) * replicas} nodes with stage 0; "
             f"expected at most {MAX_SCHEDULE_NODES}."
         )
-    if checkpoint_interval is not None and (not _is_int(checkpoint_interval) or checkpoint_interval < 2):
+    if checkpoint_every is not None and (not _is_int(checkpoint_every) or checkpoint_every < 2):
         raise ValueError(
-            f"checkpoint_interval {checkpoint_interval!r} is invalid: expected an integer ≥ 2 or None."
+            f"checkpoint_every {checkpoint_every!r} is invalid: expected an integer ≥ 2 or None."
         )
     p_fail, source = resolve_failure_probability(
         SWARM_FAILURE_PROBABILITIES, rate, iteration_seconds, probability
@@ -271,7 +271,7 @@ def generate_node_schedule(
     failure_rng, stage_rng = random.Random(seed), random.Random(stage_seed)
     crashes: dict[int, list[int]] = {node: [] for node in range((n_stages + 1) * replicas)}
     for itr in range(iterations):
-        if checkpoint_interval is not None and itr % checkpoint_interval == 1:
+        if checkpoint_every is not None and itr % checkpoint_every == 1:
             continue  # the checkpoint-send iteration never fails
         if failure_rng.random() < p_fail:
             stage = stage_rng.randint(1, n_stages)

@@ -337,7 +337,7 @@ def test_checkpoint_iterations_never_fail():
     schedule = generate_node_schedule(16, probability=0.9, iterations=500)
     crashes = {it for v in schedule.values() for it in v[:-1]}
     assert crashes and not any(it % 100 == 1 for it in crashes)
-    every = generate_node_schedule(16, probability=0.9, checkpoint_interval=None)
+    every = generate_node_schedule(16, probability=0.9, checkpoint_every=None)
     assert any(it % 100 == 1 for v in every.values() for it in v[:-1])
 
 
@@ -351,8 +351,8 @@ def test_generated_file_loads_back(tmp_path):
 def test_generator_rejects_bad_topology():
     with pytest.raises(ValueError, match=r"n_stages 0 is invalid"):
         generate_node_schedule(16, n_stages=0)
-    with pytest.raises(ValueError, match=r"checkpoint_interval 1 is invalid"):
-        generate_node_schedule(16, checkpoint_interval=1)
+    with pytest.raises(ValueError, match=r"checkpoint_every 1 is invalid"):
+        generate_node_schedule(16, checkpoint_every=1)
 
 
 def test_stage_schedule_is_usable_directly():

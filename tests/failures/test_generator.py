@@ -44,7 +44,7 @@ def test_explicit_paper_arguments_equal_defaults(tmp_path):
         "33",
         "--stage-seed",
         "80",
-        "--checkpoint-interval",
+        "--checkpoint-every",
         "100",
         "--out",
         str(out),
@@ -64,11 +64,23 @@ def test_stdout_when_no_out_and_nothing_written(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_checkpoint_interval_zero_disables_the_skip(capsys):
-    argv = ["--rate", "16", "--probability", "0.9", "--checkpoint-interval", "0", "--iterations", "50"]
+def test_checkpoint_every_zero_disables_the_skip(capsys):
+    argv = ["--rate", "16", "--probability", "0.9", "--checkpoint-every", "0", "--iterations", "50"]
     assert failure_generator.main(argv) == 0
     nodes = json.loads(capsys.readouterr().out)
     assert any(1 in v for v in nodes.values())
+
+
+def test_the_old_name_checkpoint_interval_is_read_with_a_note(capsys, caplog):
+    base = ["--rate", "16", "--probability", "0.9", "--iterations", "50"]
+    outputs = {}
+    for flag in ("--checkpoint-every", "--checkpoint-interval", None):
+        caplog.clear()
+        assert failure_generator.main([*base, *((flag, "7") if flag else ())]) == 0
+        outputs[flag] = (capsys.readouterr().out, caplog.text)
+    assert outputs["--checkpoint-interval"][0] == outputs["--checkpoint-every"][0] != outputs[None][0]
+    note = "--checkpoint-interval is now called --checkpoint-every; read as --checkpoint-every 7."
+    assert note in outputs["--checkpoint-interval"][1] and note not in outputs["--checkpoint-every"][1]
 
 
 def test_bad_argument_is_one_error_line_not_a_traceback(tmp_path, capsys):
