@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
 from checkfree.swarm.wire import control
@@ -98,7 +99,7 @@ class StorageNode:
             self.request_timeout = cfg.request_timeout
             self.max_version = welcome.meta["iteration"]
             self._peers(welcome.meta)
-            record = {"rule": "storage"}
+            record = RecoveryRecord(-1, "storage").to_json()  # the storage node (re)starts empty
             self.send(
                 SUPERVISOR_ID,
                 MessageType.CONTROL,

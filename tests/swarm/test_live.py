@@ -37,7 +37,7 @@ def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_
         for crash in crashes:
             new = sup.fetch_weights(crash["replacement_node"], crash["stage"])
             sources = [
-                sup.fetch_weights(n, s) for n, s in zip(crash["sources"], crash["source_stages"], strict=True)
+                sup.fetch_weights(n, s) for n, s in zip(crash["source_nodes"], crash["source_stages"], strict=True)
             ]
             if crash["rule"] == "checkfree":
                 omegas = [checkfree_weight(float(m.meta["grad_norm"]), 1.0, "paper") for m in sources]
@@ -120,7 +120,7 @@ def test_ours_plus_rebuilds_a_lost_stage_0_from_the_copies_its_neighbours_hold(t
         ["embedding", "head"],
         None,
     )
-    assert crash["source_stages"] == [1, 4] and crash["sources"] == [1, 4]
+    assert crash["source_stages"] == [1, 4] and crash["source_nodes"] == [1, 4]
     assert out["bytes_sent_by_type"]["STAGE0_COPY"] > 0
     assert [r["iteration"] for r in out["iterations"]] == list(range(6))
     assert all(math.isfinite(loss) for _, loss in out["loss_curve"])
@@ -244,7 +244,7 @@ def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path
         assert run_launcher(None, 2, 4, tmp_path / "b", token=sup.token_path) == 0
     thread.join(timeout=60)
     assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
-    assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["sources"] == [1, 3]
+    assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["source_nodes"] == [1, 3]
     assert sorted(p.name for p in (tmp_path / "b").glob("node*.log")) == [
         "node2.log",
         "node3.log",

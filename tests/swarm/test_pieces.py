@@ -243,6 +243,48 @@ def test_results_file_and_table(tmp_path: Path) -> None:
     assert "| ours | 2 (2) | 1 | 1 |" in table and "8.000 → 7.500" in table
 
 
+def test_a_crash_row_is_the_one_recovery_record_and_keeps_the_ladders_rung(tmp_path: Path) -> None:
+    """A recovered crash is written as the recovery record the simulator writes too (checkfree.recovery.record):
+    the schema's keys in order, the stage's sources as stages and as the nodes that sent them, one latency key,
+    and the ladder's rung the replacement reported; then the fetch and the crash's timeline. The supervisor's own
+    facts (stage, iteration, latency) win over what the node claims."""
+    from checkfree.recovery.record import SCHEMA_KEYS
+    from checkfree.swarm.supervisor.state import Slot
+
+    res = Results(SwarmConfig(model_config="tiny_config.json"), "ladder", 2)
+    res.start()
+    slot = Slot(4, 2, "Iowa", True)
+    slot.consecutive = True
+    res.crashed(slot, "scheduled SIGKILL", 1)
+    slot.occupant = 11
+    res.spawned(slot)
+    res.joined(slot)
+    reported = {
+        "stage": 3,  # a lie: the slot's stage is 2
+        "rule": "checkfree",
+        "source_stages": [1, 3],
+        "source_nodes": [2, 6],
+        "weights": [0.4, 0.6],
+        "omegas": [1.0, 1.5],
+        "grad_norm_mode": "paper",
+        "rung": "neighbour",
+        "latency_s": 0.0,
+        "bytes": 640,
+        "fetch_s": 0.2,
+    }
+    res.served(slot, reported)
+    res.crashed(Slot(5, 2, "Iowa", True), "process exited with code -9", 1)  # still open at the end
+    saved = json.loads(json.dumps(res.finish(tmp_path)))
+    (row,) = saved["crashes"]
+    assert list(row)[: len(SCHEMA_KEYS)] == list(SCHEMA_KEYS)
+    assert (row["stage"], row["iteration"], row["rung"], row["consecutive"]) == (2, 1, "neighbour", True)
+    assert (row["source_stages"], row["source_nodes"], row["weights"]) == ([1, 3], [2, 6], [0.4, 0.6])
+    assert row["latency_s"] == pytest.approx(row["t_serving"] - row["t_crash"]) and "sources" not in row
+    assert (row["slot"], row["node"], row["replacement_node"], row["bytes"]) == (4, 4, 11, 640)
+    (still,) = saved["open_crashes"]
+    assert (still["slot"], still["stage"], still["iteration"]) == (5, 2, 1) and "rule" not in still
+
+
 def _launcher(*args: str, dry: bool = True) -> subprocess.CompletedProcess:
     env = dict(os.environ, DRY_RUN="1" if dry else "0")
     return subprocess.run(

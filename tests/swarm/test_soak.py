@@ -67,7 +67,7 @@ def test_a_fetch_whose_sources_all_left_asks_the_supervisor_at_once_and_runs_its
     assert not node.done and not node.rejected
     rec.on_response(weights_answer(node, 7, request["request"], meta={"stage": 2}))
     ((state, record),) = node.done
-    assert (record["rule"], record["sources"], record["source_stages"]) == ("copy", [7], [2])
+    assert (record["rule"], record["source_nodes"], record["source_stages"]) == ("copy", [7], [2])
     assert not node.gave_up
 
 
@@ -416,7 +416,7 @@ def test_a_storage_node_lost_during_a_rollback_stops_the_run_at_once_with_the_ca
         storage.tries, storage.dead, storage.occupant = 3, False, cfg.storage_id
         sup.roster.by_node[storage.occupant] = storage
         sup.execute(
-            sup.peer_messages._on_serving(storage, {"stage": -1, "version": 0, "record": {"rule": "initial"}})
+            sup.peer_messages._on_serving(storage, {"stage": -1, "version": 0, "record": {"stage": -1, "rule": "storage"}})
         )
         assert storage.serving and storage.tries == 0
     finally:

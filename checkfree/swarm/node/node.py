@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from checkfree.recovery.planner import RecoveryPlan
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
 from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
@@ -175,7 +176,7 @@ class Node:
                 self.task = Recovery(self.fetch, plan, self.state, self.recovered, self.give_up, checkpoint)
                 self.task.start()
             else:
-                self._serve({"rule": "initial"})
+                self._serve(RecoveryRecord(self.stage, "initial").to_json())  # no recovery: the first node
             while not self.done:
                 msg = self.transport.recv(timeout=0.05)
                 if msg is not None:

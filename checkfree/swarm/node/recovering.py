@@ -16,14 +16,16 @@ stage, a new ``seq``); :meth:`Recovery.replan` drops the open requests (a late a
 starts over. The supervisor also sends a new plan unasked when a loss event changes the plan of a stage this
 node is rebuilding, so the replicas of one stage are rebuilt by one plan. The storage rule is exempt: the
 storage node restarts under its own id. More than ``max_attempts`` requests for a plan, or no plan in time,
-give up as above. The answers are combined with the shared recovery math
-(checkfree.recovery.math): ``copy_state`` for replica/storage/partner copies, ``weighted_average``
-with ω = checkfree_weight(last gradient norm) for the CheckFree rule (docs/paper.md §2), ``stage0_from_copies`` for a
-lost stage 0 under CheckFree+ (the embedding copy held by stage 1 merged with the head copy held by stage S,
-docs/paper.md §3; a part whose holder is lost too gets the seeded random init), and ``random_init`` for the "random" rule
-(no transformer stage survives): the seed, iteration and stage that the simulator uses give the same numbers.
-Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies load the
-source's Adam moments, step and lr.
+give up as above. The answers are combined by the plan's rule through the one table of recovery rules the
+simulator executes too (:func:`checkfree.recovery.rules.rebuild`): a copy for replica/storage/partner copies, the
+ω-weighted average of the CheckFree rule (docs/paper.md §2), stage 0 from the copies of E and E⁻¹ under CheckFree+
+(docs/paper.md §3; a part whose holder is lost too gets the seeded random init), the seeded random init of the
+"random" rule (no transformer stage survives): the seed, iteration and stage that the simulator uses give the same
+numbers. A rule not in the table raises (:class:`~checkfree.recovery.rules.UnknownRule`): nothing is copied by
+default. Neighbour, stage-0-copy and random rules get a fresh Adam at lr × lr_scale; replica and storage copies
+load the source's Adam moments, step and lr. The record of what was rebuilt is the one recovery record
+(checkfree.recovery.record): source stages and the nodes that sent them, the weight of each, ω, rung, fallback,
+plus the fetch's lr, version, bytes and seconds.
 
 A task never holds the node: it gets a :class:`FetchContext` (the node's context, config and ``reject``), the
 :class:`~checkfree.swarm.node.context.StageState` to rebuild, and two callbacks. It returns what it rebuilt (a new
@@ -39,15 +41,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from checkfree.recovery.math import (
-    checkfree_weight,
-    copy_state,
-    random_init,
-    stage0_from_copies,
-    stage0_part,
-    weighted_average,
-)
+from checkfree.recovery import rules
+from checkfree.recovery.math import stage0_part
 from checkfree.recovery.planner import RecoveryPlan
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.wire import weights as W
@@ -327,27 +324,25 @@ class Recovery:
                 W.check_finite(moments, source)
 
     def _load(self) -> tuple[StageState, dict[str, Any]]:
-        """Apply the plan to the answers; returns the rebuilt stage state and the recovery record."""
+        """Apply the plan to the answers; returns the rebuilt stage state and the recovery record.
+
+        Raises:
+            UnknownRule: the plan's rule is not in the table of recovery rules (checkfree.recovery.rules).
+        """
         plan, cfg, ctx = self.plan, self.ctx.cfg.model, self.ctx
         module = self.state.module
         answers = [r["response"] for r in self.requests]
-        states = [W.split(m.tensors, "w") for m in answers]
-        omegas = None
-        seed, std = ctx.cfg.init_seed, cfg.init_std  # with ctx.iteration: the simulator's random-rule seed
-        if plan.rule == "stage0_copy":
-            copies = {k: v for state in states for k, v in state.items()}
-            new = stage0_from_copies(module.state_dict(), copies, plan.parts, seed, ctx.iteration, std)
-        elif plan.rule == "random":
-            new = random_init(module.state_dict(), seed, ctx.iteration, ctx.node.stage, std)
-        elif plan.rule == "checkfree":
-            omegas = [
-                checkfree_weight(float(m.meta["grad_norm"]), cfg.grad_clip, cfg.grad_norm_mode)
-                for m in answers
-            ]
-            new = weighted_average(states[0], states[1], omegas[0], omegas[1])
-        else:
-            new = copy_state(states[0])
-        module.load_state_dict(new)
+        inputs = rules.RuleInputs(
+            template=module.state_dict(),
+            sources=[W.split(m.tensors, "w") for m in answers],
+            grad_norms=[float(m.meta["grad_norm"]) for m in answers] if plan.rule == "checkfree" else (),
+            stage=ctx.node.stage,
+            iteration=ctx.iteration,  # with the seed: the simulator's random-rule seed
+            seed=ctx.cfg.init_seed,
+            cfg=cfg,
+        )
+        rebuilt = rules.rebuild(plan, inputs)
+        module.load_state_dict(rebuilt.state)
         if plan.with_optimizer:
             src = answers[0]
             opt = self.state.opt
@@ -357,21 +352,25 @@ class Recovery:
             opt = W.make_optimizer(module, cfg.lr * cfg.lr_scale)
             grad_norm = 1.0  # ω of a stage with no completed iteration yet (docs/paper.md §2)
         version = max((int(m.meta["version"]) for m in answers), default=self.state.version)
-        record = {
-            "rule": plan.rule,
-            "sources": [m.sender for m in answers],
-            "source_stages": list(plan.sources),
-            "parts": list(plan.parts) or None,
-            "rung": plan.rung,
-            "omegas": omegas,
-            "grad_norm_mode": cfg.grad_norm_mode if omegas else None,
-            "fallback": plan.fallback,
-            "lr": W.current_lr(opt),
-            "version": version,
-            "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
-            "fetch_s": time.monotonic() - self.t0,
-        }
-        return StageState(module, opt, version, grad_norm), record
+        record = RecoveryRecord(
+            stage=ctx.node.stage,
+            rule=plan.rule,
+            source_stages=list(plan.sources),
+            source_nodes=[m.sender for m in answers],
+            parts=list(plan.parts) or None,
+            weights=rebuilt.weights,
+            omegas=rebuilt.omegas,
+            grad_norm_mode=cfg.grad_norm_mode if rebuilt.omegas else None,
+            rung=plan.rung,
+            fallback=plan.fallback,
+            extra={
+                "lr": W.current_lr(opt),
+                "version": version,
+                "bytes": sum(t.numel() * t.element_size() for m in answers for t in m.tensors.values()),
+                "fetch_s": time.monotonic() - self.t0,
+            },
+        )
+        return StageState(module, opt, version, grad_norm), record.to_json()
 
     def _finish(self) -> None:
         rebuilt, record = self._load()

@@ -459,8 +459,8 @@ class PeerMessages:
                 slot.occupant,
                 slot.stage,
                 crash.latency_s,
-                crash.rule,
-                crash.sources,
+                record["rule"],
+                record.get("source_nodes"),
             )
         return []
 

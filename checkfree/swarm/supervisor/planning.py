@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from checkfree.recovery.math import is_consecutive
 from checkfree.recovery.planner import RecoveryImpossible, RecoveryPlan
 from checkfree.swarm.policies import SwarmPolicy
 from checkfree.swarm.supervisor.link import Link
@@ -78,6 +79,7 @@ class LossPlanner:
         """
         for slot in self.roster.slots:
             if not slot.serving and not slot.away:
+                slot.consecutive = slot.stage in lost and is_consecutive(slot.stage, lost)
                 self.assign(slot, self.plan(slot.stage, lost))
 
     def answer_replans(self) -> None:
@@ -95,7 +97,9 @@ class LossPlanner:
                 continue  # gone, serving, or a newer plan is on its way to it already
             log.warning("supervisor: node %d asks for a new plan: %s", node, meta["reason"][:200])
             slot.replans += 1  # at most max_attempts answers (checkfree.swarm.supervisor.inbox)
-            plan = self.plan(slot.stage, self.roster.lost_stages())
+            lost = self.roster.lost_stages()
+            plan = self.plan(slot.stage, lost)
             for other in self.roster.slots:
                 if other.stage == slot.stage and not other.serving:
+                    other.consecutive = other.stage in lost and is_consecutive(other.stage, lost)
                     self.assign(other, plan, force=other is slot)

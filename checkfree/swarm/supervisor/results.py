@@ -8,10 +8,14 @@
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
   ``mean_iteration_s`` (total time / executed), ``tokens_per_s`` (net tokens / total time).
 * ``crashes``: per crash whose slot serves again (:class:`CrashRecord`; the others are ``open_crashes``, and
-  ``crashes_count`` counts both, ``recovered_count`` the first): slot, killed node, stage, iteration, replacement node, rule,
-  source peers, ω (CheckFree weights), bytes fetched, crash → join and crash → serving latency (seconds). The
-  supervisor's parts report a crash's events here (:meth:`Results.crashed`, :meth:`Results.spawned`,
-  :meth:`Results.joined`, :meth:`Results.served`); the record is built and changed only by :class:`Results`.
+  ``crashes_count`` counts both, ``recovered_count`` the first), one recovery record of the schema the simulator
+  writes too (checkfree.recovery.record): iteration, stage, rule, source stages and the nodes that sent them,
+  parts, each source's weight, ω, the ladder's rung, fallback, consecutive, ``latency_s`` (crash → serving, the one
+  latency key), then the replacement's fetch (lr, version, bytes, seconds) and the crash's timeline (slot, killed
+  node, cause, replacement node, crash, spawn, join and serving times, ``recovery_s``, ``join_latency_s``). An
+  open crash is its timeline alone. The supervisor's parts report a crash's events here (:meth:`Results.crashed`,
+  :meth:`Results.spawned`, :meth:`Results.joined`, :meth:`Results.served`); the record is built and changed only by
+  :class:`Results`.
 * ``bytes_sent_by_type``: summed over every node (crashed nodes count up to their last commit).
 * ``loss_curve``: [iteration, loss] in execution order; ``rollbacks``; ``skipped_crashes`` (no_failure).
 * ``node_devices``: node id → ``cpu`` / ``cuda:N`` of every node this machine started (replacements too).
@@ -38,6 +42,7 @@ listed under ``"nonfinite"``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
+from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.state import Slot
 from checkfree.swarm.wire.protocol import MessageType
@@ -67,8 +73,9 @@ class CrashRecord:
         replacement_node, t_spawn: the last replacement started for the slot, and when (None: none yet).
         t_join: when that replacement joined (None: not yet).
         t_serving: when the slot served again (None: not yet).
-        rule, sources, source_stages, parts, omegas, fallback, fetched_bytes, fetch_s: the recovery record
-            the replacement reported with ``serving`` (checkfree.swarm.node.recovering).
+        recovery: the recovery record the replacement reported with ``serving`` (checkfree.swarm.node.recovering);
+            its stage, iteration, consecutive and latency are the supervisor's, set when it is written.
+        consecutive: a directly adjacent stage was lost in the loss event the slot's plan came from.
         away, down_until: the schedule kept the slot down until schedule iteration ``down_until`` (None: to the
             end of the schedule) before its replacement started.
     """
@@ -83,14 +90,8 @@ class CrashRecord:
     t_spawn: float | None = None
     t_join: float | None = None
     t_serving: float | None = None
-    rule: str | None = None
-    sources: list[int] | None = None
-    source_stages: list[int] | None = None
-    parts: list[str] | None = None
-    omegas: list[float] | None = None
-    fallback: str | None = None
-    fetched_bytes: int = 0
-    fetch_s: float | None = None
+    recovery: RecoveryRecord | None = None
+    consecutive: bool = False
     away: bool = False
     down_until: int | None = None
 
@@ -106,13 +107,11 @@ class CrashRecord:
             return None
         return self.t_serving - self.t_spawn
 
-    def to_json(self) -> dict[str, Any]:
-        """The row of ``crashes`` in throughput.json (a key appears once its event happened)."""
+    def timeline(self) -> dict[str, Any]:
+        """The crash's events: slot, killed node, cause, times (a key appears once its event happened)."""
         out: dict[str, Any] = {
             "slot": self.slot,
             "node": self.node,
-            "stage": self.stage,
-            "iteration": self.iteration,
             "cause": self.cause,
             "t_crash": self.t_crash,
         }
@@ -123,22 +122,27 @@ class CrashRecord:
         if self.t_join is not None:
             out["t_join"] = self.t_join
         if self.t_serving is not None:
-            out |= {
-                "t_serving": self.t_serving,
-                "latency_s": self.latency_s,
-                "recovery_s": self.recovery_s,
-                "rule": self.rule,
-                "sources": self.sources,
-                "source_stages": self.source_stages,
-                "parts": self.parts,
-                "omegas": self.omegas,
-                "fallback": self.fallback,
-                "bytes": self.fetched_bytes,
-                "fetch_s": self.fetch_s,
-            }
+            out |= {"t_serving": self.t_serving, "recovery_s": self.recovery_s}
             if self.t_join is not None:
                 out["join_latency_s"] = self.t_join - self.t_crash
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The row of ``crashes`` (the recovery record, then the fetch and the timeline) or, while the slot does not
+        serve again, of ``open_crashes`` (stage, iteration and the timeline)."""
+        if self.t_serving is None or self.recovery is None:
+            out = {"stage": self.stage, "iteration": self.iteration, **self.timeline()}
+            return out | ({"latency_s": self.latency_s} if self.t_serving is not None else {})
+        record = dataclasses.replace(
+            self.recovery,
+            stage=self.stage,
+            iteration=self.iteration,
+            strategy=None,  # throughput.json names the setting once
+            consecutive=self.consecutive,
+            latency_s=self.latency_s,
+            extra={**self.recovery.extra, **self.timeline()},
+        )
+        return record.to_json()
 
 
 class Results:
@@ -322,16 +326,13 @@ class Results:
             crash.t_join = self.now()
 
     def served(self, slot: Slot, record: dict[str, Any]) -> CrashRecord | None:
-        """``slot``'s occupant serves, rebuilt per ``record`` (the node's recovery record); returns the crash
-        this closes (now in :attr:`crashes`), or None when the slot had none open."""
+        """``slot``'s occupant serves, rebuilt per ``record`` (the node's recovery record, schema-checked on the
+        wire); returns the crash this closes (now in :attr:`crashes`), or None when the slot had none open."""
         crash = self._open.pop(slot.slot, None)
         if crash is None:
             return None
         crash.t_serving = self.now()
-        crash.rule, crash.sources = record.get("rule"), record.get("sources")
-        crash.source_stages, crash.parts = record.get("source_stages"), record.get("parts")
-        crash.omegas, crash.fallback = record.get("omegas"), record.get("fallback")
-        crash.fetched_bytes, crash.fetch_s = record.get("bytes", 0), record.get("fetch_s")
+        crash.recovery, crash.consecutive = RecoveryRecord.from_json(record), slot.consecutive
         self.crashes.append(crash)
         return crash
 

@@ -65,6 +65,9 @@ class Slot:
         None: it reported none, e.g. a holder rebuilt since stage 0 last pushed its copies)."""
         self.restarted = False
         """The occupant replaces one that died (set when the death is noticed, cleared when a node serves)."""
+        self.consecutive = False
+        """The slot's plan came from a loss event in which a directly adjacent stage was lost too (its recovery
+        record's ``consecutive``, as the simulator's)."""
 
     def to_json(self) -> dict[str, Any]:
         """The slot as plain data (the deadline, a moment of this process's clock, is left out)."""
@@ -87,6 +90,7 @@ class Slot:
             "back_at": self.back_at,
             "copy_version": self.copy_version,
             "restarted": self.restarted,
+            "consecutive": self.consecutive,
         }
 
 

@@ -12,15 +12,18 @@ A schema maps a field name to a kind (below); a name ending in ``?`` is optional
 =========  ==============================================================================================
 ``int``    an integer in int64 (not a bool)
 ``nat``    an integer in [0, 2**62]
+``onat``   a ``nat`` or null
 ``stage``  an integer in [-2, 4096] (-1 = the storage node, -2 = a launcher)
 ``node``   an integer in [-1, 2**62] (a node id, -1 = the supervisor)
 ``num``    a finite number (int or float)
 ``norm``   a finite number ≥ 0 (a loss, a gradient norm, a learning rate, seconds)
+``onorm``  a ``norm`` or null
 ``str``    a string of at most 4096 characters
 ``ostr``   a ``str`` or null
 ``bool``   true / false
 ``addr``   ``tcp://HOST:PORT``, at most 256 characters
 ``nodes``  a list of at most 4096 node ids
+``onodes`` a ``nodes`` or null
 ``obj``    any JSON object (nested content is the wire format's concern: depth and size are bounded)
 ``peers``  a list of ``[node, stage, location, address]`` rows
 ``members`` an object ``{"<stage>": [nat, ...]}`` (the serving replicas of each stage; stored versions)
@@ -28,6 +31,8 @@ A schema maps a field name to a kind (below); a name ending in ``?`` is optional
 ``tally``  an object ``{"<node>": nat}`` (a node's rejected messages per sender)
 ``nums``   an object ``{name: norm}`` (compute seconds)
 ``keys``   an object ``{"<node>": CURVE public key (40 Z85 characters)}``
+``strs``   a list of at most 4096 strings of at most 64 characters, or null
+``norms``  a list of at most 4096 ``norm``, or null
 ``record`` a recovery record (:data:`RECORD`)
 =========  ==============================================================================================
 
@@ -87,15 +92,18 @@ def _peer_row(v: Any) -> bool:
 _KINDS: dict[str, Any] = {
     "int": lambda v: _int(v, *_INT64),
     "nat": lambda v: _int(v, 0, _NAT_MAX),
+    "onat": lambda v: v is None or _int(v, 0, _NAT_MAX),
     "stage": lambda v: _int(v, -2, _MAX_LIST),
     "node": lambda v: _int(v, -1, _NAT_MAX),
     "num": _num,
     "norm": _norm,
+    "onorm": lambda v: v is None or _norm(v),
     "str": lambda v: isinstance(v, str) and len(v) <= _MAX_STR,
     "ostr": lambda v: v is None or (isinstance(v, str) and len(v) <= _MAX_STR),
     "bool": lambda v: isinstance(v, bool),
     "addr": lambda v: isinstance(v, str) and v.startswith("tcp://") and len(v) <= 256,
     "nodes": lambda v: _sized(v, list) and all(_int(x, -1, _NAT_MAX) for x in v),
+    "onodes": lambda v: v is None or (_sized(v, list) and all(_int(x, -1, _NAT_MAX) for x in v)),
     "obj": lambda v: isinstance(v, dict),
     "peers": lambda v: _sized(v, list) and all(_peer_row(r) for r in v),
     "members": lambda v: (
@@ -122,22 +130,30 @@ _KINDS: dict[str, Any] = {
 }
 
 RECORD: dict[str, str] = {
+    "iteration?": "onat",
+    "stage": "stage",
+    "strategy?": "ostr",
     "rule": "str",
-    "sources?": "nodes",
     "source_stages?": "nodes",
+    "source_nodes?": "onodes",
     "parts?": "strs",
-    "rung?": "ostr",
+    "weights?": "norms",
     "omegas?": "norms",
     "grad_norm_mode?": "ostr",
+    "rung?": "ostr",
     "fallback?": "ostr",
+    "consecutive?": "bool",
+    "latency_s?": "onorm",
     "lr?": "norm",
     "version?": "nat",
     "bytes?": "nat",
     "fetch_s?": "norm",
 }
-"""A recovery record (checkfree.swarm.node.recovering), which ``serving`` and ``restored`` carry and the supervisor
-writes to throughput.json: rule, source nodes and stages, parts, ladder rung, CheckFree weights ω, fallback, lr,
-version, bytes fetched, seconds."""
+"""A recovery record (checkfree.recovery.record: the one schema the simulator writes too), which ``serving`` and
+``restored`` carry (checkfree.swarm.node.recovering) and the supervisor completes and writes to throughput.json:
+the schema's keys (stage, rule, source stages and nodes, parts, the sources' weights, ω, ladder rung, fallback, …;
+the iteration, consecutive and latency are the supervisor's to set) and the fetch's own: lr, version, bytes
+fetched, seconds. An initial node's ``serving`` carries rule ``initial``, the storage node's ``storage``."""
 
 _REPORT = {
     "sent_bytes": "counts",
