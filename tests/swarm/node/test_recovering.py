@@ -42,6 +42,10 @@ def test_a_replacement_rebuilds_by_the_rule_table_and_reports_the_one_record() -
     assert record["source_nodes"] == [3] and "sources" not in record and record["bytes"] > 0
     meta = {"command": "serving", "stage": 1, "version": 3, "record": record}
     control.check(Message(MessageType.CONTROL, 20, meta=meta))  # the wire takes it, strictly
+    ladder = FakeNode()  # a plan of the exactness ladder: its rung travels with the record
+    _fetch(ladder, RecoveryPlan("copy", (1,), fallback="no live replica", rung="neighbour"))
+    ((_, record),) = ladder.done
+    assert (record["rung"], record["fallback"]) == ("neighbour", "no live replica")
 
 
 def test_a_rule_the_table_does_not_hold_is_an_error_never_a_copy() -> None:
