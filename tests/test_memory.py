@@ -205,6 +205,22 @@ def test_a_cuda_rank_that_fits_only_with_checkpointing_is_told_so(monkeypatch) -
     ).fits
 
 
+@pytest.mark.parametrize(
+    ("percent", "fits"), [(50, True), (90, True), (91, False), (100, False), (111, False)]
+)
+def test_a_run_fits_only_within_90_percent_of_its_memory(percent, fits) -> None:
+    """The margin is taken off the memory (need ≤ 90 % of it), not off the need: 111 % never fits."""
+    assert M.fits(percent * 2**20, 100 * 2**20) is fits
+
+
+def test_a_simulator_run_needing_111_percent_of_the_host_is_refused(monkeypatch) -> None:
+    cfg = load_config("tiny_config.json")
+    need = P.check_memory(_opts(device="cpu"), cfg, "checkfree").need
+    monkeypatch.setattr(M, "available_host_memory", lambda: int(need / 1.11))
+    check = P.check_memory(_opts(device="cpu"), cfg, "checkfree")
+    assert not check.fits and "and a run must fit in 90% of it" in check.sentence()
+
+
 def test_a_smaller_microbatch_is_proposed_when_checkpointing_is_not_enough(monkeypatch) -> None:
     cfg = load_config("small_config.json", {"batch_size": 256})
     vocab = M.model_vocab_size(cfg)
@@ -267,6 +283,21 @@ def test_swarm_dry_run_adds_up_the_nodes_of_this_machine(tmp_path, capsys) -> No
     assert node.copies > 0 and node2.copies == 0  # stage 1 holds the copy of E under ours-plus
     assert f": {M.gib(2 * node.total + node2.total + 2 * M.PROCESS_BYTES)} of " in total
     assert total.endswith("fits (≤ 90%)")
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_a_cuda_swarm_node_holds_bf16_weight_copies_for_every_microbatch_in_flight(in_flight) -> None:
+    """Under autocast each microbatch's forward casts the stage's matmul weights to bf16 and keeps the copies for
+    its backward, so a transformer-stage node holds one set per microbatch in flight; stage 0 casts its head for
+    one microbatch at a time (its head runs one microbatch's loss at a time); the CPU runs in fp32 (no casts)."""
+    cfg = load_config("500M_config_6x4.json")
+    counts = M.parameter_counts(cfg, 32000)
+    block = M.swarm_node_estimate(cfg, 32000, 2, "cuda", in_flight, 3, False)
+    assert block.autocast_copies == in_flight * 2 * cfg.n_layers_per_stage * counts.block_matmul
+    assert M.swarm_node_estimate(cfg, 32000, 0, "cuda", in_flight, 3, False).autocast_copies == (
+        2 * counts.head_matmul
+    )
+    assert M.swarm_node_estimate(cfg, 32000, 2, "cpu", in_flight, 3, False).autocast_copies == 0
 
 
 def test_swarm_run_that_cannot_fit_is_refused_before_anything_starts(monkeypatch, tmp_path, capsys) -> None:

@@ -88,6 +88,19 @@ def test_resume_into_its_own_directory_appends_a_resume_record(run_dir, capsys):
     assert (run_dir / "checkpoints" / "iter_0000006").is_dir()
 
 
+def test_a_resume_into_a_directory_that_holds_another_run_is_refused(run_dir, tmp_path, capsys):
+    """The checkpoint lies in another run's directory: --run-dir may be new, empty or the checkpoint's own run,
+    never a third run's, and nothing is written anywhere."""
+    other = tmp_path / "other"
+    shutil.copytree(run_dir, other)
+    ckpt = other / "checkpoints" / "iter_0000004"
+    before, before_other = checksums(run_dir), checksums(other)
+    argv = simulate_argv(run_dir, "--seed", "1", "--resume-from", str(ckpt), iterations=6)
+    rc, _, err = run_cli(argv, capsys)
+    assert_user_error(rc, err, f"--run-dir {run_dir} already holds a run")
+    assert checksums(run_dir) == before and checksums(other) == before_other
+
+
 def test_overwrite_moves_the_old_run_aside(run_dir, capsys):
     before = checksums(run_dir)
     rc, _, err = run_cli(simulate_argv(run_dir, "--seed", "2", "--overwrite", iterations=2), capsys)

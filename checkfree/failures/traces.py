@@ -461,9 +461,9 @@ def parse_downtime(data: Any, where: str) -> DowntimeSchedule:
     """Validate a ``checkfree-slot-downtime-v1`` object (parsed JSON) into a :class:`DowntimeSchedule`.
 
     Raises:
-        ValueError: one sentence naming ``where`` and the bad field: a wrong format, non-positive sizes, a node id
-            outside the transformer stages' slots, or intervals that are not ascending, non-overlapping pairs
-            inside 0..iterations.
+        ValueError: one sentence naming ``where`` and the bad field: a wrong format, non-positive sizes, no
+            ``slots`` (``{}`` is a schedule in which nothing goes down), a node id outside the transformer
+            stages' slots, or intervals that are not ascending, non-overlapping pairs inside 0..iterations.
     """
     if not isinstance(data, dict) or data.get("format") != DOWNTIME_FORMAT:
         raise ValueError(f"{where} is not a {DOWNTIME_FORMAT!r} schedule.")
@@ -474,7 +474,12 @@ def parse_downtime(data: Any, where: str) -> DowntimeSchedule:
     if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
         raise ValueError(f"{where}: 'iteration_seconds' is {t!r}; expected a number > 0.")
     stages, replicas, n_iter = data["stages"], data["replicas"], data["iterations"]
-    slots_in = data.get("slots", {})
+    if "slots" not in data:
+        raise ValueError(
+            f"{where} has no 'slots'; expected an object {{\"node id\": [[down, up], ...]}} "
+            "(an empty one when no slot goes down)."
+        )
+    slots_in = data["slots"]
     if not isinstance(slots_in, dict):
         raise ValueError(f"{where}: 'slots' must be an object {{\"node id\": [[down, up], ...]}}.")
     slots: dict[int, list[Interval]] = {}

@@ -168,6 +168,19 @@ def test_the_schedule_round_trips_through_its_file_and_bad_files_are_refused(tmp
             parse_downtime({**data, **patch}, "schedule 'x'")
 
 
+def test_a_schedule_without_slots_is_refused_not_read_as_no_failures(tmp_path: Path) -> None:
+    """No "slots" key is a broken file, not a schedule in which nothing goes down; ``"slots": {}`` is one."""
+    head = {"format": DOWNTIME_FORMAT, "stages": 2, "replicas": 2, "iterations": 10, "iteration_seconds": 10}
+    assert parse_downtime({**head, "slots": {}}, "schedule 'x'").slots == {}
+    with pytest.raises(ValueError, match=r"^schedule 'x' has no 'slots'; expected an object") as err:
+        parse_downtime(head, "schedule 'x'")
+    assert str(err.value).count(". ") == 0 and str(err.value).endswith(".")
+    path = tmp_path / "no_slots.json"
+    path.write_text(json.dumps(head))
+    with pytest.raises(ValueError, match="has no 'slots'"):
+        load_downtime(path)
+
+
 def test_the_p3_trace_on_the_authors_12_x_2_layout_loses_stages(tmp_path: Path) -> None:
     sched = schedule_from_trace(P3, stages=12, replicas=2, iteration_seconds=91.32)
     assert sched.iterations == 449  # 11.37 h of trace at the paper's 91.32 s per iteration
