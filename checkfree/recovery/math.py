@@ -1,6 +1,7 @@
 """The pure recovery math: state dicts (or tensors) and scalars in, state dicts out; no sockets, process groups or
-files. The simulator's strategies (checkfree/recovery/) and swarm nodes (checkfree/swarm/node/recovering.py) both
-rebuild lost stages with these functions, so the two give the same weights for the same inputs.
+files. The one table of recovery rules (checkfree/recovery/rules.py), which the simulator's strategies and swarm
+nodes (checkfree/swarm/node/recovering.py) both execute, rebuilds lost stages with these functions, so the two
+give the same weights for the same inputs.
 
 Paper §4.1 (CheckFree, Eq. 2: the ω-weighted average of the two neighbours), §4.2 (CheckFree+: stage 0 from the
 copies of E and E⁻¹), and the ablations of Fig. 2 (Copy, Average, Zero, Random).

@@ -1,11 +1,11 @@
 """The one place that decides how each lost stage is rebuilt: a pure function of the loss event.
 
 :func:`plan` maps a loss event (the stages that lost a replica, the stages that still have a serving replica)
-to a :class:`RecoveryPlan` per stage: the rule, the source stages and the documented fallback. The simulator's
-neighbour strategies (:mod:`checkfree.recovery.neighbours`) execute the plans against local stages; the swarm
-(:mod:`checkfree.swarm.policies`) executes the same plans against weights fetched from peers. The arithmetic is
-in checkfree/recovery/math.py (``weighted_average`` & co.); ω shares are computed when a plan is executed, from
-the sources' last gradient norms.
+to a :class:`RecoveryPlan` per stage: the rule, the source stages and the documented fallback. A plan is executed
+through the one table of rules (:mod:`checkfree.recovery.rules`): by the simulator's strategies against local
+stages (:mod:`checkfree.recovery.execute`), by a swarm replacement against weights fetched from peers (the
+supervisor plans, :mod:`checkfree.swarm.policies`). ω shares are computed when a plan is executed, from the
+sources' last gradient norms.
 
 Rules (paper §4.1–4.2; the README's settings table):
 
@@ -102,7 +102,8 @@ class RecoveryPlan:
 PLAN_RULES = frozenset(
     {"replica", "copy", "zero", "random", "average", "checkfree", "stage0_copy", "storage", "ec_decode"}
 )
-"""Every rule a plan may name (the swarm's "storage" loads a checkpoint from its storage node)."""
+"""Every rule a plan may name: the rule table's (:data:`checkfree.recovery.rules.RULES`; the swarm's "storage" loads a
+checkpoint from its storage node) and "ec_decode" (the REFT snapshot decoded from parity, ec_snapshot.py)."""
 
 
 def live_neighbours(stage: int, lost: Iterable[int], n_stages: int) -> tuple[int | None, int | None]:

@@ -36,7 +36,7 @@ neighbour rules queue device work only. Beyond that one sync, only:
   CPU generator (the same numbers on every device and in the swarm) and copies them in from pageable memory,
   which on CUDA waits for the stream once per tensor (a wait, no read).
 
-:meth:`Trainer.evaluate` syncs once per evaluation. tests/test_meta_device.py runs the step on the meta device,
+:meth:`Trainer.evaluate` syncs once per evaluation. tests/sim/test_meta_device.py runs the step on the meta device,
 where any other sync or a CPU tensor mixed into device math raises, and counts these.
 """
 
