@@ -37,7 +37,8 @@ def test_sigkill_mid_iteration_recovers_by_checkfree_and_training_continues(tmp_
         for crash in crashes:
             new = sup.fetch_weights(crash["replacement_node"], crash["stage"])
             sources = [
-                sup.fetch_weights(n, s) for n, s in zip(crash["source_nodes"], crash["source_stages"], strict=True)
+                sup.fetch_weights(n, s)
+                for n, s in zip(crash["source_nodes"], crash["source_stages"], strict=True)
             ]
             if crash["rule"] == "checkfree":
                 omegas = [checkfree_weight(float(m.meta["grad_norm"]), 1.0, "paper") for m in sources]

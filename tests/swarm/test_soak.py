@@ -416,7 +416,9 @@ def test_a_storage_node_lost_during_a_rollback_stops_the_run_at_once_with_the_ca
         storage.tries, storage.dead, storage.occupant = 3, False, cfg.storage_id
         sup.roster.by_node[storage.occupant] = storage
         sup.execute(
-            sup.peer_messages._on_serving(storage, {"stage": -1, "version": 0, "record": {"stage": -1, "rule": "storage"}})
+            sup.peer_messages._on_serving(
+                storage, {"stage": -1, "version": 0, "record": {"stage": -1, "rule": "storage"}}
+            )
         )
         assert storage.serving and storage.tries == 0
     finally:
