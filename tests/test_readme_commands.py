@@ -190,3 +190,25 @@ def test_architecture_tree_names_every_package_file():
     named = _architecture_tree()
     assert not files - named, f"docs/architecture.md does not name {sorted(files - named)}"
     assert not named - files, f"docs/architecture.md names missing files {sorted(named - files)}"
+
+
+TEST_PATH = re.compile(r"\btests/[A-Za-z0-9_/]+\.py\b")
+
+
+def test_every_test_file_named_in_the_docs_and_the_code_exists():
+    """A doc page or a docstring that sends the reader to a test file names one that exists (tests move with the
+    package's layout)."""
+    sources = [
+        *LINKED_PAGES,
+        ROOT / "configs" / "README.md",
+        *sorted((ROOT / "checkfree").rglob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.sh")),
+    ]
+    missing = sorted(
+        f"{src.relative_to(ROOT)}: {name}"
+        for src in sources
+        for name in set(TEST_PATH.findall(src.read_text(encoding="utf-8")))
+        if not (ROOT / name).is_file()
+    )
+    assert not missing, missing

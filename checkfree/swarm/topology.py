@@ -6,7 +6,7 @@ same-location pairs use the table's default (10 ms, 0.5 GiB/s, as in the authors
 
 The canonical data file is ``checkfree/swarm/locations.json`` (shipped inside the package and read with
 ``importlib.resources`` so the library works from any directory); ``communication/locations.json`` is a
-copy for the launchers, kept byte-equal by ``tests/test_netem.py``.
+copy for the launchers, kept byte-equal by ``tests/swarm/wire/test_netem.py``.
 """
 
 from __future__ import annotations

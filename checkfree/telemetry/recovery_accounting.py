@@ -3,7 +3,7 @@
 The paper's premise (§4.1) is that a lost stage is well approximated from its neighbours; these numbers let a
 run show how well, failure by failure. Before failed stages are destroyed the trainer calls :meth:`keep`, which
 copies their weights into a :class:`LostStages` that only the trainer holds: the strategy is given the
-TrainingState, where the failed stages are NaN, and never this object (tests/test_recovery_accounting.py walks
+TrainingState, where the failed stages are NaN, and never this object (tests/telemetry/test_recovery_accounting.py walks
 everything a strategy can reach and finds no copy). After the strategy has rebuilt them, :meth:`annotate` adds
 to each recovery record:
 

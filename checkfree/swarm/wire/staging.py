@@ -6,7 +6,7 @@ into a slice of one page-locked host buffer (64-byte aligned slices), then the n
 message and grows only when a message is larger than any before (at most a handful of allocations per run:
 activations, gradients, weights). The host tensors returned are views of that buffer and stay valid until the
 next call: this relies on ``Transport.send`` copying the bytes before it returns (``encode(copy=True)``),
-which ``tests/test_swarm_devices.py`` checks through a real transport.
+which ``tests/swarm/test_devices.py`` checks through a real transport.
 
 Incoming (:meth:`HostStaging.to_device`): a decoded message's tensors go to the node's device, so the stage,
 the gradient average (checkfree.swarm.node.gradient_sync) and the recovery math (checkfree.recovery.math)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 pytestmark = pytest.mark.timeout(120)
 
 LAUNCHER = """#!/usr/bin/env bash
