@@ -1,9 +1,11 @@
 """Trained stages → a Hugging Face model directory, and a sampler for it.
 
 ``python -m checkfree export RUN_DIR --out DIR`` reads the newest checkpoint of a run (checkfree.checkpoint.store's
-per-layer safetensors, checksums verified), puts every stage's weights back into one unsplit transformers model
-(stage 0 = embedding + final norm + head, transformer stage s = global blocks (s−1)·L … s·L−1) and saves it with
-``save_pretrained`` (config.json + model.safetensors) next to the run's tokenizer. The directory loads with
+per-layer safetensors, checksums verified): a simulator run's ``checkpoints/``, or the model a swarm run gathered
+when it ended (``model/``, checkfree.swarm.supervisor.model_io). It puts every stage's weights back into one unsplit
+transformers model (stage 0 = embedding + final norm + head, transformer stage s = global blocks (s−1)·L … s·L−1)
+and saves it with ``save_pretrained`` (config.json + model.safetensors) next to the run's tokenizer (a swarm run on
+synthetic data has none: the model alone is saved). The directory loads with
 ``AutoModelForCausalLM.from_pretrained(DIR)`` and gives the staged model's logits; export checks that by reloading
 it. ``python -m checkfree generate DIR --prompt "..."`` prints a sample.
 """
@@ -54,18 +56,51 @@ def _run_config(snapshot: Snapshot, run_dir: Path) -> Config:
 
 
 def newest_checkpoint(run_dir: Path) -> Path:
-    """The newest complete checkpoint directory of a run.
+    """The newest complete checkpoint directory of a run: a simulator run's ``checkpoints/``, else the model a swarm
+    run gathered (``model/``).
 
     Raises:
         FileNotFoundError: the run has none.
     """
-    found = list_checkpoints(Path(run_dir) / "checkpoints")
-    if not found:
+    for folder in ("checkpoints", "model"):
+        found = list_checkpoints(Path(run_dir) / folder)
+        if found:
+            return found[-1]
+    raise FileNotFoundError(
+        f"{run_dir} has no checkpoint under checkpoints/ nor a model under model/; expected a finished run "
+        "(the simulator writes a final checkpoint at the end, a swarm run gathers its model when it ends)."
+    )
+
+
+def run_summary(run_dir: Path) -> dict[str, Any]:
+    """What export reads of a run: a simulator run's summary.json, or of a swarm run's throughput.json the setting
+    (``strategy``), ``final_eval``, ``vocab_size``, the data source and the tokenizer its model was trained with.
+
+    Raises:
+        FileNotFoundError: neither file exists, or the swarm run kept no model (its one sentence why).
+        ValueError: the file is not a JSON object.
+    """
+    run_dir = Path(run_dir)
+    if (run_dir / "summary.json").is_file():
+        return _read_json(run_dir / "summary.json")
+    if not (run_dir / "throughput.json").is_file():
         raise FileNotFoundError(
-            f"{run_dir} has no checkpoint under checkpoints/; expected a finished run "
-            "(the simulator writes a final checkpoint at the end)."
+            f"{run_dir} has no summary.json (a simulator run) nor throughput.json (a swarm run); expected a "
+            "finished run directory."
         )
-    return found[-1]
+    data = _read_json(run_dir / "throughput.json")
+    model = data.get("model") if isinstance(data.get("model"), dict) else {}
+    if not model.get("path") and not list_checkpoints(run_dir / "model"):
+        why = model.get("why") or "it ended before swarm runs kept their model"
+        raise FileNotFoundError(f"the swarm run {run_dir} holds no model: {why}")
+    config = data.get("config") if isinstance(data.get("config"), dict) else {}
+    return {
+        "strategy": data.get("setting"),
+        "final_eval": data.get("final_eval"),
+        "vocab_size": data.get("vocab_size"),
+        "tokenizer_dir": model.get("tokenizer_dir"),
+        "data": config.get("data"),
+    }
 
 
 def stages_from_snapshot(snapshot: Snapshot, cfg: Config, vocab_size: int, eos_token_id: int | None = None):
@@ -144,7 +179,8 @@ def export_run(
 
     Raises:
         DirectoryConflictError: ``out`` is a file, or a non-empty directory that is not an earlier export.
-        FileNotFoundError: no checkpoint, no summary.json or no tokenizer.
+        FileNotFoundError: no checkpoint, no summary.json (throughput.json for a swarm run) or no tokenizer (a swarm
+            run on synthetic data needs none).
         CheckpointError: the checkpoint is corrupt or does not fit the config.
         ValueError: the reloaded export's logits differ from the staged model's by more than VERIFY_TOLERANCE.
     """
@@ -152,28 +188,31 @@ def export_run(
 
     run_dir, out = Path(run_dir), Path(out)
     check_output_dir(out, PROVENANCE_FILE, "export")
-    if not (run_dir / "summary.json").is_file():
-        raise FileNotFoundError(f"{run_dir} has no summary.json; expected a finished run directory.")
-    summary = _read_json(run_dir / "summary.json")
+    summary = run_summary(run_dir)
     ckpt = Path(checkpoint) if checkpoint is not None else newest_checkpoint(run_dir)
     snapshot = read_checkpoint(ckpt)
     cfg = _run_config(snapshot, run_dir)
-    tok = AutoTokenizer.from_pretrained(
-        str(_tokenizer_dir(run_dir, summary, tokenizer)), local_files_only=True
-    )
-    vocab = int(summary.get("vocab_size") or len(tok))
+    tok, tok_dir = None, None
+    if tokenizer is not None or summary.get("data") != "synthetic":  # synthetic swarm data: no tokenizer
+        tok_dir = _tokenizer_dir(run_dir, summary, tokenizer)
+        tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     emb = snapshot.files.get("stage0", {}).get("param/embed_tokens.weight")
-    if emb is not None and emb.shape[0] != vocab:
+    if emb is None:
+        raise CheckpointError(f"checkpoint {ckpt} has no embedding (stage0.safetensors embed_tokens.weight).")
+    vocab = int(summary.get("vocab_size") or (len(tok) if tok is not None else emb.shape[0]))
+    if emb.shape[0] != vocab:
         raise CheckpointError(
-            f"checkpoint {ckpt} has an embedding of {emb.shape[0]} tokens; summary.json says "
-            f"vocab_size {vocab}."
+            f"checkpoint {ckpt} has an embedding of {emb.shape[0]} tokens; the run's "
+            f"{'summary.json' if (run_dir / 'summary.json').is_file() else 'throughput.json'} says vocab_size {vocab}."
         )
-    model, stages = stages_from_snapshot(snapshot, cfg, vocab, tok.eos_token_id)
+    model, stages = stages_from_snapshot(snapshot, cfg, vocab, tok.eos_token_id if tok is not None else None)
     model.config.use_cache = True  # generation speed; logits are the same
-    model.generation_config.pad_token_id = tok.eos_token_id
+    if tok is not None:
+        model.generation_config.pad_token_id = tok.eos_token_id
     claim_output_dir(out, PROVENANCE_FILE, {"run_dir": str(run_dir.resolve()), "complete": False})
     model.save_pretrained(str(out), safe_serialization=True)
-    tok.save_pretrained(str(out))
+    if tok is not None:
+        tok.save_pretrained(str(out))
     info: dict[str, Any] = {
         "run_dir": str(run_dir.resolve()),
         "checkpoint": str(Path(ckpt).resolve()),
@@ -184,6 +223,7 @@ def export_run(
         "architecture": cfg.architecture,
         "n_stages": cfg.n_stages,
         "n_layers_per_stage": cfg.n_layers_per_stage,
+        "tokenizer": str(tok_dir) if tok_dir is not None else None,
     }
     if verify:
         model.eval()

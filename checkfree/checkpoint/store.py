@@ -184,8 +184,13 @@ class Snapshot:
         return sum(t.numel() * t.element_size() for f in self.files.values() for t in f.values())
 
 
-def _file_of(stage: int, name: str, n_layers_per_stage: int) -> tuple[str, str]:
-    """(file stem, name inside the file) of parameter ``name`` of stage ``stage``."""
+def file_of(stage: int, name: str, n_layers_per_stage: int) -> tuple[str, str]:
+    """(file stem, name inside the file) of parameter ``name`` of stage ``stage``: ``("stage0", name)`` for stage 0,
+    ``("layer_<g>", name in the block)`` for block i of transformer stage s ≥ 1, g = (s − 1)·L + i.
+
+    Raises:
+        CheckpointError: a transformer stage's parameter outside a block ``layers.<i>.``.
+    """
     if stage == 0:
         return "stage0", name
     m = _LAYER_RE.match(name)
@@ -228,7 +233,7 @@ def capture(
                     f"stage {s}'s optimizer does not hold its parameters in named_parameters "
                     "order; build it with make_adam(stage, lr)."
                 )
-            fname, local = _file_of(s, name, n_layers_per_stage)
+            fname, local = file_of(s, name, n_layers_per_stage)
             if fname != "stage0":
                 layer_stage[str(int(fname.removeprefix("layer_")))] = s
             f = files.setdefault(fname, {})
@@ -391,7 +396,7 @@ def _stage_plan(
     """
     pairs, opt_state = [], {}
     for idx, (name, p) in enumerate(state.stages[s].named_parameters()):
-        fname, local = _file_of(s, name, n_layers_per_stage)
+        fname, local = file_of(s, name, n_layers_per_stage)
         src = snapshot.files.get(fname)
         if src is None:
             raise CheckpointError(

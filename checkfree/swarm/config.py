@@ -78,6 +78,12 @@ class SwarmConfig:
     """Stage-0 batches: "corpus" (checkfree.data, the model config's dataset) or "synthetic" (tests)."""
     seed: int | None = None
     """Model init seed (None = the model config's seed); replicas of a stage start identical."""
+    eval_interval: int | None = None
+    """Iterations between validations of the pipeline on the model config's fixed validation batches, also at
+    iteration 0 and at the end, as the simulator (None = the model config's ``eval_interval``; 0 = none)."""
+    snapshot_every: int = 0
+    """A consolidated snapshot (every stage's weights and Adam state) every N committed iterations, written in the
+    background into the run directory's ``snapshots/`` (0 = none)."""
     model_json: InitVar[dict[str, Any] | None] = None
     """The model config inline (as sent to nodes); None = load ``model_config``."""
 
@@ -119,6 +125,11 @@ class SwarmConfig:
     def init_seed(self) -> int:
         return self.model.seed if self.seed is None else self.seed
 
+    @property
+    def validation_every(self) -> int:
+        """Iterations between validations (``eval_interval``, else the model config's); 0 = no validation."""
+        return self.model.eval_interval if self.eval_interval is None else self.eval_interval
+
     def stage_of(self, node: int) -> int:
         """Stage of an initial node id (``node // R``)."""
         return node // self.replicas
@@ -149,6 +160,12 @@ class SwarmConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 1.")
+        for key in ("eval_interval", "snapshot_every"):
+            value = getattr(self, key)
+            if value is None and key == "eval_interval":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 0 (0 = none).")
         if self.microbatches is not None and (
             not isinstance(self.microbatches, int) or self.microbatches < 1
         ):

@@ -78,6 +78,36 @@ def make_batches(cfg: Config, data: str, rank: int, world: int, vocab_size: int,
     )
 
 
+SYNTHETIC_VALIDATION_RANK = -1
+"""The pipeline index whose synthetic batches are the validation batches of ``"data": "synthetic"`` (tests): no
+training pipeline has it, so they are held out."""
+
+
+def validation_batches_for(cfg: Config, data: str, vocab_size: int, cache_dir: Path) -> list[torch.Tensor]:
+    """The model config's fixed validation batches, the simulator's for that config
+    (checkfree.data.batches.validation_batches: the first ``validation`` × ``batch_size`` held-out windows), or for
+    ``"synthetic"`` data batches 0 … ``validation`` − 1 of :class:`SyntheticBatches` at pipeline
+    :data:`SYNTHETIC_VALIDATION_RANK` → ``validation`` tensors of (batch_size, seq_l + 1) int64.
+
+    Raises:
+        ValueError: the held-out set is smaller than the validation batches, or the corpus's vocabulary is not
+            the swarm's.
+    """
+    if data == "synthetic":
+        source = SyntheticBatches(
+            vocab_size, cfg.seq_l, cfg.batch_size, SYNTHETIC_VALIDATION_RANK, cfg.data_seed
+        )
+        return [source.batch(i) for i in range(cfg.validation)]
+    from checkfree.data.batches import validation_batches
+    from checkfree.data.corpus import DataSpec, prepare_corpus
+
+    spec = DataSpec.from_config(cfg, max_train_tokens=cfg.max_train_tokens, cache_dir=cache_dir)
+    corpus = prepare_corpus(spec)
+    if corpus.vocab_size != vocab_size:
+        raise ValueError(f"the local corpus has vocabulary {corpus.vocab_size}; the swarm uses {vocab_size}.")
+    return validation_batches(corpus, cfg.batch_size, cfg.validation, cfg.seq_l)
+
+
 class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -62,6 +63,7 @@ from checkfree.swarm.node.membership import Membership, PeerSender, advertised, 
 from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node.recovering import Recovery, Rollback
 from checkfree.swarm.node.relay import check_pipeline_message, check_route
+from checkfree.swarm.node.validation import NodeValidation
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.storage import StorageNode
 from checkfree.swarm.wire import control
@@ -73,7 +75,7 @@ from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
-HOST_CHECKED = frozenset({MessageType.FORWARD, MessageType.BACKWARD})
+HOST_CHECKED = frozenset({MessageType.FORWARD, MessageType.BACKWARD, MessageType.VALIDATION})
 """Types whose tensors are checked on the received host bytes before they go to the node's device."""
 MAX_WAITING_REQUESTS = 64
 """WEIGHTS_REQUESTs from peers not yet listed (or before serving) kept at most; a flood of them is dropped."""
@@ -131,6 +133,7 @@ class Node:
             MessageType.WEIGHTS_RESPONSE: self._on_weights_response,
             MessageType.CONTROL: self._on_control,
             MessageType.STAGE0_COPY: lambda msg: self.parts.stage0_copies.on_copy(msg),
+            MessageType.VALIDATION: lambda msg: self.validation.on_message(msg),
         }
         """Message type → handler; JOIN / LEAVE / ITERATION_END / CHECKPOINT addressed to a node are dropped."""
         self.commands: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -211,6 +214,17 @@ class Node:
             ctx, parts, self.dispatch, lambda: self.serving, self.send_checkpoint, self.report
         )
         self.commands |= self.steps.table()
+        self.validation = NodeValidation.for_node(
+            ctx,
+            cfg,
+            self.state,
+            int(meta["vocab_size"]),
+            self.cache_dir,
+            lambda: self.serving,
+            self.dispatch,
+            self.staging.to_device,
+        )  # the validations of the pipeline, forward only (checkfree.swarm.node.validation)
+        self.commands |= self.validation.table()
         where = f"stage {self.stage} at {self.location}, {self.address}, {len(ctx.membership.peers)} peers"
         log.info("node %d: %s, setting %s", self.id, where, self.policy.name)
 
@@ -418,6 +432,9 @@ def main(argv: list[str] | None = None) -> int:
         format=f"%(asctime)s node{args.id} %(levelname)s %(name)s: %(message)s",
     )
     torch.set_num_threads(1)
+    # Ctrl-C in a terminal reaches the whole process group: a node leaves when its supervisor says so (or falls
+    # silent), so that the supervisor can still gather the model from it (checkfree.swarm.supervisor.model_io).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     identity = None if args.insecure else read_key_file(args.key_file, args.id)
     if args.stage == -1:
         where = (args.location, args.bootstrap, args.bind_host, args.advertise_host)

@@ -53,6 +53,7 @@ from typing import Any
 from checkfree import jsonio
 from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.model_records import ModelRecords
 from checkfree.swarm.supervisor.state import Slot
 from checkfree.swarm.wire.protocol import MessageType
 
@@ -181,6 +182,8 @@ class Results:
         self.still_away: list[int] = []
         self.ended_by = "iterations"
         """``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended first)."""
+        self.model = ModelRecords(cfg.snapshot_every)
+        """Validations, the model gathered at the end, snapshots (checkfree.swarm.supervisor.model_records)."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -414,6 +417,7 @@ class Results:
             "replica_shortage": {str(s): row for s, row in self.shortage.items()},
             "waits": self.waits,
             "still_away": self.still_away,
+            **self.model.to_json(self.rows),
             "config": self.cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -70,12 +70,14 @@ from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.conduct import Conduct
 from checkfree.swarm.supervisor.inbox import Action, PeerMessages
 from checkfree.swarm.supervisor.link import POLL_S, Link
+from checkfree.swarm.supervisor.model_io import ModelIO, live_members
 from checkfree.swarm.supervisor.outages import Outages, check_schedule, schedule_info
 from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.state import Roster, Slot, SupervisorState, SwarmError
+from checkfree.swarm.supervisor.validation import ValidationRuns
 from checkfree.swarm.wire import control as schemas
 from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
@@ -162,6 +164,11 @@ class Supervisor:
         self.planner = LossPlanner(self.policy, self.state, self.link)
         self.peer_messages = PeerMessages(self.state, self.link, self.results, self.conduct)
         self.recovery_kills = RecoveryKills(recovery_kills or [], roster)
+        records, now = self.results.model, self.results.now  # validations, the model, snapshots
+        self.validation = ValidationRuns(self.state, self.link, records, now)
+        self.model_io = ModelIO(cfg, setting, vocab_size, self.link, self.run_dir, records, now, cache_dir)
+        self.peer_messages.node_handlers[MessageType.WEIGHTS_RESPONSE] = self.model_io.on_weights
+        self.peer_messages.node_commands["evaluated"] = self.validation.on_evaluated
 
     @property
     def roster(self) -> Roster:
@@ -188,9 +195,11 @@ class Supervisor:
         try:
             return self._run()
         except SwarmError as exc:
+            self._keep_model()
             self.results.finish_early(self.run_dir, "failed", str(exc), state.schedule_clock)
             raise
         except KeyboardInterrupt as exc:
+            self._keep_model()
             self.results.finish_early(self.run_dir, "interrupted", str(exc) or "SIGINT", state.schedule_clock)
             raise
         except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
@@ -216,6 +225,7 @@ class Supervisor:
         self.results.start()
         self.state.training = True
         self.train()
+        self._keep_model()
         self._shutdown()
         return self.results.finish(self.run_dir, schedule_clock=self.state.schedule_clock)
 
@@ -224,6 +234,8 @@ class Supervisor:
         back to serving, then run one attempt at the state's iteration; a commit moves it on, an abort redoes
         it, a rollback moves it back. It starts from the state, whatever the state holds."""
         state = self.state
+        if self.validation.due(state.iteration, self.iterations):  # iteration 0, as the simulator
+            self._validate()
         while state.iteration < self.iterations:
             state.iteration = self._ensure_serving(state.iteration)
             if self.outages.over():  # a replayed trace's window is over
@@ -236,6 +248,9 @@ class Supervisor:
                 break
             if self._attempt(state.iteration):
                 state.iteration += 1
+                self._after_commit()
+        if self.validation.due_at_end():  # the run ended before its target (a replayed trace's window)
+            self._validate()
 
     def fetch_weights(self, node: int, stage: int, timeout: float = 30.0, part: str | None = None) -> Message:
         """Ask a serving node for its stage's weights (w.* tensors, meta with grad_norm), or, with ``part``, for
@@ -563,6 +578,46 @@ class Supervisor:
             self.outages.bring_back()
             stranded = self.outages.stranded()
         return waited, time.monotonic() - t0, start_clock
+
+    # ------------------------------------------------------------------ the model: validation, snapshots, gather
+
+    def _after_commit(self) -> None:
+        """A validation when one is due, then the snapshots' turn (checkfree.swarm.supervisor.validation, .model_io)."""
+        if self.validation.due(self.state.iteration, self.iterations):
+            self._validate()
+        self.model_io.after_commit(self.state.iteration, self.roster.members())
+
+    def _validate(self) -> None:
+        """Run the validation batches through the pipeline, forward only, and record the validation loss; a node's
+        death or ``iteration_timeout`` gives the evaluation up (the loop's next turn recovers the node)."""
+        if not self.validation.begin():
+            return
+        deadline = time.monotonic() + self.cfg.iteration_timeout
+        while not self.validation.complete():
+            self.serve(POLL_S)
+            if self.processes.check_deaths():
+                self.validation.give_up("a node died")
+                return
+            if time.monotonic() > deadline:
+                self.validation.give_up(
+                    f"not every stage-0 node reported within {self.cfg.iteration_timeout:.0f} s"
+                )
+                return
+        self.validation.finish()
+
+    def _keep_model(self) -> None:
+        """However the run ends: the snapshot being written completes, then one serving replica per stage sends its
+        weights, written to ``<run_dir>/model/`` (checkfree.swarm.supervisor.model_io); a stage without one is said in
+        one sentence. The run is ending: only the answers are acted on."""
+        self.model_io.finish_snapshots(self.cfg.request_timeout)
+        if not self.model_io.gather(live_members(self.roster, self.link.silent(), self.host.exited)):
+            return
+        deadline = time.monotonic() + self.cfg.request_timeout
+        while not self.model_io.gathered() and time.monotonic() < deadline:
+            msg = self.link.recv(RECOVERY_POLL_S)
+            if msg is not None and msg.type == MessageType.WEIGHTS_RESPONSE:
+                self.peer_messages.handle(msg)  # the gather's answers (model_io); nothing for the processes
+        self.model_io.write_model()
 
     # ------------------------------------------------------------------ shutting down
 

@@ -196,6 +196,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "rollback": {"version": "nat"},
     "plan": {"plan": "obj", "members": "members", "seq": "nat"},
     "grant": {"requester": "nat", "stage": "stage", "part?": "str", "optimizer": "bool", "seq": "nat"},
+    "evaluate": {"evaluation": "nat", "iteration": "nat", "members": "members"},
     "shutdown": {},
     # supervisor -> launcher
     "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
@@ -219,6 +220,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "restored": {"version": "nat", "bytes": "nat", "record": "record"},
     "recovery_failed": {"reason": "str"},
     "replan": {"reason": "str", "seq": "nat"},
+    "evaluated": {"evaluation": "nat", "loss_sum": "norm", "batches": "nat", "diverged?": "bool"},
     "exited": {"node": "nat", "code": "int"},
 }
 """CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
@@ -269,6 +271,13 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "grad_norm": "norm",
         "lr": "norm",
         "step": "nat",
+    },
+    MessageType.VALIDATION: {
+        "stage": "stage",
+        "evaluation": "nat",
+        "route": "nodes",
+        "pos": "nat",
+        "pipeline": "nat",
     },
 }
 """Message type → schema of its meta (CONTROL: see :data:`COMMANDS`)."""

@@ -112,6 +112,7 @@ class MessageType(IntEnum):
     CONTROL = 10  # supervisor <-> node commands, JSON meta only
     STAGE0_COPY = 11  # CheckFree+: stage 0's embedding (to stage 1) or head (to stage S) after each step
     CHECKPOINT = 12  # checkpoint baseline: a stage's weights + Adam state, a node to the storage node
+    VALIDATION = 13  # activations of one validation batch, forward only, stages in order (no backward)
 
 
 DTYPE_CODES: dict[torch.dtype, int] = {
@@ -142,10 +143,12 @@ REQUIRED_META: dict[MessageType, dict[str, type]] = {
     MessageType.CONTROL: {"command": str},
     MessageType.STAGE0_COPY: {"stage": int, "part": str, "version": int},
     MessageType.CHECKPOINT: {"stage": int, "version": int},
+    MessageType.VALIDATION: {"stage": int},
 }
 REQUIRED_TENSORS: dict[MessageType, frozenset[str]] = {
     MessageType.FORWARD: frozenset({"activations"}),
     MessageType.BACKWARD: frozenset({"gradients"}),
+    MessageType.VALIDATION: frozenset({"activations"}),
 }
 """Tensor names a message of this type must carry."""
 NO_TENSORS = frozenset(
