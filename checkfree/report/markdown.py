@@ -196,6 +196,7 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
         times, lat = s.iteration_times, s.recovery_latencies
         mean, steady = s.mean_iteration_seconds, s.steady_iteration_seconds
         total_bytes = sum(s.bytes_by_type.values())
+        last = s.validation[-1] if s.validation else None
         body.append(
             [
                 s.name,
@@ -210,6 +211,7 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
                 _f(sum(lat) / len(lat), ".2f") if lat else "—",
                 _f(max(lat), ".2f") if lat else "—",
                 f"{total_bytes / 2**20:.1f}" if total_bytes else "—",
+                _validation(last) if last is not None else "—",
             ]
         )
     lines = ["## Swarm runs (throughput experiment)", ""]
@@ -227,6 +229,7 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
             "mean crash→serving s",
             "max crash→serving s",
             "MiB sent",
+            "val loss (perplexity) @ iteration",
         ],
         body,
     )
@@ -240,6 +243,11 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
         ]
         if detail:
             lines.append(f"- {s.name} recoveries: " + "; ".join(detail))
+        if s.validation:
+            lines.append(
+                f"- {s.name} validation loss (perplexity) @ iteration: "
+                + ", ".join(map(_validation, s.validation))
+            )
         if s.bytes_by_type:
             lines.append(
                 f"- {s.name} bytes by message type: "
@@ -248,6 +256,11 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
         if s.missing:
             lines.append(f"- {s.name}: throughput.json lacks {', '.join(s.missing)}")
     return lines + [""]
+
+
+def _validation(row: dict) -> str:
+    """One validation of a swarm run: "loss (perplexity) @ iteration"."""
+    return f"{_f(row['val_loss'], '.4f')} ({_f(row['perplexity'], '.2f')}) @ {row['iteration']}"
 
 
 def replay_section(replays: Replays, models: dict[str, TimingModel], targets: Targets) -> list[str]:

@@ -276,6 +276,21 @@ class SwarmRun:
         return [v for v in values if math.isfinite(v)]
 
     @property
+    def validation(self) -> list[dict[str, Any]]:
+        """The run's validations in order (throughput.json ``validation``: ``iteration``, ``val_loss`` in nats,
+        ``perplexity``; a diverged one's loss is NaN); [] for a run without (swarm runs before validation)."""
+        raw = self.data.get("validation")
+        rows = [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []
+        return [
+            {
+                "iteration": r.get("iteration"),
+                "val_loss": _num(r.get("val_loss")),
+                "perplexity": _num(r.get("perplexity")),
+            }
+            for r in rows
+        ]
+
+    @property
     def bytes_by_type(self) -> dict[str, float]:
         raw = self._first("bytes_sent_by_type", "bytes_by_type", "bytes_by_message_type", "bytes")
         if isinstance(raw, dict):

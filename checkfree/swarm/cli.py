@@ -125,6 +125,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="override checkpoint_every: the checkpoint setting stores every stage every K iterations",
     )
     r.add_argument("--checkpoint-interval", type=int, metavar="K", help="old name of --checkpoint-every")
+    r.add_argument(
+        "--snapshot-every",
+        type=int,
+        metavar="N",
+        help="override snapshot_every: every N committed iterations, every stage's weights and Adam state are "
+        "written in the background to RUN_DIR/snapshots/ (0 = none, the default)",
+    )
     r.add_argument("--replicas", type=int, help="override replicas per stage")
     r.add_argument(
         "--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes"
@@ -184,6 +191,7 @@ def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
         "checkpoint_every": every,
         "replicas": args.replicas,
         "data": args.data,
+        "snapshot_every": args.snapshot_every,
     }
     from checkfree.config import parse_sets
 

@@ -341,7 +341,8 @@ class ModelIO:
         log.warning("supervisor: the snapshot of iteration %d is given up: %s", iteration, why)
 
     def finish_snapshots(self, timeout: float) -> None:
-        """At the end: a snapshot still fetched is given up; one being written is waited for (``timeout`` s)."""
+        """At the end (once :meth:`settled` or past its deadline): a snapshot whose answers did not all come is given
+        up; one being written is waited for (``timeout`` s)."""
         if self.snapshot is not None:
             self.snapshot.failed = "the run ended before every stage answered"
             self.poll()
@@ -370,10 +371,11 @@ class ModelIO:
         self.gather_fetch = WeightsFetch(self.link, members, optimizer=False, purpose="model")
         return True
 
-    def gathered(self) -> bool:
-        """The gather has every stage's answer, or failed."""
-        fetch = self.gather_fetch
-        return fetch is None or fetch.complete() or fetch.failed is not None
+    def settled(self) -> bool:
+        """The gather (if any) has every stage's answer or failed, and no snapshot waits for answers."""
+        gather, snap = self.gather_fetch, self.snapshot
+        gathered = gather is None or gather.complete() or gather.failed is not None
+        return gathered and (snap is None or snap.failed is not None)
 
     def write_model(self) -> None:
         """Write the gathered weights to ``<run_dir>/model/`` (or record why there is no model)."""

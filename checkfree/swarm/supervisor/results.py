@@ -437,14 +437,15 @@ class Results:
 
 
 def summary_table(results: list[dict[str, Any]]) -> str:
-    """A Markdown table, one row per run: setting, iterations, crashes/recovered, times, loss; and, when a run
+    """A Markdown table, one row per run: setting, iterations, crashes/recovered, times, loss, the last validation
+    loss (perplexity) and the iteration it was measured at (— without a validation); and, when a run
     replayed down intervals (a preemption trace), a second table: per run the stage losses, the seconds spent
     short of replicas and waiting for a lost stage's node, recovery time and the slots still down at the end."""
     head = (
         "| setting | iterations (executed) | crashes | recovered | mean iteration s | w/o crashes s | "
-        "crash→serving s | tokens/s | first → last loss |"
+        "crash→serving s | tokens/s | first → last loss | val loss (perplexity) @ iteration |"
     )
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for r in results:
         curve = r["loss_curve"]
         lat = r["mean_crash_to_serving_s"]
@@ -452,7 +453,7 @@ def summary_table(results: list[dict[str, Any]]) -> str:
             f"| {r['setting']} | {r['iterations_completed']} ({r['iterations_executed']}) | {r['crashes_count']} | "
             f"{r['recovered_count']} | {_f(r['mean_iteration_s'])} | {_f(r['mean_iteration_s_without_crashes'])} | "
             f"{_f(lat)} | {_f(r['tokens_per_s'], 0)} | "
-            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} |"
+            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} | {_val(r)} |"
         )
     traced = [r for r in results if (r.get("schedule") or {}).get("format") == "checkfree-slot-downtime-v1"]
     if traced:
@@ -481,6 +482,14 @@ def summary_table(results: list[dict[str, Any]]) -> str:
 
 
 _SHORTAGE_KEYS = ("losses", "short_iterations", "short_s", "waiting_iterations", "waiting_s")
+
+
+def _val(result: dict[str, Any]) -> str:
+    """The last validation of a run: "loss (perplexity) @ iteration", or — (none, or an older throughput.json)."""
+    last = result.get("final_eval")
+    if not isinstance(last, dict):
+        return "—"
+    return f"{_f(last.get('val_loss'))} ({_f(last.get('perplexity'), 2)}) @ {last.get('iteration')}"
 
 
 def _f(x: float | None, digits: int = 3) -> str:

@@ -606,17 +606,18 @@ class Supervisor:
         self.validation.finish()
 
     def _keep_model(self) -> None:
-        """However the run ends: the snapshot being written completes, then one serving replica per stage sends its
-        weights, written to ``<run_dir>/model/`` (checkfree.swarm.supervisor.model_io); a stage without one is said in
-        one sentence. The run is ending: only the answers are acted on."""
-        self.model_io.finish_snapshots(self.cfg.request_timeout)
-        if not self.model_io.gather(live_members(self.roster, self.link.silent(), self.host.exited)):
-            return
+        """However the run ends: one serving replica per stage sends its weights, written to ``<run_dir>/model/``
+        (checkfree.swarm.supervisor.model_io; a stage without one is said in one sentence), and the snapshot in
+        flight completes. The run is ending: only the answers are acted on."""
+        self.model_io.gather(live_members(self.roster, self.link.silent(), self.host.exited))
         deadline = time.monotonic() + self.cfg.request_timeout
-        while not self.model_io.gathered() and time.monotonic() < deadline:
+        while not self.model_io.settled() and time.monotonic() < deadline:
             msg = self.link.recv(RECOVERY_POLL_S)
             if msg is not None and msg.type == MessageType.WEIGHTS_RESPONSE:
-                self.peer_messages.handle(msg)  # the gather's answers (model_io); nothing for the processes
+                self.peer_messages.handle(
+                    msg
+                )  # answers to the gather or a snapshot; nothing for the processes
+        self.model_io.finish_snapshots(self.cfg.request_timeout)
         self.model_io.write_model()
 
     # ------------------------------------------------------------------ shutting down

@@ -136,7 +136,7 @@ class ValidationRuns:
         }
         self.records.validation.append(record)
         log.info(
-            "supervisor: iteration %d: val_loss %.4f | perplexity %.2f (%d batches, %.2f s)",
+            "supervisor: validation after %d iterations: val_loss %.4f | perplexity %.2f (%d batches, %.2f s)",
             self.iteration,
             val,
             record["perplexity"],
@@ -152,4 +152,4 @@ class ValidationRuns:
 
     def _give_up(self, why: str, iteration: int) -> None:
         self.records.validation_given_up.append({"iteration": iteration, "why": why, "t": self.now()})
-        log.warning("supervisor: the validation at iteration %d is given up: %s", iteration, why)
+        log.warning("supervisor: the validation after %d iterations is given up: %s", iteration, why)
