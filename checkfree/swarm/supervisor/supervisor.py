@@ -613,10 +613,8 @@ class Supervisor:
         deadline = time.monotonic() + self.cfg.request_timeout
         while not self.model_io.settled() and time.monotonic() < deadline:
             msg = self.link.recv(RECOVERY_POLL_S)
-            if msg is not None and msg.type == MessageType.WEIGHTS_RESPONSE:
-                self.peer_messages.handle(
-                    msg
-                )  # answers to the gather or a snapshot; nothing for the processes
+            if msg is not None and msg.type == MessageType.WEIGHTS_RESPONSE:  # to the gather or a snapshot
+                self.peer_messages.handle(msg)  # (model_io); nothing for the processes
         self.model_io.finish_snapshots(self.cfg.request_timeout)
         self.model_io.write_model()
 
