@@ -15,18 +15,29 @@ directory. With a device map (``swarm run --device/--gpus``, checkfree.swarm.dev
 ``--device cpu|cuda:N`` and the run log says which (``node_devices`` keeps it for throughput.json). Only
 processes this object started are ever signalled, by their pid (never by name). An ``atexit`` hook kills
 whatever is still running if the supervisor itself dies of an exception.
+
+**A stop signal at any moment leaves nothing behind.** ``swarm run`` turns SIGTERM into a KeyboardInterrupt
+(checkfree.cli), which Python raises wherever the main thread is. Raised after the forkserver forked a node but
+before :meth:`LocalHost.spawn` recorded its pid, it used to orphan that node, and with it the forkserver and its
+resource tracker (every forked node holds the forkserver's liveness pipe, so the server waits for it). So a
+node's start, from the fork to the record of its pid, and :meth:`LocalHost.reap_all` run under
+:func:`held_signals`: SIGINT and SIGTERM that arrive inside are handled right after, when the node is known and
+is reaped like every other.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import multiprocessing as mp
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from checkfree.swarm.devices import DeviceMap
@@ -36,6 +47,37 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _FORKSERVER: mp.context.BaseContext | None = None
+
+
+HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+"""The stop signals :func:`held_signals` holds."""
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block ends, then handle them as they would have been (their handler
+    runs, in order; a default SIGTERM ends the process). Python handles signals in the main thread only, so in
+    another thread (a supervisor a test runs in a thread) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, object]] = []
+
+    def hold(signum: int, frame: object) -> None:
+        pending.append((signum, frame))
+
+    previous = {s: signal.signal(s, hold) for s in HELD_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum, frame in pending:
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
 
 
 def _forkserver() -> mp.context.BaseContext:
@@ -48,8 +90,18 @@ def _forkserver() -> mp.context.BaseContext:
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["checkfree.swarm.node.node", "checkfree.swarm.storage"])
+        # The server's imports (seconds) happen here, where a stop signal may interrupt them: a process that
+        # does nothing is forked and waited for (interrupted, it ends by itself, and so does the server then).
+        warm_up = ctx.Process(target=_nothing, name="forkserver-warm-up")
+        warm_up.start()
+        warm_up.join()
+        warm_up.close()
         _FORKSERVER = ctx
     return _FORKSERVER
+
+
+def _nothing() -> None:
+    """The forkserver's warm-up process (:func:`_forkserver`)."""
 
 
 def _node_entry(argv: list[str], log_path: str) -> None:
@@ -180,25 +232,10 @@ class LocalHost:
         cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
-            child = _forkserver().Process(
-                target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=f"node{node}"
-            )
-            child.start()
-            proc: subprocess.Popen | _Forked = _Forked(child)
-        else:
-            env = dict(os.environ)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-            env.setdefault("OMP_NUM_THREADS", "1")
-            with open(log_path, "ab") as logf:  # the child has its own copy; ours closes at once
-                proc = subprocess.Popen(
-                    cmd,
-                    stdout=logf,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    cwd=self.run_dir,
-                )
-        self.procs[node] = proc
+            _forkserver()  # started and warm before the signals are held: only the fork itself waits
+        with held_signals():  # from the fork to the record of its pid: a stop signal waits (module docstring)
+            proc = self._start(cmd, log_path)
+            self.procs[node] = proc
         if device is not None:
             self.node_devices[node] = device
         log.info(
@@ -211,6 +248,27 @@ class LocalHost:
             f", device {device}" if device is not None else "",
         )
         return proc.pid
+
+    def _start(self, cmd: list[str], log_path: Path) -> subprocess.Popen | _Forked:
+        """Start the process of ``cmd`` (forked from the forkserver, or exec'd), its output to ``log_path``."""
+        if self.mode == "fork":
+            child = _forkserver().Process(
+                target=_node_entry, args=(cmd[3:], str(log_path)), daemon=False, name=log_path.stem
+            )
+            child.start()
+            return _Forked(child)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        env.setdefault("OMP_NUM_THREADS", "1")
+        with open(log_path, "ab") as logf:  # the child has its own copy; ours closes at once
+            return subprocess.Popen(
+                cmd,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.run_dir,
+            )
 
     def exited(self, node: int) -> int | None:
         """Exit code of a node that has exited, None while it runs (or if it is not ours)."""
@@ -238,12 +296,14 @@ class LocalHost:
                 pass
 
     def reap_all(self) -> None:
-        """SIGKILL every node still running (by pid) and wait for each (releasing its pipes). Idempotent."""
-        for node, proc in self.procs.items():
-            if proc.poll() is None:
-                log.warning("host: killing node %d (pid %d) at shutdown", node, proc.pid)
-                os.kill(proc.pid, signal.SIGKILL)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                log.error("host: node %d (pid %d) could not be reaped", node, proc.pid)
+        """SIGKILL every node still running (by pid) and wait for each (releasing its pipes). Idempotent; a
+        stop signal that arrives meanwhile is handled once every node is reaped (:func:`held_signals`)."""
+        with held_signals():
+            for node, proc in self.procs.items():
+                if proc.poll() is None:
+                    log.warning("host: killing node %d (pid %d) at shutdown", node, proc.pid)
+                    os.kill(proc.pid, signal.SIGKILL)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    log.error("host: node %d (pid %d) could not be reaped", node, proc.pid)
