@@ -15,12 +15,21 @@ bound with each op's wall time as it ran (CPU contention included), which isolat
 The swarm runs with CURVE authentication and encryption (its default) unless ``--insecure`` is given; run
 both to see what encryption costs. The ratio line says "met" or "missed" (also below 0.9: the bound is a floor).
 
+The timed run validates nothing (``eval_interval`` 0). ``--validation-every N`` then runs the same swarm again in
+this session with the pipeline validated every N iterations (checkfree.swarm.supervisor.validation; an evaluation
+counts in the wall time of the iteration after it) and prints the cost: its mean iteration time over the timed
+run's. ``--snapshot-every N`` does the same with a snapshot every N iterations (weights and Adam state, written in
+the background; checkfree.swarm.supervisor.model_io) and prints that ratio and the snapshots' stall: the iteration
+each was fetched during against the median iteration without one, as throughput.json's ``snapshots`` records it.
+
     .venv/bin/python benchmarks/bench_swarm.py [--config configs/swarm_tiny.json] [--iterations 20] [--insecure]
+        [--validation-every 10] [--snapshot-every 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import heapq
 import itertools
 import json
@@ -121,6 +130,40 @@ def iteration_bound(
     }
 
 
+def run_swarm(cfg: SwarmConfig, iterations: int, insecure: bool, **changes: int) -> Path:
+    """Run a no-failure swarm of ``cfg`` with ``changes`` to its keys (e.g. ``eval_interval=10``) into a new
+    temporary directory; returns it (its throughput.json holds the results)."""
+    from checkfree.swarm.cli import _vocab_size
+    from checkfree.swarm.supervisor.supervisor import Supervisor
+
+    cfg = copy.copy(cfg)
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    run_dir = Path(tempfile.mkdtemp(prefix="bench_swarm_"))
+    Supervisor(cfg, "no_failure", {}, iterations, run_dir, _vocab_size(cfg, None), insecure=insecure).run()
+    return run_dir
+
+
+def timed_walls(res: dict) -> list[float]:
+    """The iterations' wall seconds that count (iterations 0-1 are warm-up)."""
+    return [r["wall_s"] for r in res["iterations"][2:]] or [r["wall_s"] for r in res["iterations"]]
+
+
+def variant_cost(cfg: SwarmConfig, args: argparse.Namespace, measured: float, key: str, every: int) -> dict:
+    """Run the swarm again with ``key`` = ``every`` (this session, same iterations); print and return its
+    throughput.json after the line with its mean iteration time over ``measured`` (the timed run's)."""
+    res = json.loads(
+        (run_swarm(cfg, args.iterations, args.insecure, **{key: every}) / "throughput.json").read_text()
+    )
+    walls = timed_walls(res)
+    mean = statistics.mean(walls)
+    print(
+        f"{key} {every}: mean iteration {mean:.3f} s (of {len(walls)}) against {measured:.3f} s without: "
+        f"cost ratio {mean / measured:.3f}"
+    )
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -131,16 +174,29 @@ def main(argv: list[str] | None = None) -> int:
         "--from-run", type=Path, help="use an existing no_failure run directory instead of running"
     )
     parser.add_argument("--insecure", action="store_true", help="run the swarm without CURVE (plain TCP)")
+    parser.add_argument(
+        "--validation-every",
+        type=int,
+        metavar="N",
+        help="then run it with the pipeline validated every N iterations and print the cost (ratio of mean "
+        "iteration times, this session)",
+    )
+    parser.add_argument(
+        "--snapshot-every",
+        type=int,
+        metavar="N",
+        help="then run it with a snapshot every N iterations and print the cost and the snapshots' stall ratio",
+    )
     args = parser.parse_args(argv)
+    for name in ("validation_every", "snapshot_every"):
+        value = getattr(args, name)
+        if value is not None and (value < 1 or args.from_run is not None):
+            parser.error(
+                f"--{name.replace('_', '-')} is {value}; expected N >= 1, and a run of its own (no --from-run)"
+            )
     cfg = load_swarm_config(args.config)
-    if args.from_run is None:
-        from checkfree.swarm.cli import _vocab_size
-        from checkfree.swarm.supervisor.supervisor import Supervisor
-
-        run_dir = Path(tempfile.mkdtemp(prefix="bench_swarm_"))
-        Supervisor(
-            cfg, "no_failure", {}, args.iterations, run_dir, _vocab_size(cfg, None), insecure=args.insecure
-        ).run()
+    if args.from_run is None:  # validation and snapshots off: their costs are measured by the options
+        run_dir = run_swarm(cfg, args.iterations, args.insecure, eval_interval=0, snapshot_every=0)
     else:
         run_dir = args.from_run
     res = json.loads((run_dir / "throughput.json").read_text())
@@ -155,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     grad_bytes.update({s: grad_bytes[1] for s in range(2, cfg.n_stages + 1)})
     bound = iteration_bound(cfg, compute, grad_bytes)
     wall_bound = iteration_bound(cfg, compute, grad_bytes, clock="wall")
-    walls = [r["wall_s"] for r in res["iterations"][2:]] or [r["wall_s"] for r in res["iterations"]]
+    walls = timed_walls(res)
     measured = statistics.mean(walls)
     fwd = statistics.median(_per_op(c, "forward") for c in compute.values())
     print(
@@ -183,6 +239,25 @@ def main(argv: list[str] | None = None) -> int:
         f"  same bound with each op's wall time as it ran here (CPU shared with the other nodes and jobs): "
         f"{wall_bound['bound_s']:.3f} s -> ratio {measured / wall_bound['bound_s']:.2f}"
     )
+    median = statistics.median(walls)
+    if args.validation_every:
+        res = variant_cost(cfg, args, measured, "eval_interval", args.validation_every)
+        evals = res["validation"]
+        seconds = statistics.median(v["seconds"] for v in evals) if evals else math.nan
+        print(
+            f"  {len(evals)} evaluations of {evals[0]['batches'] if evals else 0} validation batches, "
+            f"median {seconds:.3f} s each = {seconds / median:.2f} x the timed run's median iteration; "
+            f"last val_loss {evals[-1]['val_loss'] if evals else math.nan:.4f}"
+        )
+    if args.snapshot_every:
+        res = variant_cost(cfg, args, measured, "snapshot_every", args.snapshot_every)
+        snaps = res["snapshots"]
+        size = snaps["bytes"] / max(1, snaps["count"]) / 2**20
+        stall = snaps["stall_ratio"]
+        print(
+            f"  {snaps['count']} snapshots of {size:.1f} MiB ({len(snaps['given_up'])} given up); stall ratio "
+            f"(iteration fetched during - median) / median: {'n/a' if stall is None else f'{stall:+.3f}'}"
+        )
     return 0
 
 

@@ -17,6 +17,8 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
 3. **Iterate**, driven by the supervisor's CONTROL commands, one *attempt* per try at an iteration
    (checkfree.swarm.node.iteration): ``begin`` → forward/backward of every microbatch → ``sync`` (the replicas
    average their gradients, checkfree.swarm.node.gradient_sync) → ``commit`` (Adam step) → ``committed``.
+   Between two attempts, ``evaluate`` runs the validation batches through the pipeline forward only, stages in
+   order (checkfree.swarm.node.validation).
 4. **Serve weights** at any time to a peer the supervisor lists (a request from one not yet listed waits,
    bounded, for the next ``peers``; the node never dials an unlisted requester): WEIGHTS_REQUEST →
    WEIGHTS_RESPONSE with the weights, the last gradient norm, and (if asked) Adam's moments, step and lr.

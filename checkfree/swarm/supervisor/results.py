@@ -5,6 +5,8 @@
   ``t_commit`` (seconds since the first ``begin``; the aggregation timestamp: every node has averaged its
   stage's gradients and stepped), ``wall_s`` (= t_commit − previous t_commit, recoveries included), mean
   loss over pipelines (nats), tokens, per-stage gradient norms.
+* ``validation``, ``first_eval``, ``final_eval``, ``validation_given_up``, ``model``, ``snapshots``: the trained
+  model's records (checkfree.swarm.supervisor.model_records).
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
   ``mean_iteration_s`` (total time / executed), ``tokens_per_s`` (net tokens / total time).
 * ``crashes``: per crash whose slot serves again (:class:`CrashRecord`; the others are ``open_crashes``, and

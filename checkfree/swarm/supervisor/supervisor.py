@@ -43,6 +43,12 @@ return what the processes must do), the evidence against misbehaving nodes (.con
 evict), the soak runs' kills during recoveries (.recovery_kills, ``swarm run --recovery-kills``). They are public:
 tests drive them directly.
 
+**The model.** At iteration 0, every ``eval_interval`` iterations and at the end the pipeline is validated on the
+model config's fixed validation batches, forward only (checkfree.swarm.supervisor.validation); with
+``snapshot_every`` a snapshot of every stage's weights and Adam state is fetched and written in the background while
+training goes on; and however the run ends, one serving replica per stage sends its weights to ``<run_dir>/model/``
+(checkfree.swarm.supervisor.model_io).
+
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
 report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
 ``recovery_failed``) → kill and start another, at most ``max_attempts`` times per slot; shutdown → SIGKILL.
