@@ -5,6 +5,7 @@
         --schedule failure_p_configs/swarm_tiny_16.json --iterations 100 --run-dir runs/sw
     python -m checkfree swarm table runs/sw-*          # the summary table of several runs
     python -m checkfree swarm run --setting ours --config configs/swarm_tiny.json --device cuda --gpus 0,1
+    python -m checkfree swarm run --resume runs/sw      # the run whose supervisor died, from its journal
 
 communication/run_throughput.sh START END SETTING RATE [options] is a thin launcher over ``swarm run``.
 """
@@ -44,7 +45,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--setting",
-        required=True,
         choices=["no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder"],
         help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
         "ours (= checkfree): CheckFree; ours-plus (= checkfree_plus): CheckFree+ (swaps on odd microbatches); "
@@ -163,10 +163,50 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the topology, the node -> device map and the node commands; start nothing",
     )
+    r.add_argument(
+        "--supervisor-grace",
+        type=float,
+        metavar="S",
+        help="override supervisor_grace: seconds a node (or launcher) whose supervisor fell silent keeps its state "
+        "and waits for a resumed one (default 120)",
+    )
+    r.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="resume the run in RUN_DIR whose supervisor died: a new supervisor binds the same address, re-adopts "
+        "the live nodes and goes on from the run's journal (every other option comes from the journal and may "
+        "not be given)",
+    )
     r.set_defaults(func=cmd_run)
+    global _RUN_PARSER
+    _RUN_PARSER = r
     t = cmds.add_parser("table", help="print the summary table of finished runs")
     t.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding throughput.json")
     t.set_defaults(func=cmd_table)
+
+
+_RUN_PARSER: argparse.ArgumentParser | None = None
+"""``swarm run``'s parser (its defaults tell which options were given beside ``--resume``)."""
+PATH_OPTIONS = ("schedule", "recovery_kills", "run_dir", "cache_dir", "join_token", "resume")
+"""``swarm run`` options that are paths (the journal keeps them as absolute paths)."""
+
+
+def _journaled_options(args: argparse.Namespace, schedule_path: str | None) -> dict[str, Any]:
+    """The options ``swarm run`` was started with, as the journal keeps them (paths absolute, the schedule as
+    resolved, with its SHA-256: a resumed run replays the same schedule)."""
+    import hashlib
+
+    out = {k: v for k, v in vars(args).items() if k not in ("func", "command", "swarm_command")}
+    for key in PATH_OPTIONS:
+        if out.get(key) is not None:
+            out[key] = str(Path(out[key]).resolve())
+    if schedule_path is not None:
+        out["schedule"] = str(Path(schedule_path).resolve())
+        out["schedule_sha256"] = hashlib.sha256(Path(schedule_path).read_bytes()).hexdigest()
+    if args.recovery_kills is not None:
+        out["recovery_kills_sha256"] = hashlib.sha256(Path(args.recovery_kills).read_bytes()).hexdigest()
+    return out
 
 
 def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
@@ -192,6 +232,7 @@ def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
         "replicas": args.replicas,
         "data": args.data,
         "snapshot_every": args.snapshot_every,
+        "supervisor_grace": args.supervisor_grace,
     }
     from checkfree.config import parse_sets
 
@@ -317,9 +358,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.policies import make_policy
-    from checkfree.swarm.supervisor.results import summary_table
-    from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
+    from checkfree.swarm.supervisor.supervisor import Supervisor
 
+    if args.resume is not None:
+        return _cmd_resume(args)
+    if args.setting is None:
+        raise ValueError(
+            "swarm run needs --setting SETTING; expected one of the settings --help lists, or --resume."
+        )
     notes: list[str] = []
     cfg = load_swarm_config(args.config, _overrides(args, notes), notes)
     for note in notes:
@@ -398,6 +444,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             args.cache_dir,
             token=args.join_token,
             devices=devices,
+            supervisor_grace=cfg.supervisor_grace,
         )
     vocab_size = _vocab_size(cfg, args.cache_dir)
     try:  # binds the bootstrap socket; nothing is written yet
@@ -417,6 +464,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             recovery_kills=recovery_kills,
             schedule_path=schedule_path,
+            options=_journaled_options(args, schedule_path),
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -426,15 +474,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     sup.host.devices = devices  # this machine's nodes: --device per node (checkfree.swarm.devices)
     sup.results.node_devices = sup.host.node_devices  # filled as nodes start; written to throughput.json
     apply_run_dir(plan)
-    handler = logging.FileHandler(run_dir / "supervisor.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("checkfree").addHandler(handler)
+    _log_to(run_dir)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     log.info("supervisor: nodes %d..%d compute on %s", args.start, end - 1, devices.describe())
     if not args.insecure:
         log.info("supervisor: join token for other machines: %s", sup.token_path)
     sup.write_config()
+    return _supervise(sup, run_dir)
+
+
+def _log_to(run_dir: Path) -> None:
+    """The supervisor's log lines go to ``run_dir/supervisor.log`` too (appended)."""
+    handler = logging.FileHandler(run_dir / "supervisor.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger("checkfree").addHandler(handler)
+
+
+def _supervise(sup, run_dir: Path) -> int:
+    """Run the supervisor; print the summary (exit 0), or log why it failed (exit 1)."""
+    from checkfree.swarm.supervisor.results import summary_table
+    from checkfree.swarm.supervisor.supervisor import SwarmError
+
     try:
         results = sup.run()
     except SwarmError as exc:
@@ -446,6 +507,109 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     print(f"results: {run_dir / 'throughput.json'}")
     return 0
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    """``swarm run --resume RUN_DIR``: a supervisor that goes on with the run in RUN_DIR from its journal
+    (checkfree.swarm.supervisor.journal, .adoption), every option as the run was started.
+
+    Raises:
+        ValueError: another option was given too, the journal is missing or damaged, the run ended, its supervisor
+            still runs, the schedule changed, or the address cannot be bound again (one sentence each).
+    """
+    import hashlib
+
+    import zmq
+
+    from checkfree.swarm.config import node_range, swarm_config_from_dict
+    from checkfree.swarm.devices import resolve_devices
+    from checkfree.swarm.process_identity import running
+    from checkfree.swarm.supervisor.journal import keys_of, read_journal
+    from checkfree.swarm.supervisor.supervisor import Supervisor
+
+    assert _RUN_PARSER is not None
+    defaults = vars(_RUN_PARSER.parse_args([]))
+    given = [k for k, v in vars(args).items() if k in defaults and k != "resume" and v != defaults[k]]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(
+            f"--resume {args.resume} reads every other option from the run's journal, but {flag} was given too; "
+            "expected --resume RUN_DIR alone."
+        )
+    run_dir = Path(args.resume)
+    data = read_journal(run_dir)
+    if data["status"] != "running":
+        raise ValueError(
+            f"the run in {run_dir} ended ({data['status']}) and its nodes were stopped with it; expected a run whose "
+            "supervisor died (SIGKILL, a lost machine) while its nodes wait for a resumed one."
+        )
+    old = data["supervisor"]
+    if old.get("started") is not None and running(old["pid"], old["started"]):
+        raise ValueError(
+            f"the supervisor of the run in {run_dir} still runs (pid {old['pid']}); expected a run whose "
+            "supervisor died."
+        )
+    alive = [n for n, (pid, started) in data["processes"].items() if running(pid, started)]
+    if not alive and not data["state"]["roster"]["launchers"]:
+        grace = data["state"]["config"].get("supervisor_grace")
+        raise ValueError(
+            f"no node of the run in {run_dir} is alive (a node waits supervisor_grace = {grace} s for a resumed "
+            "supervisor): every stage has no live replica and no snapshot to restore it from, so the run cannot "
+            "be resumed; its results so far are in its journal.json."
+        )
+    opts = argparse.Namespace(**(defaults | data["options"]))
+    for key in PATH_OPTIONS:
+        if getattr(opts, key, None) is not None:
+            setattr(opts, key, Path(getattr(opts, key)))
+    cfg = swarm_config_from_dict(data["state"]["config"], f"the journal of {run_dir}")
+    schedule, schedule_path = _schedule(opts)
+    if schedule_path is not None and "schedule_sha256" in data["options"]:
+        if hashlib.sha256(Path(schedule_path).read_bytes()).hexdigest() != data["options"]["schedule_sha256"]:
+            raise ValueError(
+                f"the schedule {schedule_path} changed since the run in {run_dir} started; expected the file it "
+                "started with."
+            )
+    recovery_kills = None
+    if opts.recovery_kills is not None:
+        from checkfree.swarm.supervisor.recovery_kills import load_recovery_kills
+
+        recovery_kills = load_recovery_kills(opts.recovery_kills)
+    end = node_range(cfg.n_nodes, opts.start, opts.end, opts.config)
+    devices = resolve_devices(opts.device, opts.gpus, opts.start)
+    try:  # the same address as before: every node and launcher dials it
+        sup = Supervisor(
+            cfg,
+            data["state"]["setting"],
+            schedule,
+            opts.iterations,
+            run_dir,
+            data["state"]["vocab_size"],
+            start=opts.start,
+            end=end,
+            bind_host=opts.bind_host,
+            port=data["port"],
+            advertise_host=opts.advertise_host,
+            cache_dir=opts.cache_dir,
+            insecure=opts.insecure,
+            recovery_kills=recovery_kills,
+            schedule_path=schedule_path,
+            keys=keys_of(data),
+            options=data["options"],
+        )
+    except zmq.ZMQError as exc:
+        raise ValueError(
+            f"the resumed supervisor cannot listen on {data['address']} again ({exc}); expected that port free "
+            "(another process holds it: is a supervisor of this run still alive?)."
+        ) from None
+    sup.host.devices = devices
+    sup.restore(data)
+    sup.host.node_devices.update(sup.results.node_devices)
+    sup.results.node_devices = sup.host.node_devices
+    _log_to(run_dir)
+    with open(run_dir / "command.txt", "a") as f:
+        f.write(" ".join(sys.argv) + "\n")
+    log.info("supervisor: resumed at %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
+    return _supervise(sup, run_dir)
 
 
 TABLE_KEYS = (

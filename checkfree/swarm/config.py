@@ -74,6 +74,9 @@ class SwarmConfig:
     """A weights request unanswered in this time is sent to another source."""
     max_attempts: int = 5
     """Attempts per iteration (and tries per replacement) before the run stops with an error."""
+    supervisor_grace: float = 120.0
+    """A node (or the storage node, or a launcher) whose supervisor fell silent keeps its stage and waits this long
+    for a resumed supervisor (``swarm run --resume``) before it exits (docs/swarm.md)."""
     data: str = "corpus"
     """Stage-0 batches: "corpus" (checkfree.data, the model config's dataset) or "synthetic" (tests)."""
     seed: int | None = None
@@ -179,6 +182,7 @@ class SwarmConfig:
             "iteration_timeout",
             "recovery_timeout",
             "request_timeout",
+            "supervisor_grace",
         ):
             value = getattr(self, key)
             if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from checkfree.swarm.devices import DeviceMap
+from checkfree.swarm.process_identity import AdoptedProcess, running, start_time
 from checkfree.swarm.wire.auth import SwarmKeys
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,10 @@ class LocalHost:
         self.keys, self.devices = keys, devices
         self.node_devices: dict[int, str] = {}
         """node id → the device it was started on (stage nodes of a run with a device map)."""
-        self.procs: dict[int, subprocess.Popen | _Forked] = {}
+        self.procs: dict[int, subprocess.Popen | _Forked | AdoptedProcess] = {}
+        self.started: dict[int, int] = {}
+        """node id → its process's start time (checkfree.swarm.process_identity): with the pid, what the
+        supervisor journals so that a resumed supervisor signals only these processes."""
         atexit.register(self.reap_all)
 
     def device_for(self, node: int, stage: int, replacement: bool) -> str | None:
@@ -185,7 +189,7 @@ class LocalHost:
             return None
         if not replacement:
             return self.devices.initial(node)
-        live = [d for n, d in self.node_devices.items() if self.procs[n].poll() is None]
+        live = [d for n, d in self.node_devices.items() if n in self.procs and self.procs[n].poll() is None]
         return self.devices.replacement(live)
 
     def command(
@@ -236,6 +240,9 @@ class LocalHost:
         with held_signals():  # from the fork to the record of its pid: a stop signal waits (module docstring)
             proc = self._start(cmd, log_path)
             self.procs[node] = proc
+        started = start_time(proc.pid)
+        if started is not None:
+            self.started[node] = started
         if device is not None:
             self.node_devices[node] = device
         log.info(
@@ -269,6 +276,22 @@ class LocalHost:
                 env=env,
                 cwd=self.run_dir,
             )
+
+    def identity(self, node: int) -> tuple[int, int] | None:
+        """(pid, start time) of node ``node``'s process while it runs, else None."""
+        proc, started = self.procs.get(node), self.started.get(node)
+        if proc is None or started is None or proc.poll() is not None:
+            return None
+        return proc.pid, started
+
+    def adopt(self, node: int, pid: int, started: int) -> bool:
+        """Take over node ``node``'s process, started by a supervisor that died (pid ``pid``, start time
+        ``started``): True if it still runs as that process; from now on it is killed, reaped and polled as if
+        this object had started it (checkfree.swarm.process_identity.AdoptedProcess)."""
+        if not running(pid, started):
+            return False
+        self.procs[node], self.started[node] = AdoptedProcess(pid, started), started
+        return True
 
     def exited(self, node: int) -> int | None:
         """Exit code of a node that has exited, None while it runs (or if it is not ours)."""

@@ -9,7 +9,9 @@ only obeys: ``spawn`` (start a node process here, pointed at the bootstrap), ``k
 own nodes by pid: a scheduled crash) and ``shutdown``; it reports ``exited`` when one of its nodes dies by
 itself. All policy (schedule, recovery, results) stays with the supervisor, which writes throughput.json
 on machine A; node logs stay on the machine that ran the node. When the supervisor falls silent for
-``peer_timeout`` seconds the launcher kills its nodes and exits; so it does on Ctrl-C or SIGTERM (checkfree.cli
+``peer_timeout`` seconds, the launcher waits ``supervisor_grace`` seconds for a resumed one (``swarm run --resume``
+on machine A, which dials the launcher again; checkfree.swarm.node.supervisor_watch), then kills its nodes and
+exits; so it does at once on Ctrl-C or SIGTERM (checkfree.cli
 turns SIGTERM into a KeyboardInterrupt, and :func:`run_launcher` reaps its nodes by pid whatever ends it).
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.node.supervisor_watch import SupervisorWatch
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import read_token
 from checkfree.swarm.wire.links import TransportError
@@ -47,6 +50,7 @@ def run_launcher(
     join_timeout: float = 120.0,
     token: Path | None = None,
     devices: DeviceMap | None = None,
+    supervisor_grace: float = 120.0,
 ) -> int:
     """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code.
 
@@ -78,6 +82,7 @@ def run_launcher(
         log.info("launcher %d: nodes %d..%d compute on %s", me, start, end - 1, devices.describe())
     reported: set[int] = set()
     state = {"heard": False, "done": False}
+    watch = SupervisorWatch(f"launcher {me}", supervisor_grace)
 
     def send(meta: dict) -> None:
         try:
@@ -130,9 +135,13 @@ def run_launcher(
                     "launcher %d: no word from the supervisor at %s in %.0f s", me, bootstrap, join_timeout
                 )
                 return 3
-            if state["heard"] and SUPERVISOR_ID in transport.dead_peers():
-                log.error("launcher %d: the supervisor is gone; stopping its nodes", me)
-                return 3
+            if state["heard"]:
+                silent = SUPERVISOR_ID in transport.dead_peers()
+                if watch.away and not silent:
+                    watch.back()  # a resumed supervisor dialled this launcher again
+                if watch.check(silent) == "expired":
+                    log.error("launcher %d: the supervisor is gone; stopping its nodes", me)
+                    return 3
         return 0
     finally:
         host.reap_all()

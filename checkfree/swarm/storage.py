@@ -16,6 +16,9 @@ A snapshot is served only to a node the supervisor lists for that very stage (a 
 the ``storage`` rule, or a replica rolling back: no node learns a stage it does not hold), and to each requester
 at most once per ``request_timeout`` / 2 seconds (a requester asks again only after ``request_timeout``): a
 flood of requests gets at most two answers per ``request_timeout``, the rest is dropped and counted.
+
+When the supervisor falls silent the storage node keeps what it holds and waits ``supervisor_grace`` seconds for a
+resumed one (checkfree.swarm.node.supervisor_watch), which asks it (``resume``) for the versions it holds.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch
 from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
+from checkfree.swarm.node.supervisor_watch import SupervisorWatch
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import Identity
@@ -74,6 +78,8 @@ class StorageNode:
         self.request_timeout = 60.0
         """The config's ``request_timeout`` (from the WELCOME)."""
         self.done = False
+        self.watch = SupervisorWatch(f"storage {node_id}", grace=120.0)
+        """Whether the supervisor is away (its grace: the WELCOME config's ``supervisor_grace``)."""
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
             MessageType.CONTROL: self._on_control,
             MessageType.CHECKPOINT: self._store,
@@ -83,6 +89,7 @@ class StorageNode:
             "peers": self._peers,
             "begin": self._begin,
             "shutdown": self._shutdown,
+            "resume": self._resume,
         }
         """Supervisor commands the storage node acts on; the others (sync, commit, ...) are not for it."""
 
@@ -97,6 +104,7 @@ class StorageNode:
             cfg = swarm_config_from_dict(welcome.meta["config"], "WELCOME config")
             self.netem = configure_links(t, cfg)
             self.request_timeout = cfg.request_timeout
+            self.watch.grace = cfg.supervisor_grace
             self.max_version = welcome.meta["iteration"]
             self._peers(welcome.meta)
             record = RecoveryRecord(-1, "storage").to_json()  # the storage node (re)starts empty
@@ -105,19 +113,21 @@ class StorageNode:
                 MessageType.CONTROL,
                 meta=control.control("serving", stage=-1, version=0, record=record),
             )
-            while not self.done and SUPERVISOR_ID not in t.dead_peers():
+            while not self.done:
                 msg = t.recv(0.1)
                 if msg is not None:
                     self.dispatch(msg)
-            if self.done:
-                return 0
-            log.error("storage %d: the supervisor is gone; exiting", self.id)
-            return 3
+                if self.watch.check(SUPERVISOR_ID in t.dead_peers()) == "expired":
+                    return 3
+            return 0
         finally:
             self.transport.close()
 
     def dispatch(self, msg: Message) -> None:
         """Route through the handler table; a message that does not fit is dropped and counted."""
+        if self.watch.away and (msg.type != MessageType.CONTROL or msg.sender != SUPERVISOR_ID):
+            self.watch.dropped += 1  # nothing but the supervisor's word while it is away
+            return
         handler = self.handlers.get(msg.type)
         try:
             if handler is None:
@@ -137,6 +147,29 @@ class StorageNode:
         handler = self.commands.get(msg.meta["command"])
         if handler is not None:
             handler(msg.meta)
+            self.watch.heard()
+
+    def _resume(self, meta: dict[str, Any]) -> None:
+        """A resumed supervisor asks what this node holds (checkfree.swarm.supervisor.adoption)."""
+        self.watch.back()
+        stats = self.transport.stats
+        answer = control.control(
+            "resumed",
+            stage=-1,
+            version=0,
+            serving=True,
+            attempt=-1,
+            pending=None,
+            last_control_wall=self.watch.last_command_wall,
+            sent_bytes=stats["sent_bytes"],
+            sent_messages=stats["sent_messages"],
+            dropped_malformed=stats["dropped_malformed"],
+            bad_messages=self.bad_messages,
+            rejected_from=self._rejected_from(),
+            stored_versions=self._versions(),
+            record=RecoveryRecord(-1, "storage").to_json(),
+        )
+        self.send(SUPERVISOR_ID, MessageType.CONTROL, meta=answer)
 
     def _shutdown(self, meta: dict[str, Any]) -> None:
         stats = self.transport.stats

@@ -103,6 +103,21 @@ class IterationCommands:
         done = control("committed", attempt=attempt, **self.report())
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, clock.iteration, meta=done)
 
+    def hold(self) -> int | None:
+        """The supervisor is away, or a resumed one asks where this node is (checkfree.swarm.node.supervisor_watch):
+        drop the attempt in flight (its activations and gradients, stage 0's pipeline), unless its gradients were
+        averaged and await ``commit``: those are kept, for the commit may have been decided and some replicas may
+        have stepped (a resumed supervisor finishes it, checkfree.swarm.supervisor.adoption). Returns that
+        attempt, or None. Nothing has stepped either way."""
+        clock, parts = self.ctx.clock, self.parts
+        if isinstance(parts.pipeline, PipelineDriver):
+            parts.pipeline.abort()
+        if clock.attempt >= 0 and parts.gradients.reduced == clock.attempt:
+            return clock.attempt
+        parts.worker.reset()
+        parts.gradients.reset()
+        return None
+
     def abort(self, meta: dict[str, Any]) -> None:
         if meta["attempt"] == self.ctx.clock.attempt:
             self.parts.worker.reset()

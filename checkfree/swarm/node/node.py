@@ -24,8 +24,10 @@ Life of a node (``python -m checkfree.swarm.node.node --id N --stage S --locatio
    WEIGHTS_RESPONSE with the weights, the last gradient norm, and (if asked) Adam's moments, step and lr.
    Under ``ours-plus`` stage 0 also pushes its embedding and head to stages 1 and S after each step, and those
    serve the copies to a stage-0 replacement (checkfree.swarm.node.stage0_copies).
-5. **Leave** on ``shutdown`` (final stats to the supervisor), or exit by itself when the supervisor has
-   been silent for ``peer_timeout`` seconds: a node never outlives its swarm.
+5. **Leave** on ``shutdown`` (final stats to the supervisor). A node whose supervisor falls silent keeps its
+   stage and Adam state, drops the attempt in flight, does nothing else, and waits ``supervisor_grace`` seconds
+   for a resumed supervisor (``resume``, checkfree.swarm.node.supervisor_watch) before it exits by itself: a
+   node never outlives its swarm for good.
 
 The node is small state objects (checkfree.swarm.node.context, the peer table of checkfree.swarm.node.membership) and
 parts that each receive them in one :class:`~checkfree.swarm.node.context.NodeContext` (its id, stage, attempt clock,
@@ -65,6 +67,7 @@ from checkfree.swarm.node.membership import Membership, PeerSender, advertised, 
 from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
 from checkfree.swarm.node.recovering import Recovery, Rollback
 from checkfree.swarm.node.relay import check_pipeline_message, check_route
+from checkfree.swarm.node.supervisor_watch import SupervisorWatch
 from checkfree.swarm.node.validation import NodeValidation
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.storage import StorageNode
@@ -120,6 +123,8 @@ class Node:
         self.state: StageState
         """The stage replica it trains (built from the WELCOME's config)."""
         self.serving = False
+        self.served_record: dict[str, Any] = {}
+        """The recovery record this node reported ``serving`` with (a resumed supervisor asks for it again)."""
         self.done = False
         self.bad_messages = 0
         self.rejected_from: dict[int, int] = {}
@@ -127,6 +132,8 @@ class Node:
         self.rejected = {"nonfinite": 0, "off_route": 0}
         """FORWARD / BACKWARD refused by the data plane's checks (checkfree.swarm.node.relay), by counter."""
         self.task: Recovery | Rollback | None = None
+        self.watch = SupervisorWatch(f"node {node_id}", grace=120.0)
+        """Whether the supervisor is away (its grace: the WELCOME config's ``supervisor_grace``)."""
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
             MessageType.FORWARD: self._on_pipeline,
             MessageType.BACKWARD: self._on_pipeline,
@@ -144,6 +151,7 @@ class Node:
             "plan": self._on_plan,
             "rollback": self._rollback,
             "shutdown": self._shutdown,
+            "resume": self._on_resume,
         }
         """CONTROL command (from the supervisor only) → handler; the iteration's (checkfree.swarm.node.iteration) are
         added once the node is set up."""
@@ -202,6 +210,7 @@ class Node:
 
     def _setup(self, meta: dict[str, Any]) -> None:
         self.cfg = cfg = swarm_config_from_dict(meta["config"], "WELCOME config")
+        self.watch.grace = cfg.supervisor_grace
         self.policy = make_policy(meta["setting"])
         self.netem = configure_links(self.transport, cfg)
         ctx = self.ctx
@@ -231,18 +240,21 @@ class Node:
         log.info("node %d: %s, setting %s", self.id, where, self.policy.name)
 
     def _serve(self, record: dict[str, Any]) -> None:
-        self.serving = True
+        self.serving, self.served_record = True, record
         self.task = None
         meta = control.control("serving", stage=self.stage, version=self.state.version, record=record)
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)
         self._replay_requests()
 
     def _tick(self) -> bool:
-        """Timeouts; True when the node must exit (its supervisor is gone)."""
-        if SUPERVISOR_ID in self.transport.dead_peers():
-            silent = self.transport.peer_timeout
-            log.error("node %d: the supervisor has been silent for %.1f s; exiting", self.id, silent)
+        """Timeouts; True when the node must exit (its supervisor is gone for ``supervisor_grace`` seconds)."""
+        seen = self.watch.check(SUPERVISOR_ID in self.transport.dead_peers())
+        if seen == "lost":  # keep the stage and Adam, drop the attempt in flight, wait for a resumed one
+            self.steps.hold()
+        if seen == "expired":
             return True
+        if self.watch.away:
+            return False  # no training, no recovery without a supervisor
         if self.task is not None:
             self.task.tick()
         if isinstance(self.parts.pipeline, PipelineDriver):
@@ -267,6 +279,9 @@ class Node:
     def dispatch(self, msg: Message) -> None:
         """Route one message through the handler table; a message a handler rejects (ProtocolError: nonsense
         from a peer) is logged and counted in ``bad_messages``. Any other exception is a bug: it propagates."""
+        if self.watch.away and (msg.type != MessageType.CONTROL or msg.sender != SUPERVISOR_ID):
+            self.watch.dropped += 1  # nothing but the supervisor's word while it is away
+            return
         handler = self.handlers.get(msg.type)
         if handler is None:
             self.reject(msg, f"a node takes no {msg.type.name}")
@@ -392,6 +407,26 @@ class Node:
         if handler is None:
             raise ProtocolError(f"command {command!r} is not for a node")
         handler(msg.meta)
+        self.watch.heard()
+
+    def _on_resume(self, meta: dict[str, Any]) -> None:
+        """A resumed supervisor asks where this node is (checkfree.swarm.supervisor.adoption): drop the attempt in
+        flight but keep gradients that await a ``commit``, and answer with the stage, the weights' version, whether
+        it serves, the attempt it was in and the one whose ``commit`` it awaits (CONTROL ``resumed``). The CURVE
+        key this answer travels under is the node's proof of identity."""
+        pending = self.steps.hold()
+        self.watch.back()
+        answer = {
+            **self.report(),
+            "stage": self.stage,
+            "version": self.state.version,
+            "serving": self.serving,
+            "attempt": self.ctx.clock.attempt,
+            "pending": pending,
+            "last_control_wall": self.watch.last_command_wall,
+            **({"record": self.served_record} if self.serving else {}),
+        }
+        self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("resumed", **answer))
 
     def _shutdown(self, meta: dict[str, Any]) -> None:
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=control.control("final", **self.report()))

@@ -36,8 +36,9 @@ log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 @dataclass(frozen=True)
 class Step:
     """What an attempt needs next (:meth:`Attempts.advance`): ``fire`` its due crashes now (the forward phase
-    ended first; the deaths then abort it), ``committed`` (with every pipeline's ``iteration_end`` and every
-    node's ``ready``), or ``retry`` (it stalled or timed out: ``why``)."""
+    ended first; the deaths then abort it), ``commit`` (every member is ready: the supervisor journals the
+    commit's intent, then :meth:`Attempts.commit` broadcasts it), ``committed`` (with every pipeline's
+    ``iteration_end`` and every node's ``ready``), or ``retry`` (it stalled or timed out: ``why``)."""
 
     kind: str
     why: str = ""
@@ -107,8 +108,7 @@ class Attempts:
             current.phase = "sync"
             self.link.broadcast("sync", attempt=number)
         elif current.phase == "sync" and set(nodes) <= set(got.get("ready", {})):
-            current.phase = "commit"
-            self._commit(current)
+            return Step("commit", ends=got["iteration_end"], ready=got["ready"])
         elif current.phase == "commit" and set(alive) <= set(got.get("committed", {})):
             return Step("committed", ends=got["iteration_end"], ready=got["ready"])
         if got.get("stalled"):
@@ -117,11 +117,19 @@ class Attempts:
             return Step("retry", f"no commit within {self.cfg.iteration_timeout:.0f} s")
         return None
 
-    def _commit(self, current: Attempt) -> None:
+    def commit(self, to: list[int] | None = None) -> None:
+        """Every member is ready (:meth:`advance` said ``commit``, and the supervisor journaled the intent): the
+        attempt enters its commit phase and every live node gets ``commit`` (with ``to``: only those nodes, a
+        resumed supervisor finishing a commit its predecessor began; checkfree.swarm.supervisor.adoption)."""
+        current = self._current()
+        current.phase = "commit"
         meta: dict[str, Any] = {"attempt": current.number, "iteration": current.iteration}
         if self.state.roster.storage is not None and (current.iteration + 1) % self.cfg.checkpoint_every == 0:
             meta["checkpoint_senders"] = [ids[0] for ids in current.members.values() if ids]
-        self.link.broadcast("commit", **meta)
+        if to is None:
+            self.link.broadcast("commit", **meta)
+        for node in to or []:
+            self.link.command(node, "commit", **meta)
 
     def committed(self) -> None:
         """The attempt committed its iteration: it is over, and the run counts one more commit."""

@@ -140,6 +140,7 @@ class PeerMessages:
             "stalled": self._on_stalled,
             "recovery_failed": self._on_recovery_failed,
             "replan": self._on_replan,
+            "resumed": self._on_resumed,
         }
         """CONTROL command from a node → handler."""
 
@@ -326,6 +327,17 @@ class PeerMessages:
         self.state.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
         return []
 
+    def _on_resumed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
+        """A node answers a resumed supervisor's ``resume``: a claim (its stage, version, attempt, the commit it
+        awaits) that checkfree.swarm.supervisor.adoption weighs against the journal; taken once."""
+        if slot.occupant in self.state.inbox.get("resumed", {}):
+            raise ProtocolError("a second 'resumed'")
+        self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
+        if "sent_bytes" in meta:
+            self.ledger.node_report(slot.occupant, meta)  # its counters so far, for throughput.json
+        self.state.inbox.setdefault("resumed", {})[slot.occupant] = meta
+        return []
+
     def _on_restored(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         self._plausible(meta["version"])
         slot.version = meta["version"]
@@ -355,6 +367,7 @@ class PeerMessages:
         ]
         self._connect(msg.sender, msg.meta["address"])
         self.roster.launchers.add(msg.sender)
+        self.roster.launcher_addresses[msg.sender] = msg.meta["address"]
         log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
         for n in slots:
             self.roster.slots[n].launcher = msg.sender

@@ -35,6 +35,12 @@ class CrashLedger(Protocol):
     def forget_crash(self, slot: Slot) -> None: ...
 
 
+class JournalWriter(Protocol):
+    """Where the supervisor's state is journaled (checkfree.swarm.supervisor.journal.Journal)."""
+
+    def write(self, why: str) -> None: ...
+
+
 class Processes:
     """Starts, watches and replaces the swarm's node processes.
 
@@ -42,13 +48,21 @@ class Processes:
         state: the supervisor's state (the config, the slots, the keys, the storage node's checkpoints, which
             die with it). link: messages to nodes (and the transport). host: starts and kills this machine's
             processes. ledger: records a crash's events. bootstrap: the supervisor's address (named in the
-            error for slots no launcher took).
+            error for slots no launcher took). journal: written before a node starts (its id is never handed out
+            twice) and once it runs (its pid and start time: a resumed supervisor signals only it).
     """
 
     def __init__(
-        self, state: SupervisorState, link: Link, host: LocalHost, ledger: CrashLedger, bootstrap: str
+        self,
+        state: SupervisorState,
+        link: Link,
+        host: LocalHost,
+        ledger: CrashLedger,
+        bootstrap: str,
+        journal: JournalWriter | None = None,
     ) -> None:
         self.state, self.link, self.host, self.ledger, self.bootstrap = state, link, host, ledger, bootstrap
+        self.journal = journal
         self.cfg: SwarmConfig = state.cfg
         self.roster, self.keys = state.roster, state.keys
         self.deaths = 0
@@ -85,8 +99,12 @@ class Processes:
         slot.replans = 0
         slot.deadline = time.monotonic() + self.cfg.recovery_timeout
         roster.by_node[slot.occupant] = slot
+        if self.journal is not None:
+            self.journal.write(f"starting node {slot.occupant}")
         if slot.local:
             self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, roster.next_id)
+            if self.journal is not None:
+                self.journal.write(f"started node {slot.occupant}")
         elif slot.launcher is not None:
             self.link.command(
                 slot.launcher,
@@ -99,17 +117,17 @@ class Processes:
             )
         self.ledger.spawned(slot)
 
-    def kill(self, slot: Slot, why: str) -> None:
+    def kill(self, slot: Slot, why: str, tell_peers: bool = True) -> None:
         """SIGKILL ``slot``'s occupant (here, or through its launcher) and mark it dead."""
         if slot.local:
             self.host.kill(slot.occupant)
         elif slot.launcher is not None:
             self.link.command(slot.launcher, "kill", node=slot.occupant)
-        self.mark_dead(slot, why)
+        self.mark_dead(slot, why, tell_peers)
 
-    def mark_dead(self, slot: Slot, why: str) -> None:
+    def mark_dead(self, slot: Slot, why: str, tell_peers: bool = True) -> None:
         """Record ``slot``'s occupant as gone (once): a crash record, the storage's checkpoints forgotten,
-        the peer table re-broadcast."""
+        the peer table re-broadcast (unless ``tell_peers`` is False: a resumed supervisor tells them once)."""
         if slot.dead:
             return
         log.warning(
@@ -122,7 +140,8 @@ class Processes:
             self.state.checkpoints.forget(self.state.begun_iteration)
         self.ledger.crashed(slot, why, self.state.begun_iteration)
         self.link.disconnect(slot.occupant)
-        self.link.broadcast("peers", **self.roster.peers_fields())
+        if tell_peers:
+            self.link.broadcast("peers", **self.roster.peers_fields())
 
     def check_deaths(self) -> bool:
         """Mark exited or silent processes dead; True if a stage node died since the last call."""

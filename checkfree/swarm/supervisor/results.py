@@ -28,6 +28,14 @@
   ``waiting_s``) and its ``losses`` (whole-stage losses recovered, with a wait or not); ``waits`` (one record per wait); ``still_away`` (slots down
   when the run ended; their crashes are under ``open_crashes``); per crash ``down_until`` (the schedule iteration
   its slot came back) and ``recovery_s`` (replacement started → serving); ``mean_recovery_s``.
+* ``coordinator_outages``: one record per time the supervisor died and a resumed one took over (``swarm run
+  --resume``, checkfree.swarm.supervisor.adoption): ``t_lost`` (the last word any node had from the supervisor that
+  died, or its last journal write if later), ``t_resumed`` (the resumed supervisor started), ``t_adopted`` (it had
+  heard every live node), ``t_next_commit`` (its first commit), ``iterations_redone`` (the iteration whose attempt
+  was in flight, redone from microbatch 0), ``rolled_forward`` (the iteration whose commit the dead supervisor had
+  begun and the resumed one finished), ``adopted`` and ``replaced`` (nodes, the latter with why); ``resumes``
+  counts them. ``started_at``: epoch seconds of the results' clock's 0 (the first ``begin``), so a time of this
+  file is ``started_at`` + t in wall time.
 * ``ended_by``: ``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended
   first). ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
   error) or ``interrupted`` (SIGINT / SIGTERM), and ``cause`` (None when completed). The file is written
@@ -186,9 +194,14 @@ class Results:
         """``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended first)."""
         self.model = ModelRecords(cfg.snapshot_every)
         """Validations, the model gathered at the end, snapshots (checkfree.swarm.supervisor.model_records)."""
+        self.outages: list[dict[str, Any]] = []
+        """Each time the supervisor died and a resumed one took over (module docstring)."""
+        self.started_at: float | None = None
+        """Epoch seconds of the results' clock's 0 (None before training started)."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
+        self.started_at = time.time()
 
     def now(self) -> float:
         """Seconds since training started (negative times never occur: before start it is 0)."""
@@ -419,6 +432,9 @@ class Results:
             "replica_shortage": {str(s): row for s, row in self.shortage.items()},
             "waits": self.waits,
             "still_away": self.still_away,
+            "coordinator_outages": self.outages,
+            "resumes": len(self.outages),
+            "started_at": self.started_at,
             **self.model.to_json(self.rows),
             "config": self.cfg.to_json(),
         }

@@ -91,7 +91,26 @@ class Slot:
             "copy_version": self.copy_version,
             "restarted": self.restarted,
             "consecutive": self.consecutive,
+            "rebuilt": list(self.rebuilt) if self.rebuilt is not None else None,
         }
+
+    def load(self, data: dict[str, Any], n_stages: int) -> None:
+        """Take the fields :meth:`to_json` wrote (a resumed supervisor's journal,
+        checkfree.swarm.supervisor.journal); a slot that does not serve gets a fresh start deadline.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes for this slot.
+        """
+        if (data["slot"], data["stage"]) != (self.slot, self.stage):
+            raise ValueError(f"slot {data['slot']} of stage {data['stage']} is not slot {self.slot}")
+        for key in ("location", "local", "occupant", "address", "serving", "dead", "version", "tries"):
+            setattr(self, key, data[key])
+        for key in ("launcher", "plan_seq", "replans", "away", "back_at", "copy_version", "restarted"):
+            setattr(self, key, data[key])
+        self.consecutive = data["consecutive"]
+        self.plan = RecoveryPlan.from_json(data["plan"], n_stages) if data["plan"] is not None else None
+        rebuilt = data.get("rebuilt")
+        self.rebuilt = tuple(tuple(x) if isinstance(x, list) else x for x in rebuilt) if rebuilt else None
 
 
 class Roster:
@@ -113,6 +132,8 @@ class Roster:
         """Node id → its slot, for every node ever started (a dead occupant still maps to its slot)."""
         self.launchers: set[int] = set()
         """Ids of the other machines' launchers that joined."""
+        self.launcher_addresses: dict[int, str] = {}
+        """Launcher id → the address it joined from (a resumed supervisor dials it again)."""
         self.next_id = cfg.first_replacement_id
         """The id the next replacement gets."""
         self.revoked: set[int] = set()
@@ -155,14 +176,35 @@ class Roster:
         return all(s.serving or s.away for s in self.all())
 
     def to_json(self) -> dict[str, Any]:
-        """The slots, the launchers, the next replacement id and the revoked ids, as plain data."""
+        """The slots, the launchers (and the addresses they joined from), the next replacement id and the revoked
+        ids, as plain data."""
         return {
             "slots": [s.to_json() for s in self.slots],
             "storage": self.storage.to_json() if self.storage is not None else None,
             "launchers": sorted(self.launchers),
+            "launcher_addresses": {str(k): v for k, v in sorted(self.launcher_addresses.items())},
             "next_id": self.next_id,
             "revoked": sorted(self.revoked),
         }
+
+    def load(self, data: dict[str, Any]) -> None:
+        """Take what :meth:`to_json` wrote (a resumed supervisor's journal); ``by_node`` maps each slot's occupant.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes for this topology.
+        """
+        if len(data["slots"]) != len(self.slots) or (data["storage"] is None) != (self.storage is None):
+            raise ValueError(
+                f"the journal holds {len(data['slots'])} slots; this swarm has {len(self.slots)}"
+            )
+        for slot, row in zip(
+            self.all(), data["slots"] + ([data["storage"]] if data["storage"] else []), strict=True
+        ):
+            slot.load(row, self.cfg.n_stages)
+            self.by_node[slot.occupant] = slot
+        self.launchers = set(data["launchers"])
+        self.launcher_addresses = {int(k): v for k, v in data.get("launcher_addresses", {}).items()}
+        self.next_id, self.revoked = data["next_id"], set(data["revoked"])
 
 
 @dataclass
@@ -192,6 +234,11 @@ class Attempt:
     def nodes(self) -> list[int]:
         """Every member of this attempt."""
         return [n for ids in self.members.values() for n in ids]
+
+    def to_json(self) -> dict[str, Any]:
+        """Number, iteration, members and phase, as plain data (its clock times are this process's)."""
+        members = {str(k): v for k, v in sorted(self.members.items())}
+        return {"number": self.number, "iteration": self.iteration, "members": members, "phase": self.phase}
 
 
 @dataclass
@@ -263,4 +310,29 @@ class SupervisorState:
                 "stored": {str(s): sorted(v) for s, v in sorted(self.checkpoints.stored.items())},
                 "lost_at": self.checkpoints.lost_at,
             },
+            "current": self.current.to_json() if self.current is not None else None,
         }
+
+    def load(self, data: dict[str, Any], now: float) -> None:
+        """Take the control state :meth:`to_json` wrote (a resumed supervisor's journal,
+        checkfree.swarm.supervisor.journal). The attempt that was begun comes back over (``phase`` ``over``, begun
+        at ``now``): its reports went with the supervisor that ran it, and the resumed one redoes or finishes it
+        (checkfree.swarm.supervisor.adoption). The reports' inbox starts empty.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes for this swarm.
+        """
+        self.roster.load(data["roster"])
+        self.iteration, self.attempt = data["iteration"], data["attempt"]
+        self.schedule_clock, self.commits = data["schedule_clock"], data["commits"]
+        self.training = data["training"]
+        self.fired = {(slot, at) for slot, at in data["fired"]}
+        self.failed_attempts = {int(k): v for k, v in data["failed_attempts"].items()}
+        self.checkpoints.stored = {int(k): set(v) for k, v in data["checkpoints"]["stored"].items()}
+        self.checkpoints.lost_at = data["checkpoints"]["lost_at"]
+        current = data.get("current")
+        self.current = None
+        if current is not None:
+            members = {int(k): list(v) for k, v in current["members"].items()}
+            self.current = Attempt(current["number"], current["iteration"], members, now, phase="over")
+        self.inbox = {}

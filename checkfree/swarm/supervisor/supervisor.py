@@ -59,7 +59,9 @@ themselves when the supervisor falls silent. Processes are killed by pid only.
 from __future__ import annotations
 
 import logging
+import os
 import secrets
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -68,13 +70,24 @@ from typing import Any
 
 from checkfree import jsonio
 from checkfree.failures.traces import DowntimeSchedule
+from checkfree.recovery.planner import RecoveryImpossible
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.policies import make_policy
+from checkfree.swarm.process_identity import start_time
+from checkfree.swarm.supervisor.adoption import CommitIntent, ResumeImpossible, Verdict, judge
 from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.conduct import Conduct
+from checkfree.swarm.supervisor.failpoints import armed, die_if
 from checkfree.swarm.supervisor.inbox import Action, PeerMessages
+from checkfree.swarm.supervisor.journal import (
+    Journal,
+    JournalError,
+    decode_results,
+    encode_results,
+    secret_of,
+)
 from checkfree.swarm.supervisor.link import POLL_S, Link
 from checkfree.swarm.supervisor.model_io import ModelIO, live_members
 from checkfree.swarm.supervisor.outages import Outages, check_schedule, schedule_info
@@ -82,10 +95,11 @@ from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
-from checkfree.swarm.supervisor.state import Roster, Slot, SupervisorState, SwarmError
+from checkfree.swarm.supervisor.state import Attempt, Roster, Slot, SupervisorState, SwarmError
 from checkfree.swarm.supervisor.validation import ValidationRuns
 from checkfree.swarm.wire import control as schemas
 from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
+from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
 from checkfree.swarm.wire.transport import Transport
 
@@ -94,6 +108,9 @@ __all__ = ["Slot", "Supervisor", "SwarmError"]
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 15.0
+RESUME_WAIT_S = 15.0
+"""At least this long a resumed supervisor waits for every journaled node's ``resume`` answer (and at least twice
+``peer_timeout``: a node's PUSH socket reconnects to the bootstrap address within a second)."""
 RECOVERY_POLL_S = 0.02
 """Wait of one receive while the swarm starts, recovers, rolls back, waits or shuts down, seconds."""
 
@@ -111,6 +128,10 @@ class Supervisor:
         swarm is paused, with the recovered crashes as throughput.json lists them (tests inspect weights
         through :meth:`fetch_weights`).
         recovery_kills: kills during recoveries (soak runs; checkfree.swarm.supervisor.recovery_kills).
+        keys: the swarm's keys (None: a new secret; a resumed supervisor passes its journal's,
+        checkfree.swarm.supervisor.journal.keys_of). journal: write ``<run_dir>/journal.json`` (False: only
+        ``bench_swarm.py``, which measures its cost). options: what ``swarm run`` was started with (journaled:
+        ``--resume`` reads them).
     """
 
     def __init__(
@@ -131,13 +152,16 @@ class Supervisor:
         insecure: bool = False,
         recovery_kills: list[RecoveryKill] | None = None,
         schedule_path: str | None = None,
+        keys: SwarmKeys | None = None,
+        journal: bool = True,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.policy = make_policy(setting)
         self.run_dir, self.on_recovered = Path(run_dir), on_recovered
         end = node_range(cfg.n_nodes, start, end)
         check_schedule(schedule, cfg)
-        keys = None if insecure else SwarmKeys.new()
+        keys = None if insecure else (keys if keys is not None else SwarmKeys.new())
         roster = Roster(cfg, start, end, storage=self.policy.rollback_on_stage_loss)
         self.state = SupervisorState(cfg, setting, vocab_size, keys, roster)
         self.conduct = Conduct(roster)
@@ -165,7 +189,21 @@ class Supervisor:
         self.results.schedule = schedule_info(schedule, schedule_path)
         self.link = Link(self.transport, roster)
         self.outages = Outages(schedule, self.state)
-        self.processes = Processes(self.state, self.link, self.host, self.results, self.address)
+        self.options = options or {}
+        self.port = int(self.transport.address.rsplit(":", 1)[1])
+        self.journal = Journal(self.run_dir, self._journal_content, enabled=journal)
+        """``<run_dir>/journal.json``: what a resumed supervisor starts from (checkfree.swarm.supervisor.journal)."""
+        self.intent: CommitIntent | None = None
+        """The commit decided and journaled before its broadcast (None once the commit itself is journaled)."""
+        self._commit_unjournaled = False
+        self.resumed_from: dict[str, Any] | None = None
+        """The journal this supervisor resumes (:meth:`restore`), None for a new run."""
+        self.resumes = 0
+        self.stale_after_resume = 0
+        """Messages for the dead supervisor that a resumed one dropped (checkfree.swarm.supervisor.adoption)."""
+        self.processes = Processes(
+            self.state, self.link, self.host, self.results, self.address, journal=self.journal
+        )
         self.attempts = Attempts(self.state, self.link)
         self.planner = LossPlanner(self.policy, self.state, self.link)
         self.peer_messages = PeerMessages(self.state, self.link, self.results, self.conduct)
@@ -208,6 +246,9 @@ class Supervisor:
             self._keep_model()
             self.results.finish_early(self.run_dir, "interrupted", str(exc) or "SIGINT", state.schedule_clock)
             raise
+        except ResumeImpossible as exc:  # one sentence, exit 2 (checkfree.cli)
+            self.results.finish_early(self.run_dir, "failed", str(exc), state.schedule_clock)
+            raise
         except Exception as exc:  # a bug: stop the run, keep the traceback, reap every node (finally below)
             with open(self.run_dir / "supervisor.log", "a") as f:
                 f.write(f"internal error of the supervisor:\n{traceback.format_exc()}")
@@ -218,18 +259,24 @@ class Supervisor:
             self.results.finish_early(self.run_dir, "failed", str(error), state.schedule_clock)
             raise error from exc
         finally:
+            self._journal_end(sys.exc_info()[1])
             self.host.reap_all()
             self.transport.close()
 
     def _run(self) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        if self.state.keys is not None:
-            self.state.keys.write_token(self.token_path, self.address)
-        self._start_nodes()
-        if self.roster.storage is not None:
-            self._store_initial()
-        self.results.start()
-        self.state.training = True
+        if self.resumed_from is not None:
+            self._resume()  # re-adopt the live nodes; the run goes on from the journaled state
+        else:
+            if self.state.keys is not None:
+                self.state.keys.write_token(self.token_path, self.address)
+            self.journal.write("start")
+            self._start_nodes()
+        if not self.state.training:
+            if self.roster.storage is not None and not self.state.checkpoints.holds_initial():
+                self._store_initial()
+            self.results.start()
+            self.state.training = True
         self.train()
         self._keep_model()
         self._shutdown()
@@ -338,6 +385,7 @@ class Supervisor:
             }
         )
         log.warning("supervisor: node %d evicted: %s", node, cause)
+        self.journal.write(f"node {node} evicted")  # its key stays revoked after a resume
         if occupies:
             assert slot is not None
             self.processes.kill(slot, f"evicted: {cause}")  # its peers learn the revocation from 'peers'
@@ -346,11 +394,12 @@ class Supervisor:
 
     # ------------------------------------------------------------------ starting
 
-    def _start_nodes(self) -> None:
-        """Start this machine's initial nodes and wait until every slot serves (a node that fails to start is
-        started again under its id, at most ``max_attempts`` times)."""
+    def _start_nodes(self, spawn: bool = True) -> None:
+        """Start this machine's initial nodes (``spawn``; a resumed supervisor only restarts the dead ones) and wait
+        until every slot serves (a node that fails to start is started again under its id, at most
+        ``max_attempts`` times)."""
         for slot in self.roster.all():
-            if slot.local:
+            if slot.local and spawn:
                 self.processes.spawn(slot, replacement=False)
         while True:
             self.serve(RECOVERY_POLL_S)
@@ -382,6 +431,7 @@ class Supervisor:
         """
         due = [slot.slot for slot in self.outages.due(it)]
         current = self.attempts.begin(it, due, self.results.last_wall_s())
+        die_if("begun", it, after_s=0.3)  # the resume tests' fault injection (unset in real runs)
         try:
             while True:
                 self.serve(POLL_S)
@@ -398,25 +448,19 @@ class Supervisor:
                 if step.kind == "fire":
                     self._fire(it)
                     continue
-                if step.kind == "committed":
+                if step.kind == "commit":  # journaled before any node can step
                     assert step.ends is not None and step.ready is not None
-                    self.attempts.committed()
-                    self.results.iteration(
-                        it,
-                        current.number,
-                        step.ends,
-                        step.ready,
-                        current.members,
-                        attempts=1 + self.state.failed_attempts.get(it, 0),
-                    )
-                    self.outages.committed()
-                    row = self.results.rows[-1]
-                    log.info(
-                        "supervisor: iteration %d committed: %.3f s, loss %.4f",
-                        it,
-                        row["wall_s"],
-                        row["loss"],
-                    )
+                    self.intent = CommitIntent(current.number, it, current.members, step.ends, step.ready)
+                    self.journal.write(f"commit of iteration {it}")
+                    if armed(
+                        "commit-partial", it
+                    ):  # the resume tests: one node steps, then the supervisor dies
+                        self.attempts.commit(to=current.nodes()[:1])
+                        die_if("commit-partial", it, after_s=1.0)
+                    self.attempts.commit()
+                    continue
+                if step.kind == "committed":
+                    self._committed(it, current, step.ends, step.ready)
                     return True
                 self.attempts.retry(step.why)  # raises SwarmError at the limit
                 self.results.aborts += 1
@@ -424,13 +468,51 @@ class Supervisor:
         finally:
             current.phase = "over"  # later reports of this attempt are stale
 
+    def _committed(
+        self,
+        it: int,
+        current: Attempt,
+        ends: dict[int, dict[str, Any]] | None,
+        ready: dict[int, dict[str, Any]] | None,
+    ) -> None:
+        """Attempt ``current`` committed iteration ``it``: record it (its journal follows at the loop's next turn,
+        :meth:`_flush_journal`, once the state's iteration has moved on; until then the journaled intent stands
+        for it)."""
+        assert ends is not None and ready is not None
+        self.attempts.committed()
+        self.results.iteration(
+            it,
+            current.number,
+            ends,
+            ready,
+            current.members,
+            attempts=1 + self.state.failed_attempts.get(it, 0),
+        )
+        self.outages.committed()
+        self._commit_unjournaled = True
+        outages = self.results.outages
+        if outages and outages[-1]["t_next_commit"] is None:
+            outages[-1]["t_next_commit"] = self.results.now()
+        row = self.results.rows[-1]
+        log.info("supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"])
+
+    def _flush_journal(self) -> None:
+        """Journal the last commit if it is not yet (the state's iteration has moved on past it)."""
+        if self._commit_unjournaled:
+            self.intent, self._commit_unjournaled = None, False
+            self.journal.write(f"committed iteration {self.state.iteration - 1}")
+            die_if("committed", self.state.iteration - 1)  # the resume tests' fault injection
+
     def _fire(self, it: int) -> None:
-        """The scheduled crashes of the attempt in progress fire now."""
+        """The scheduled crashes of the attempt in progress fire now (journaled as fired first: a resumed
+        supervisor never fires one twice)."""
         current = self.state.current
         assert current is not None
-        for n in current.due:
-            slot = self.roster.slots[n]
-            self._crash(slot, it, self.outages.fire(slot, it))
+        fired = [(self.roster.slots[n], self.outages.fire(self.roster.slots[n], it)) for n in current.due]
+        if fired:
+            self.journal.write(f"scheduled crashes at iteration {it}")
+        for slot, down in fired:
+            self._crash(slot, it, down)
 
     def _crash(self, slot: Slot, it: int, down: int) -> None:
         """The scheduled crash of ``slot`` at schedule iteration ``down`` (during training iteration ``it``): kill
@@ -454,6 +536,7 @@ class Supervisor:
     def _ensure_serving(self, it: int) -> int:
         """Bring back the slots whose down interval ended, wait while a stage has no replica left to come back,
         then recover every dead slot before the next attempt; returns the iteration to run (rollback!)."""
+        self._flush_journal()
         self.outages.bring_back()
         self._wait_for_returns(it)
         if self.roster.all_serving() or self.outages.over():
@@ -477,6 +560,8 @@ class Supervisor:
                     rollback, lost = True, new_loss  # a stage lost while a partial loss recovers
                     self._check_rollback(rollback, lost)
             self.processes.replace_dead()
+            if any(s.address is not None and not s.serving and not s.dead for s in self.roster.slots):
+                die_if("recovering", it, after_s=0.2)  # the resume tests: a replacement is mid-recovery
             if self.roster.all_serving():
                 break
         if rollback:
@@ -490,7 +575,8 @@ class Supervisor:
                     "t": self.results.now(),
                 }
             )
-            it = version
+            it = self.state.iteration = version
+            self.journal.write(f"rolled back to iteration {version}")
         for slot in self.roster.all():  # the storage node's too: its restarts are not one failing start
             slot.tries = 0
         if self.on_recovered is not None:
@@ -576,10 +662,10 @@ class Supervisor:
             for stage in stranded:
                 waited[stage] = waited.get(stage, 0) + 1
             self._idle(reference_s)
-            for (
-                slot,
-                down,
-            ) in self.outages.advance():  # down intervals go by the clock, not a training iteration
+            crashes = self.outages.advance()  # down intervals go by the clock, not a training iteration
+            if crashes:
+                self.journal.write(f"scheduled crashes at schedule iteration {self.state.schedule_clock}")
+            for slot, down in crashes:
                 self._crash(slot, it, down)
             self.outages.bring_back()
             stranded = self.outages.stranded()
@@ -623,6 +709,309 @@ class Supervisor:
                 self.peer_messages.handle(msg)  # (model_io); nothing for the processes
         self.model_io.finish_snapshots(self.cfg.request_timeout)
         self.model_io.write_model()
+
+    # ------------------------------------------------------------------ the journal, and resuming from it
+
+    def _journal_content(self, why: str) -> dict[str, Any]:
+        """What journal.json holds now (checkfree.swarm.supervisor.journal)."""
+        keys = self.state.keys
+        processes = {}
+        for node in list(self.host.procs):
+            ident = self.host.identity(node)
+            if ident is not None:
+                processes[str(node)] = list(ident)
+        return {
+            "status": getattr(self, "_status", "running"),
+            "options": self.options,
+            "supervisor": {"pid": os.getpid(), "started": start_time(os.getpid())},
+            "address": self.address,
+            "port": self.port,
+            "swarm_secret": secret_of(keys),
+            "revoked_keys": sorted(keys.revoked) if keys is not None else [],
+            "state": self.state.to_json(),
+            "intent": self.intent.to_json() if self.intent is not None else None,
+            "results": encode_results(self.results),
+            "processes": processes,
+            "recovery_kills": [kill.fired for kill in self.recovery_kills.kills],
+            "resumes": self.resumes,
+        }
+
+    def _journal_end(self, exc: BaseException | None) -> None:
+        """The run ends (``exc``: what ended it, None when it completed): the journal says so, and a later
+        ``--resume`` is refused (its nodes are reaped now)."""
+        self._status = (
+            "completed" if exc is None else "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        )
+        try:
+            self.journal.write(f"the run ended: {self._status}")
+        except OSError as err:  # the error that ended the run is the one to report
+            log.error("supervisor: could not write %s: %s", self.journal.path, err)
+
+    def restore(self, data: dict[str, Any]) -> None:
+        """Take the control state, the results so far and the commit intent of a journal (``swarm run --resume``,
+        checkfree.swarm.supervisor.journal); :meth:`run` then re-adopts the live nodes and goes on.
+
+        Raises:
+            JournalError: the journal does not fit this swarm (another topology, a damaged file).
+        """
+        now = time.monotonic()
+        try:
+            self.state.load(data["state"], now)
+            intent = data.get("intent")
+            self.intent = CommitIntent.from_json(intent) if intent is not None else None
+            for kill, fired in zip(self.recovery_kills.kills, data.get("recovery_kills", []), strict=False):
+                kill.fired = bool(fired)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JournalError(
+                f"the journal in {self.run_dir} does not fit this swarm ({exc}); expected the journal of its run."
+            ) from None
+        decode_results(self.results, data["results"])
+        for slot in self.roster.all():
+            slot.deadline = float("inf") if slot.serving else now + self.cfg.recovery_timeout
+        self.resumed_from, self.resumes = data, int(data.get("resumes", 0)) + 1
+        keys = self.state.keys
+        if keys is not None:  # every node that may still run, and the launchers, may speak to this supervisor
+            ids = ({s.occupant for s in self.roster.all()} | self.roster.launchers) - self.roster.revoked
+            self.link.admit({n: keys.public_key(n) for n in ids})
+            for node in sorted(self.roster.revoked):
+                self.link.revoke(node)
+        self.processes.admit_window()
+
+    def _resume(self) -> None:
+        """Re-adopt the live nodes after the supervisor died (checkfree.swarm.supervisor.adoption): take over the
+        journaled processes that still run (pid and start time), dial every journaled node and launcher, ask each
+        node where it is (``resume``), replace the nodes whose answer does not fit the journal (or that gave none),
+        finish the commit the dead supervisor had begun or abort the attempt it left in flight, and record the
+        outage; then the run goes on from the journaled state (its loop replaces the dead).
+
+        Raises:
+            ResumeImpossible: a stage has no live replica and nothing it can be rebuilt from.
+        """
+        data, state, roster = self.resumed_from, self.state, self.roster
+        assert data is not None
+        t_resumed = self.results.now()
+        log.warning(
+            "supervisor: resuming the run in %s (resume %d) at iteration %d from its journal of %s",
+            self.run_dir,
+            self.resumes,
+            state.iteration,
+            time.strftime("%H:%M:%S", time.localtime(data["written"])),
+        )
+        for node, (pid, started) in data["processes"].items():
+            self.host.adopt(int(node), pid, started)
+        for launcher, address in sorted(roster.launcher_addresses.items()):
+            self._dial(launcher, address)
+        asked, unasked = [], {}
+        for slot in roster.all():
+            node = slot.occupant
+            if slot.dead:
+                continue
+            if slot.local and (node not in self.host.procs or self.host.exited(node) is not None):
+                unasked[node] = "its process is gone"
+            elif slot.address is None:
+                unasked[node] = "it had not joined (as the journal knows) when the supervisor died"
+            elif not self._dial(node, slot.address):
+                unasked[node] = f"its address {slot.address} cannot be dialled"
+            else:
+                self.link.command(node, "resume")
+                asked.append(node)
+        wait = max(RESUME_WAIT_S, 2 * self.cfg.peer_timeout)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and not set(asked) <= set(state.reported("resumed")):
+            self._serve_answers(RECOVERY_POLL_S)
+            if all(self.host.exited(n) is not None for n in set(asked) - set(state.reported("resumed"))):
+                break  # the ones left have exited (here: their grace ran out)
+        claims = dict(state.reported("resumed"))
+        intent = self.intent if self.intent is not None and self.intent.iteration == state.iteration else None
+        verdict = judge(state, intent, claims, wait, unasked)
+        self._apply(verdict, claims)
+        self._check_resumable()
+        redone = [state.iteration] if verdict.in_flight and not verdict.roll_forward else []
+        rolled = state.iteration if verdict.roll_forward else None
+        if verdict.roll_forward:
+            assert intent is not None
+            self._finish_commit(intent, verdict, claims)
+        else:
+            for node, claim in verdict.adopt.items():
+                if claim["attempt"] >= 0:
+                    self.link.command(node, "abort", attempt=claim["attempt"])
+            if verdict.in_flight:
+                self.results.aborts += 1
+        if (
+            not verdict.roll_forward
+        ):  # the attempt begun last: the one in flight (aborted), else the last commit
+            begun = state.iteration if verdict.in_flight else max(state.iteration - 1, 0)
+            state.current = Attempt(state.attempt, begun, roster.members(), time.monotonic(), phase="over")
+        self.link.broadcast("peers", **roster.peers_fields())
+        lost = [c.get("last_control_wall", 0.0) for c in claims.values()] + [float(data["written"])]
+        started = self.results.started_at
+        self.results.outages.append(
+            {
+                "resume": self.resumes,
+                "t_lost": max(lost) - started if started is not None else None,
+                "t_resumed": t_resumed,
+                "t_adopted": self.results.now(),
+                "t_next_commit": self.results.now() if rolled is not None else None,
+                "from_iteration": state.iteration - (rolled is not None),
+                "iterations_redone": redone,
+                "rolled_forward": rolled,
+                "adopted": sorted(verdict.adopt),
+                "replaced": {str(n): why for n, why in sorted(verdict.replace.items())},
+                "stale_messages_dropped": self.stale_after_resume,
+            }
+        )
+        log.warning(
+            "supervisor: resumed: %d nodes adopted, %d replaced%s%s",
+            len(verdict.adopt),
+            len(verdict.replace),
+            f", the commit of iteration {rolled} finished" if rolled is not None else "",
+            f", iteration {redone[0]} is redone" if redone else "",
+        )
+        self.journal.write(f"resume {self.resumes}")
+        if rolled is not None and hasattr(self, "_after_commit"):
+            self._after_commit()
+        if not state.training:
+            self._start_nodes(spawn=False)
+
+    def _serve_answers(self, timeout: float) -> None:
+        """Take the nodes' ``resumed`` answers (and the launchers' reports); drop, uncounted, what their send queues
+        still held for the dead supervisor (reports of its attempts, a replacement's JOIN or ``serving``): a node's
+        queue to the bootstrap address is flushed, in order, before its answer arrives."""
+        msg = self.link.recv(timeout)
+        while msg is not None:
+            if msg.sender in self.roster.launchers or (
+                msg.type == MessageType.CONTROL and msg.meta.get("command") == "resumed"
+            ):
+                self.handle(msg)
+            else:
+                self.stale_after_resume += 1
+            msg = self.link.recv(0)
+
+    def _dial(self, node: int, address: str) -> bool:
+        """Dial a journaled node or launcher again; False if its address cannot be dialled."""
+        try:
+            self.link.connect(node, address)
+        except TransportError as exc:
+            log.warning("supervisor: cannot dial %d at %s again: %s", node, address, exc)
+            return False
+        return True
+
+    def _apply(self, verdict: Verdict, claims: dict[int, dict[str, Any]]) -> None:
+        """Carry out a resume's verdict: kill (by pid, or through the launcher) and mark dead the nodes it
+        replaces, take the adopted nodes' versions and stage-0 copies, their ``serving`` for a recovery that
+        finished while the supervisor was away, and the storage node's versions."""
+        state, roster = self.state, self.roster
+        state.attempt = verdict.attempt
+        for slot in roster.all():  # local processes that are gone, and the starts the journal only reserved
+            if not slot.dead and slot.occupant not in claims and slot.occupant not in verdict.replace:
+                verdict.replace[slot.occupant] = "its process is gone"
+        for node, why in sorted(verdict.replace.items()):  # the peers learn the new table once, at the end
+            self.processes.kill(roster.by_node[node], f"resume: {why}", tell_peers=False)
+        for node, claim in verdict.adopt.items():
+            slot = roster.by_node[node]
+            if slot is roster.storage:
+                stored = claim.get("stored_versions", {})
+                state.checkpoints.stored = {int(k): set(v) for k, v in stored.items()}
+                continue
+            slot.version = claim["version"]
+            if "stage0_copy" in claim and slot.stage in (1, self.cfg.n_stages):
+                slot.copy_version = claim["stage0_copy"]
+        for node in verdict.recovered:
+            claim, slot = claims[node], roster.by_node[node]
+            if "record" not in claim:
+                self.processes.kill(slot, "resume: it serves, but sent no recovery record")
+                continue
+            meta = {
+                "command": "serving",
+                "stage": slot.stage,
+                "version": claim["version"],
+                "record": claim["record"],
+            }
+            self.execute(self.peer_messages.node_commands["serving"](slot, meta))
+
+    def _check_resumable(self) -> None:
+        """Raise ResumeImpossible naming the first lost stage the setting cannot rebuild from what is alive (no
+        stage is waited for by a down-interval schedule)."""
+        roster, state = self.roster, self.state
+        if not any(s.serving for s in roster.slots):
+            raise ResumeImpossible(
+                f"no node of the swarm in {self.run_dir} is alive: every stage has no live replica and no snapshot "
+                f"to restore it from{self._snapshot_note()}; the run cannot be resumed."
+            )
+        lost = roster.lost_stages() - set(self.outages.stranded())
+        for stage in sorted(lost):
+            why = None
+            try:
+                plan = self.policy.plan(stage, lost, self.cfg.n_stages, holding=roster.holding_stages())
+            except RecoveryImpossible as exc:
+                why = str(exc).rstrip(".")
+            else:
+                if plan.rule == "storage":
+                    storage = roster.storage
+                    if storage is None or storage.dead or not state.checkpoints.has_complete():
+                        why = state.checkpoints.missing_cause()
+                elif not plan.sources:
+                    why = f"{self.setting} would rebuild it from a random init, with no live stage to rebuild it from"
+            if why is not None:
+                raise ResumeImpossible(
+                    f"stage {stage} has no live replica and no snapshot to restore it from{self._snapshot_note()} "
+                    f"({why}); the run in {self.run_dir} cannot be resumed."
+                )
+
+    def _snapshot_note(self) -> str:
+        """Names the newest snapshot a lost stage could be restored from, which --resume does not use yet."""
+        records = getattr(self.results, "model", None)
+        newest = getattr(records, "newest_snapshot", None) if records is not None else None
+        if newest is None:
+            return ""
+        return (
+            f" (the snapshot {newest['path']} of iteration {newest['iteration']} is not restored by --resume)"
+        )
+
+    def _finish_commit(
+        self, intent: CommitIntent, verdict: Verdict, claims: dict[int, dict[str, Any]]
+    ) -> None:
+        """Finish the commit of ``intent`` that the dead supervisor began (checkfree.swarm.supervisor.adoption):
+        ``commit`` again to the members that still hold its gradients (each steps once), the ones that stepped
+        count as committed; record the iteration from the journaled intent."""
+        state = self.state
+        now = time.monotonic()
+        current = Attempt(
+            intent.attempt, intent.iteration, intent.members, now, deadline=now + self.cfg.iteration_timeout
+        )
+        state.current, state.inbox = current, {"iteration_end": intent.ends, "ready": intent.ready}
+        state.inbox["committed"] = {n: {**claims[n], "attempt": intent.attempt} for n in verdict.stepped}
+        current.reported["committed"] = set(verdict.stepped)
+        self.attempts.commit(to=verdict.pending)
+        log.warning(
+            "supervisor: finishing the commit of iteration %d (attempt %d): %d nodes stepped, %d step now",
+            intent.iteration,
+            intent.attempt,
+            len(verdict.stepped),
+            len(verdict.pending),
+        )
+        while True:
+            self.serve(POLL_S, police=False)
+            self.processes.check_deaths()
+            step = self.attempts.advance(self.attempts.clock())
+            if step is None:
+                continue
+            if step.kind == "committed":
+                break
+            late = set(current.nodes()) - set(state.reported("committed"))  # past iteration_timeout
+            for node in sorted(late):
+                slot = self.roster.by_node[node]
+                if slot.occupant == node and not slot.dead:
+                    self.processes.kill(slot, f"resume: did not step the commit of attempt {intent.attempt}")
+            current.deadline = float("inf")
+        rows = self.results.rows
+        if rows and (rows[-1]["iteration"], rows[-1]["attempt"]) == (intent.iteration, intent.attempt):
+            self.attempts.committed()  # recorded already: the journal was written after the commit's record
+            self.state.iteration = intent.iteration + 1
+            self._commit_unjournaled = True
+            return
+        self._committed(intent.iteration, current, intent.ends, intent.ready)
+        self.state.iteration = intent.iteration + 1
 
     # ------------------------------------------------------------------ shutting down
 

@@ -86,6 +86,10 @@ class SwarmKeys:
             self._public[ident] = zmq.curve_public(self.secret_key(ident)).decode("ascii")
         return self._public[ident]
 
+    def secret_bytes(self) -> bytes:
+        """The 32-byte swarm secret (what the join token and the supervisor's journal hold, both mode 0600)."""
+        return self._secret
+
     def identity(self, ident: int, keyring: KeyRing | None = None) -> Identity:
         """The keypair of ``ident`` plus a keyring (a fresh one admitting only the supervisor if None)."""
         ring = keyring if keyring is not None else KeyRing({-1: self.public_key(-1)})

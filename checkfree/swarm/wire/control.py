@@ -171,6 +171,23 @@ _REPORT = {
 the CheckFree+ stage-0 copy a stage-1 or stage-S node holds, absent when it holds none; ``rejected_from``: the
 messages it refused, per sender, which the supervisor weighs as evidence, checkfree.swarm.supervisor.conduct)."""
 
+_RESUMED = {
+    "stage": "stage",
+    "version": "nat",
+    "serving": "bool",
+    "attempt": "int",
+    "pending": "onat",
+    "last_control_wall": "norm",
+    **{(k if k.endswith("?") else k + "?"): v for k, v in _REPORT.items() if k != "version"},
+    "stored_versions?": "members",
+    "record?": "record",
+}
+"""A node's answer to a resumed supervisor's ``resume`` (checkfree.swarm.supervisor.adoption): its stage, the
+version of its weights, whether it serves, the last attempt it began, the attempt whose averaged gradients await
+a ``commit`` (``pending``; null: none), when it last heard a command of the supervisor (epoch seconds), its
+cumulative statistics, the recovery record it served with (``record``; a recovery that finished while the
+supervisor was away is taken as if its ``serving`` had arrived) and, for the storage node, the versions it holds."""
+
 COMMANDS: dict[str, dict[str, str]] = {
     # supervisor -> node / storage
     "welcome": {
@@ -198,6 +215,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "grant": {"requester": "nat", "stage": "stage", "part?": "str", "optimizer": "bool", "seq": "nat"},
     "evaluate": {"evaluation": "nat", "iteration": "nat", "members": "members"},
     "shutdown": {},
+    "resume": {},
     # supervisor -> launcher
     "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
     "kill": {"node": "nat"},
@@ -222,6 +240,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "replan": {"reason": "str", "seq": "nat"},
     "evaluated": {"evaluation": "nat", "loss_sum": "norm", "batches": "nat", "diverged?": "bool"},
     "exited": {"node": "nat", "code": "int"},
+    "resumed": _RESUMED,
 }
 """CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
 
