@@ -26,7 +26,7 @@ from zmq.utils.monitor import recv_monitor_message
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.early import FutureBuffer
-from checkfree.swarm.node.parts import OUTSTANDING_ANSWERS, WeightGrants
+from checkfree.swarm.node.parts import OUTSTANDING_ANSWERS, REFUSALS_PER_WINDOW, WeightGrants
 from checkfree.swarm.supervisor.conduct import EVICT_THRESHOLD, Conduct
 from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor
@@ -115,29 +115,47 @@ def _grants() -> tuple[WeightGrants, list[float], Message]:
     state = StageState(module, W.make_optimizer(module, 1e-3))
     t = [0.0]
     grants = WeightGrants(state, window_s=60.0, clock=lambda: t[0])
-    req = Message(MessageType.WEIGHTS_REQUEST, 9, meta={"stage": 2, "request": "a", "optimizer": True})
+    req = Message(
+        MessageType.WEIGHTS_REQUEST, 9, meta={"stage": 2, "request": "a", "optimizer": True, "seq": 0}
+    )
     return grants, t, req
+
+
+def _ask(grants: WeightGrants, req: Message, **meta: object) -> tuple[str, str | None, bool]:
+    """(action, refusal reason, offence) of a request like ``req`` with ``meta`` changed."""
+    v = grants.judge(Message(MessageType.WEIGHTS_REQUEST, req.sender, meta=req.meta | meta))
+    return v.action, v.reason, v.offence
 
 
 def test_weights_go_only_to_the_replacement_a_plan_names_once_per_plan() -> None:
     grants, t, req = _grants()
-    assert grants.covers(req) is False  # no grant yet: the request waits for one
-    assert grants.covers(Message(MessageType.WEIGHTS_REQUEST, SUPERVISOR_ID, meta=req.meta))  # tests read
+    assert _ask(grants, req) == ("wait", None, False)  # no grant yet: the request waits for one
+    assert grants.judge(Message(MessageType.WEIGHTS_REQUEST, SUPERVISOR_ID, meta=req.meta)).action == "serve"
     grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": 0})
-    assert grants.covers(req) is True
+    assert _ask(grants, req) == ("serve", None, False)
     grants.answered(req, 100)
-    with pytest.raises(ProtocolError, match="answered once"):
-        grants.covers(req)  # a second request under the same plan
-    other = Message(MessageType.WEIGHTS_REQUEST, 9, meta={"stage": 1, "request": "b"})
-    with pytest.raises(ProtocolError, match="no plan of node 9 names"):
-        grants.covers(other)  # another stage
+    assert _ask(grants, req) == ("refuse", "grant_used", True)  # a second request under the same plan
+    assert _ask(grants, req, stage=1) == ("refuse", "no_grant", True)  # another stage
+    assert _ask(grants, req, seq=1) == ("wait", None, False)  # a newer plan, whose grant is on its way
     grants.grant({"requester": 9, "stage": 2, "optimizer": False, "seq": 1})  # a new plan: one answer more
-    with pytest.raises(ProtocolError, match="Adam state"):
-        grants.covers(req)  # its new plan takes no Adam state
-    assert grants.covers(Message(MessageType.WEIGHTS_REQUEST, 9, meta={"stage": 2, "request": "c"}))
+    assert _ask(grants, req, seq=1) == ("refuse", "no_grant", True)  # its new plan takes no Adam state
+    assert _ask(grants, req, seq=1, optimizer=False) == ("serve", None, False)
+    assert _ask(grants, req, seq=0) == ("refuse", "plan_superseded", False)  # a late request: no offence
     grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": 0})  # an older plan, overtaken
-    with pytest.raises(ProtocolError, match="Adam state"):
-        grants.covers(req)
+    assert _ask(grants, req, seq=1) == ("refuse", "no_grant", True)
+    no_plan = {k: v for k, v in req.meta.items() if k != "seq"}
+    assert grants.judge(Message(MessageType.WEIGHTS_REQUEST, 9, meta=no_plan)).reason == "no_grant"
+
+
+def test_a_late_request_does_not_use_up_the_grant_of_the_plan_that_replaced_it() -> None:
+    """Seed-7 soak: a replacement asked a source under plan 0, got plan 1 and asked again; the source took the
+    plan-0 request under the plan-1 grant, then dropped the plan-1 request as 'answered already', and the
+    replacement waited out request_timeout. Now the late request is refused and the grant stays for plan 1."""
+    grants, t, req = _grants()
+    grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": 0})
+    grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": 1})  # plan 1 replaced plan 0
+    assert _ask(grants, req, seq=0) == ("refuse", "plan_superseded", False)
+    assert _ask(grants, req, seq=1) == ("serve", None, False)
 
 
 def test_a_requester_cycling_plans_is_held_to_the_cap_on_outstanding_bytes() -> None:
@@ -145,13 +163,23 @@ def test_a_requester_cycling_plans_is_held_to_the_cap_on_outstanding_bytes() -> 
     full = 3 * sum(v.numel() * v.element_size() for v in grants.state.module.state_dict().values())
     for seq in range(OUTSTANDING_ANSWERS):
         grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": seq})
-        assert grants.covers(req)
+        assert _ask(grants, req, seq=seq) == ("serve", None, False)
         grants.answered(req, full)
     grants.grant({"requester": 9, "stage": 2, "optimizer": True, "seq": 9})
-    with pytest.raises(ProtocolError, match="full answers already"):
-        grants.covers(req)
+    assert _ask(grants, req, seq=9) == ("refuse", "byte_cap", True)
     t[0] = 61.0  # the answers left the window
-    assert grants.covers(req)
+    assert _ask(grants, req, seq=9) == ("serve", None, False)
+
+
+def test_refusals_are_bounded_per_requester_and_a_wait_for_a_grant_ends() -> None:
+    grants, t, req = _grants()
+    assert [grants.may_refuse(9) for _ in range(REFUSALS_PER_WINDOW + 2)].count(True) == REFUSALS_PER_WINDOW
+    assert grants.may_refuse(8) and grants.refused["withheld"] == 2  # another requester has its own budget
+    t[0] = 61.0
+    assert grants.may_refuse(9)  # the window moved on
+    assert not grants.overdue(req)  # its wait starts when it is first asked about
+    t[0] += grants.wait_s
+    assert grants.overdue(req) and grants.wait_s == 5.0
 
 
 def test_requests_waiting_for_a_grant_are_bounded_per_sender() -> None:

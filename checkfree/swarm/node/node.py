@@ -64,7 +64,13 @@ from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
-from checkfree.swarm.node.parts import answer_weights_request, build_parts, send_checkpoint
+from checkfree.swarm.node.parts import (
+    Verdict,
+    answer_weights_request,
+    build_parts,
+    refuse_weights_request,
+    send_checkpoint,
+)
 from checkfree.swarm.node.recovering import Recovery, Rollback
 from checkfree.swarm.node.relay import check_pipeline_message, check_route
 from checkfree.swarm.node.supervisor_watch import SupervisorWatch
@@ -257,6 +263,7 @@ class Node:
             return False  # no training, no recovery without a supervisor
         if self.task is not None:
             self.task.tick()
+        self._expire_requests()
         if isinstance(self.parts.pipeline, PipelineDriver):
             self.parts.pipeline.tick()
         return False
@@ -349,6 +356,7 @@ class Node:
             "compute": {**self.worker.compute, "step_cpu_s": self.steps.step_s},
             "version": self.state.version,
             **self.parts.stage0_copies.report(),
+            **({"refused_requests": dict(self.parts.grants.refused)} if self.parts.grants.refused else {}),
         }
 
     # ------------------------------------------------------------------ weights and checkpoints
@@ -358,14 +366,34 @@ class Node:
         send_checkpoint(self.ctx, self.state, self.cfg.storage_id)
 
     def _on_weights_request(self, msg: Message) -> None:
-        """Answer a listed peer that the supervisor granted it (checkfree.swarm.node.parts); a request from a
-        peer the supervisor has not listed or granted yet, or before this node serves, waits (the next ``peers``
-        or ``grant`` replays it): a node dials only the peers the supervisor lists."""
+        """Answer a listed peer that the supervisor granted it, or tell it at once why not
+        (checkfree.swarm.node.parts); a request from a peer the supervisor has not listed yet, before this node
+        serves, or under a plan whose grant has not come yet, waits (the next ``peers``, ``serving`` or ``grant``
+        replays it; :meth:`_expire_requests` refuses or drops it after a few seconds): a node dials only the
+        peers the supervisor lists."""
         listed = msg.sender in self.ctx.membership.peers or msg.sender == SUPERVISOR_ID
-        if not self.serving or not listed or not self.parts.grants.covers(msg):
+        verdict = self.parts.grants.judge(msg) if self.serving and listed else None
+        if verdict is None or verdict.action == "wait":
             self.waiting.add(msg)
-            return
-        answer_weights_request(self.ctx, msg, self.state, self.parts.stage0_copies, self.parts.grants)
+        elif verdict.action == "serve":
+            answer_weights_request(self.ctx, msg, self.state, self.parts.stage0_copies, self.parts.grants)
+        else:
+            refuse_weights_request(self.ctx, msg, self.parts.grants, verdict, self.reject)
+
+    def _expire_requests(self) -> None:
+        """Requests that waited the grants' wait (checkfree.swarm.node.parts ``GRANT_WAIT_S``): a listed peer is
+        refused ``no_grant`` (it moves on), a sender the supervisor never listed is dropped and counted. The
+        supervisor's own requests wait for this node to serve."""
+        grants = self.parts.grants
+        for msg in self.waiting.take(lambda m: m.sender != SUPERVISOR_ID and grants.overdue(m)):
+            grants.forget(msg)
+            if msg.sender in self.ctx.membership.peers:
+                why = f"no grant for node {msg.sender} came within {grants.wait_s:.0f} s"
+                refuse_weights_request(self.ctx, msg, grants, Verdict("refuse", "no_grant", why), self.reject)
+            else:
+                self.reject(
+                    msg, f"a weights request from node {msg.sender}, which the supervisor did not list"
+                )
 
     def _on_grant(self, meta: dict[str, Any]) -> None:
         """The supervisor lets a replacement fetch this node's stage once (checkfree.swarm.node.parts)."""

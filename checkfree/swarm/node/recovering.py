@@ -3,10 +3,18 @@
 :class:`Recovery` executes a :class:`~checkfree.swarm.policies.RecoveryPlan`: one WEIGHTS_REQUEST per source
 stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
 seconds and a random 128-bit request id. Each answer is checked on arrival (the stage and part asked, the node
-asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, or a
-source that leaves the peer table, moves the request to the next candidate still in the peer table at once, a
-missed deadline after ``request_timeout``, and after ``max_attempts`` rounds over the candidates the node gives
-up (``recovery_failed``; the supervisor kills it and starts another replacement).
+asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, a
+refusal, or a source that leaves the peer table, moves the request to the next candidate still in the peer table
+at once, a missed deadline after ``request_timeout``, and after ``max_attempts`` rounds over the candidates the
+node gives up (``recovery_failed``; the supervisor kills it and starts another replacement).
+
+**Refusals.** Every request names the plan it is made under (``seq``). A source that will not serve it says why
+at once (checkfree.swarm.node.parts: ``refused`` is ``no_grant``, ``grant_used``, ``plan_superseded`` or
+``byte_cap``, and the answer carries nothing else). A source that refused is not asked again under this plan:
+the request goes to the next candidate that has not refused, and when every candidate still in the peer table
+has, the task asks the supervisor for a new plan (below), whose grants reach the sources before the plan reaches
+this node (checkfree.swarm.supervisor.planning). ``plan_superseded`` means the supervisor sent this node a newer
+plan already: the task waits for it (asking for one too, which the supervisor ignores while one is on its way).
 
 **Sources all gone.** When every candidate of a request has left the peer table (or a source stage has no
 serving node at all), retrying is pointless: the task asks the supervisor at once (CONTROL ``replan`` with the
@@ -134,7 +142,14 @@ class Recovery:
                 candidates = list(ctx.node.membership.serving(stage))
             part = self.plan.parts[i] if self.plan.parts else None
             self.requests.append(
-                {"stage": stage, "part": part, "candidates": candidates, "tries": 0, "response": None}
+                {
+                    "stage": stage,
+                    "part": part,
+                    "candidates": candidates,
+                    "tries": 0,
+                    "response": None,
+                    "refused": set(),
+                }
             )
         gone = [r["stage"] for r in self.requests if not self._live(r)]
         if gone:
@@ -152,6 +167,10 @@ class Recovery:
         if self.plan.rule == "storage":
             return req["candidates"]
         return [c for c in req["candidates"] if c in self.ctx.node.membership.peers]
+
+    def _askable(self, req: dict[str, Any]) -> list[int]:
+        """The request's candidates still in the peer table that have not refused it under this plan."""
+        return [c for c in self._live(req) if c not in req["refused"]]
 
     def _ask_plan(self, why: str) -> None:
         """Every source of a request is gone: ask the supervisor for a new plan (once until it answers)."""
@@ -182,8 +201,8 @@ class Recovery:
 
     def _send(self, i: int) -> None:
         req = self.requests[i]
-        live = self._live(req)
-        req["target"] = live[req["tries"] % len(live)]
+        askable = self._askable(req)
+        req["target"] = askable[req["tries"] % len(askable)]
         req["id"] = secrets.token_hex(16)  # unguessable: only the asked node can answer it
         req["deadline"] = time.monotonic() + self.ctx.cfg.request_timeout
         req["tries"] += 1
@@ -192,6 +211,7 @@ class Recovery:
             "optimizer": self.plan.with_optimizer,
             "request": req["id"],
             "version": self.checkpoint_version,
+            "seq": self.seq,  # the plan it asks under: the source's grant names it
         }
         if req["part"] is not None:  # a stage-0 copy: the holder is a stage-1 or stage-S node
             meta.update(stage=0, part=req["part"])
@@ -204,6 +224,9 @@ class Recovery:
         req = self.requests[i]
         if not self._live(req):
             self._ask_plan(f"every source of stage {req['stage']} left the swarm ({why})")
+            return
+        if not self._askable(req):
+            self._ask_plan(f"every source of stage {req['stage']} refused plan {self.seq} ({why})")
             return
         if req["tries"] >= self.ctx.cfg.max_attempts * len(req["candidates"]):
             self._give_up(
@@ -262,6 +285,9 @@ class Recovery:
                 and req["response"] is None
                 and msg.sender == req["target"]
             ):
+                if "refused" in msg.meta:
+                    self._refused(i, msg)
+                    return
                 if "error" in msg.meta:
                     self._retry(i, str(msg.meta["error"]))
                     return
@@ -276,6 +302,22 @@ class Recovery:
                     self._finish()
                 return
         raise ProtocolError("an unrequested WEIGHTS_RESPONSE (unknown request id or not the node asked)")
+
+    def _refused(self, i: int, msg: Message) -> None:
+        """Source ``msg.sender`` will not serve request ``i`` (module docstring, Refusals): wait for the newer
+        plan it names, or move on to the next candidate (or the supervisor) at once.
+
+        Raises:
+            ProtocolError: the refusal carries more than the request's id, its stage and the reason.
+        """
+        if msg.tensors or set(msg.meta) != {"stage", "request", "refused"}:
+            raise ProtocolError("a refusal that carries more than its request, stage and reason")
+        req, reason = self.requests[i], msg.meta["refused"]
+        if reason == "plan_superseded":
+            self._ask_plan(f"node {msg.sender} holds a newer plan than plan {self.seq} for this node")
+            return
+        req["refused"].add(msg.sender)
+        self._retry(i, f"node {msg.sender} refused: {reason}")
 
     def _check_answer(self, req: dict[str, Any], msg: Message) -> None:
         """Everything a loader needs, before it is kept: the stage and part asked, a plausible version, the

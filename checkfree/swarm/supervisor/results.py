@@ -44,7 +44,10 @@
   FORWARD / BACKWARD, dropped replica ``gradients``; checkfree.swarm.node.relay, .gradient_sync), as of its last
   report; ``rejected_gradients``: per committed iteration, each replica whose gradients its stage averaged
   without (iteration, attempt, stage, replica, and the replicas that reported it); ``evictions``: nodes evicted
-  for misbehaving, with the cause and the evidence (checkfree.swarm.supervisor.conduct).
+  for misbehaving, with the cause and the evidence (checkfree.swarm.supervisor.conduct);
+  ``refused_weight_requests``: node id → the weights requests it refused, per reason (``no_grant``,
+  ``grant_used``, ``plan_superseded``, ``byte_cap``, and ``withheld``: over a requester's refusal budget;
+  checkfree.swarm.node.parts), as of its last report.
 
 The file is strict JSON (checkfree.jsonio): a NaN/inf loss or gradient norm of a diverging run is ``null``,
 listed under ``"nonfinite"``.
@@ -423,6 +426,9 @@ class Results:
             "node_compute": self.compute(),
             "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
             "rejected_messages": {str(n): m["rejected"] for n, m in self.reports.items() if "rejected" in m},
+            "refused_weight_requests": {
+                str(n): m["refused_requests"] for n, m in self.reports.items() if m.get("refused_requests")
+            },
             "rejected_gradients": self.rejected_gradients,
             "evictions": self.evictions,
             "vocab_size": self.vocab_size,

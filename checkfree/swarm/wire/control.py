@@ -34,6 +34,7 @@ A schema maps a field name to a kind (below); a name ending in ``?`` is optional
 ``strs``   a list of at most 4096 strings of at most 64 characters, or null
 ``norms``  a list of at most 4096 ``norm``, or null
 ``record`` a recovery record (:data:`RECORD`)
+``refusal`` why a node will not serve a weights request: one of :data:`REFUSALS`
 =========  ==============================================================================================
 
 Objects and lists hold at most 4096 entries. Every number is finite: a NaN or an infinity in a ``loss``,
@@ -60,6 +61,9 @@ _NAT_MAX = 2**62
 _MAX_LIST = 4096
 _MAX_STR = 4096
 _Z85_KEY = re.compile(r"[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}\Z")
+REFUSALS = ("no_grant", "grant_used", "plan_superseded", "byte_cap")
+"""Why a node refuses a WEIGHTS_REQUEST (``refused``; checkfree.swarm.node.parts): no grant covers it, its grant was
+answered already, a newer plan of the requester replaced the one it names, the cap on outstanding bytes."""
 
 
 def _int(v: Any, low: int, high: int) -> bool:
@@ -127,6 +131,7 @@ _KINDS: dict[str, Any] = {
     "strs": lambda v: v is None or (_sized(v, list) and all(isinstance(x, str) and len(x) <= 64 for x in v)),
     "norms": lambda v: v is None or (_sized(v, list) and all(_norm(x) for x in v)),
     "record": lambda v: isinstance(v, dict) and _fits(v, RECORD),
+    "refusal": lambda v: isinstance(v, str) and v in REFUSALS,
 }
 
 RECORD: dict[str, str] = {
@@ -166,10 +171,12 @@ _REPORT = {
     "compute": "nums",
     "version": "nat",
     "stage0_copy?": "nat",
+    "refused_requests?": "counts",
 }
 """The cumulative statistics a node reports with ``committed`` and ``final`` (``stage0_copy``: the version of
 the CheckFree+ stage-0 copy a stage-1 or stage-S node holds, absent when it holds none; ``rejected_from``: the
-messages it refused, per sender, which the supervisor weighs as evidence, checkfree.swarm.supervisor.conduct)."""
+messages it refused, per sender, which the supervisor weighs as evidence, checkfree.swarm.supervisor.conduct;
+``refused_requests``: the weights requests it refused, per reason, checkfree.swarm.node.parts)."""
 
 _RESUMED = {
     "stage": "stage",
@@ -263,6 +270,7 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "optimizer?": "bool",
         "version?": "nat",
         "part?": "str",
+        "seq?": "nat",
     },
     MessageType.WEIGHTS_RESPONSE: {
         "stage": "stage",
@@ -273,6 +281,7 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "step?": "nat",
         "part?": "str",
         "error?": "str",
+        "refused?": "refusal",
     },
     MessageType.JOIN: {
         "stage": "stage",
