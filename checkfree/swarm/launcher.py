@@ -58,6 +58,7 @@ def run_launcher(
     unless ``bootstrap`` is given. Without a token the launcher and its nodes run unauthenticated
     (``--insecure`` on the supervisor's side too). ``devices``: where this machine's nodes compute
     (checkfree.swarm.devices; resolved on this machine, k = node id − START); None: the nodes' default, the CPU.
+    ``supervisor_grace``: seconds to wait for a resumed supervisor once the supervisor fell silent.
 
     Raises:
         AuthError: the token cannot be read.

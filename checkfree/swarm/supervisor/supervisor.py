@@ -52,8 +52,15 @@ training goes on; and however the run ends, one serving replica per stage sends 
 **No hang.** Every wait has a deadline and a next step: attempt (``iteration_timeout``, a ``stalled``
 report) → abort and redo, at most ``max_attempts`` times per iteration; replacement (``recovery_timeout``,
 ``recovery_failed``) → kill and start another, at most ``max_attempts`` times per slot; shutdown → SIGKILL.
-Exceeding a limit raises :class:`SwarmError`. Every process is reaped in ``finally``; nodes exit by
-themselves when the supervisor falls silent. Processes are killed by pid only.
+Exceeding a limit raises :class:`SwarmError`. Every process is reaped in ``finally``. Processes are killed by pid
+only.
+
+**The supervisor can die and come back.** It journals its state (checkfree.swarm.supervisor.journal) at every
+commit, before it broadcasts one (the commit's intent), around every node start (pid and start time) and before a
+scheduled crash fires. Nodes whose supervisor falls silent keep their state and wait ``supervisor_grace`` seconds
+(checkfree.swarm.node.supervisor_watch). ``swarm run --resume`` builds a supervisor from the journal
+(:meth:`Supervisor.restore`); its :meth:`run` re-adopts the live nodes first (:meth:`_resume`: the verdicts of
+checkfree.swarm.supervisor.adoption), finishes or redoes what was in flight, then enters the same loop.
 """
 
 from __future__ import annotations
