@@ -103,8 +103,10 @@ def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(
     assert res.replays.runs == []  # both have real runs here
     text = res.report.read_text()
     assert "## Exact baselines by replay" in text and "DIFFER" not in text
-    # without the real runs, the report puts replayed ones in their place, with the same hours
-    hours = {r.run.strategy: r.hours_to_target for g in res.groups for r in g.rows}
+    # without the real runs, the report puts replayed ones in their place: the same crossing, the same hours but
+    # for the save stalls (a replay charges the median stall per save, the real run what each save measured)
+    rows = {r.run.strategy: r for g in res.groups for r in g.rows}
+    stalls = sum(r.get("stall_seconds", 0.0) for r in rows["checkpoint"].run.kind("checkpoint"))
     res2 = build_report(
         [runs["nofail"], runs["checkfree"]],
         "nofail@12",
@@ -113,14 +115,16 @@ def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(
         plots=False,
         replay=True,
     )
-    replayed = {
-        r.run.strategy: r.hours_to_target
-        for g in res2.groups
-        for r in g.rows
-        if r.run.summary.get("replayed")
-    }
+    replayed = {r.run.strategy: r for g in res2.groups for r in g.rows if r.run.summary.get("replayed")}
     assert set(replayed) == {"checkpoint", "redundant"}
-    assert replayed["checkpoint"] == pytest.approx(hours["checkpoint"], rel=1e-9, abs=0.01 / 3600)
+    for strategy in ("checkpoint", "redundant"):
+        assert replayed[strategy].crossing.iteration == rows[strategy].crossing.iteration
+    assert replayed["redundant"].hours_to_target == pytest.approx(
+        rows["redundant"].hours_to_target, rel=1e-12
+    )
+    assert replayed["checkpoint"].hours_to_target == pytest.approx(
+        rows["checkpoint"].hours_to_target, abs=2 * stalls / 3600 + 1e-12
+    )
     assert "(replayed)" in res2.report.read_text()
 
 
