@@ -19,6 +19,7 @@ from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
+from checkfree.swarm.node.supervisor_watch import SupervisorWatch
 from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
@@ -147,6 +148,7 @@ def test_a_bug_in_a_handler_is_a_crash_not_a_bad_message() -> None:
     node = Node.__new__(Node)
     node.id, node.bad_messages, node.rejected_from = 1, 0, {}
     node.staging = HostStaging(torch.device("cpu"))
+    node.watch = SupervisorWatch("node 1", grace=60.0)  # its supervisor is there
     node.handlers = {MessageType.LEAVE: lambda m: (_ for _ in ()).throw(ProtocolError("nonsense"))}
     node.dispatch(Message(MessageType.LEAVE, 2))
     assert node.bad_messages == 1
