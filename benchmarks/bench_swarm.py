@@ -17,10 +17,12 @@ both to see what encryption costs. The ratio line says "met" or "missed" (also b
 
 The timed run validates nothing (``eval_interval`` 0). ``--validation-every N`` then runs the same swarm again in
 this session with the pipeline validated every N iterations (checkfree.swarm.supervisor.validation; an evaluation
-counts in the wall time of the iteration after it) and prints the cost: its mean iteration time over the timed
-run's. ``--snapshot-every N`` does the same with a snapshot every N iterations (weights and Adam state, written in
-the background; checkfree.swarm.supervisor.model_io) and prints that ratio and the snapshots' stall: the iteration
-each was fetched during against the median iteration without one, as throughput.json's ``snapshots`` records it.
+counts in the wall time of the iteration after it), ``--snapshot-every N`` with a snapshot every N iterations
+(weights and Adam state, written in the background; checkfree.swarm.supervisor.model_io), and then the timed run
+once more: each variant's cost is its mean iteration time over the mean of the two runs without it (their
+difference says how much the machine's load moved meanwhile). For snapshots it also prints their stall, measured
+within the run: the iteration each was fetched during against the median iteration without one, as
+throughput.json's ``snapshots`` records it.
 
     .venv/bin/python benchmarks/bench_swarm.py [--config configs/swarm_tiny.json] [--iterations 20] [--insecure]
         [--validation-every 10] [--snapshot-every 5]
@@ -149,19 +151,34 @@ def timed_walls(res: dict) -> list[float]:
     return [r["wall_s"] for r in res["iterations"][2:]] or [r["wall_s"] for r in res["iterations"]]
 
 
-def variant_cost(cfg: SwarmConfig, args: argparse.Namespace, measured: float, key: str, every: int) -> dict:
-    """Run the swarm again with ``key`` = ``every`` (this session, same iterations); print and return its
-    throughput.json after the line with its mean iteration time over ``measured`` (the timed run's)."""
-    res = json.loads(
-        (run_swarm(cfg, args.iterations, args.insecure, **{key: every}) / "throughput.json").read_text()
-    )
+def load_run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "throughput.json").read_text())
+
+
+def variant_lines(name: str, res: dict, baseline: float, median: float) -> list[str]:
+    """The lines of a variant run (``res``, its throughput.json): its mean iteration time over ``baseline`` (the
+    runs without it, this session), and what it recorded of its validations or snapshots."""
     walls = timed_walls(res)
     mean = statistics.mean(walls)
-    print(
-        f"{key} {every}: mean iteration {mean:.3f} s (of {len(walls)}) against {measured:.3f} s without: "
-        f"cost ratio {mean / measured:.3f}"
-    )
-    return res
+    lines = [
+        f"{name}: mean iteration {mean:.3f} s (of {len(walls)}) against {baseline:.3f} s without: cost ratio {mean / baseline:.3f}"
+    ]
+    evals, snaps = res["validation"], res["snapshots"]
+    if name.startswith("validation"):
+        seconds = statistics.median(v["seconds"] for v in evals) if evals else math.nan
+        lines.append(
+            f"  {len(evals)} evaluations of {evals[0]['batches'] if evals else 0} validation batches, median "
+            f"{seconds:.3f} s each = {seconds / median:.2f} x the timed run's median iteration; last val_loss "
+            f"{evals[-1]['val_loss'] if evals else math.nan:.4f}"
+        )
+    else:
+        size = snaps["bytes"] / max(1, snaps["count"]) / 2**20
+        stall = snaps["stall_ratio"]
+        lines.append(
+            f"  {snaps['count']} snapshots of {size:.1f} MiB ({len(snaps['given_up'])} given up); stall ratio "
+            f"(iteration fetched during - median) / median: {'n/a' if stall is None else f'{stall:+.3f}'}"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,11 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     for name in ("validation_every", "snapshot_every"):
-        value = getattr(args, name)
-        if value is not None and (value < 1 or args.from_run is not None):
-            parser.error(
-                f"--{name.replace('_', '-')} is {value}; expected N >= 1, and a run of its own (no --from-run)"
-            )
+        value, option = getattr(args, name), "--" + name.replace("_", "-")
+        if value is not None and value < 1:
+            parser.error(f"{option} is {value}; expected N >= 1")
+        if value is not None and args.from_run is not None:
+            parser.error(f"{option} runs swarms of its own; expected no --from-run")
     cfg = load_swarm_config(args.config)
     if args.from_run is None:  # validation and snapshots off: their costs are measured by the options
         run_dir = run_swarm(cfg, args.iterations, args.insecure, eval_interval=0, snapshot_every=0)
@@ -239,25 +256,31 @@ def main(argv: list[str] | None = None) -> int:
         f"  same bound with each op's wall time as it ran here (CPU shared with the other nodes and jobs): "
         f"{wall_bound['bound_s']:.3f} s -> ratio {measured / wall_bound['bound_s']:.2f}"
     )
-    median = statistics.median(walls)
-    if args.validation_every:
-        res = variant_cost(cfg, args, measured, "eval_interval", args.validation_every)
-        evals = res["validation"]
-        seconds = statistics.median(v["seconds"] for v in evals) if evals else math.nan
-        print(
-            f"  {len(evals)} evaluations of {evals[0]['batches'] if evals else 0} validation batches, "
-            f"median {seconds:.3f} s each = {seconds / median:.2f} x the timed run's median iteration; "
-            f"last val_loss {evals[-1]['val_loss'] if evals else math.nan:.4f}"
+    variants = {
+        f"validation every {args.validation_every} iterations": {"eval_interval": args.validation_every},
+        f"snapshot every {args.snapshot_every} iterations": {"snapshot_every": args.snapshot_every},
+    }
+    runs = {
+        name: load_run(
+            run_swarm(
+                cfg, args.iterations, args.insecure, **{"eval_interval": 0, "snapshot_every": 0, **change}
+            )
         )
-    if args.snapshot_every:
-        res = variant_cost(cfg, args, measured, "snapshot_every", args.snapshot_every)
-        snaps = res["snapshots"]
-        size = snaps["bytes"] / max(1, snaps["count"]) / 2**20
-        stall = snaps["stall_ratio"]
-        print(
-            f"  {snaps['count']} snapshots of {size:.1f} MiB ({len(snaps['given_up'])} given up); stall ratio "
-            f"(iteration fetched during - median) / median: {'n/a' if stall is None else f'{stall:+.3f}'}"
+        for name, change in variants.items()
+        if next(iter(change.values()))
+    }
+    if runs:  # the timed run once more: how much this session's load moved between the runs
+        again = statistics.mean(
+            timed_walls(
+                load_run(run_swarm(cfg, args.iterations, args.insecure, eval_interval=0, snapshot_every=0))
+            )
         )
+        print(
+            f"the timed run again, after them: mean iteration {again:.3f} s ({(again / measured - 1) * 100:+.1f} %)"
+        )
+        baseline, median = (measured + again) / 2, statistics.median(walls)
+        for name, res in runs.items():
+            print("\n".join(variant_lines(name, res, baseline, median)))
     return 0
 
 

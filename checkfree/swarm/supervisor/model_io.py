@@ -76,7 +76,7 @@ def live_members(
 
 
 class WeightsFetch:
-    """One stage answer per stage from one serving replica each, asked by the supervisor.
+    """One answer per stage, from one serving replica each, to the supervisor's own requests.
 
     Args:
         link: sends the requests. members: stage → serving nodes (the first of each is asked).
@@ -108,9 +108,11 @@ class WeightsFetch:
             return False
         stage, node = asked
         if msg.sender != node or msg.meta["stage"] != stage or "part" in msg.meta:
-            raise ProtocolError(f"an answer to the supervisor's request for stage {stage} of node {node}")
+            raise ProtocolError(
+                f"an answer to the supervisor's {self.purpose} request for stage {stage} of node {node}"
+            )
         if "error" in msg.meta:
-            self.failed = f"node {node} answered the request for stage {stage} with {msg.meta['error']!r}"
+            self.failed = f"node {node} answered the {self.purpose} request for stage {stage} with {msg.meta['error']!r}"
         elif stage not in self.answers:
             self.answers[stage] = msg
         if self.complete() and self.t_complete is None:
