@@ -24,8 +24,12 @@ difference says how much the machine's load moved meanwhile). For snapshots it a
 within the run: the iteration each was fetched during against the median iteration without one, as
 throughput.json's ``snapshots`` records it.
 
+``--journal-cost`` runs the swarm once more with the supervisor's journal off (checkfree.swarm.supervisor.journal;
+every real run writes it: at every commit, and the commit's intent before it) and prints the journal's cost as the
+ratio of the mean iteration times with and without it, and what its writes took in the timed run.
+
     .venv/bin/python benchmarks/bench_swarm.py [--config configs/swarm_tiny.json] [--iterations 20] [--insecure]
-        [--validation-every 10] [--snapshot-every 5]
+        [--validation-every 10] [--snapshot-every 5] [--journal-cost]
 """
 
 from __future__ import annotations
@@ -132,9 +136,12 @@ def iteration_bound(
     }
 
 
-def run_swarm(cfg: SwarmConfig, iterations: int, insecure: bool, **changes: int) -> Path:
-    """Run a no-failure swarm of ``cfg`` with ``changes`` to its keys (e.g. ``eval_interval=10``) into a new
-    temporary directory; returns it (its throughput.json holds the results)."""
+def run_swarm(
+    cfg: SwarmConfig, iterations: int, insecure: bool, journal: bool = True, **changes: int
+) -> Path:
+    """Run a no-failure swarm of ``cfg`` with ``changes`` to its keys (e.g. ``eval_interval=10``), its journal
+    written or not (``journal``), into a new temporary directory; returns it (its throughput.json holds the
+    results)."""
     from checkfree.swarm.cli import _vocab_size
     from checkfree.swarm.supervisor.supervisor import Supervisor
 
@@ -142,7 +149,8 @@ def run_swarm(cfg: SwarmConfig, iterations: int, insecure: bool, **changes: int)
     for key, value in changes.items():
         setattr(cfg, key, value)
     run_dir = Path(tempfile.mkdtemp(prefix="bench_swarm_"))
-    Supervisor(cfg, "no_failure", {}, iterations, run_dir, _vocab_size(cfg, None), insecure=insecure).run()
+    vocab = _vocab_size(cfg, None)
+    Supervisor(cfg, "no_failure", {}, iterations, run_dir, vocab, insecure=insecure, journal=journal).run()
     return run_dir
 
 
@@ -203,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         metavar="N",
         help="then run it with a snapshot every N iterations and print the cost and the snapshots' stall ratio",
+    )
+    parser.add_argument(
+        "--journal-cost",
+        action="store_true",
+        help="then run it with the supervisor's journal off and print the journal's cost (ratio of mean iteration "
+        "times with and without it, this session)",
     )
     args = parser.parse_args(argv)
     for name in ("validation_every", "snapshot_every"):
@@ -269,7 +283,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, change in variants.items()
         if next(iter(change.values()))
     }
-    if runs:  # the timed run once more: how much this session's load moved between the runs
+    unjournaled = None
+    if args.journal_cost:
+        unjournaled = load_run(
+            run_swarm(cfg, args.iterations, args.insecure, journal=False, eval_interval=0, snapshot_every=0)
+        )
+    if runs or unjournaled is not None:  # the timed run once more: how much the session's load moved
         again = statistics.mean(
             timed_walls(
                 load_run(run_swarm(cfg, args.iterations, args.insecure, eval_interval=0, snapshot_every=0))
@@ -281,7 +300,24 @@ def main(argv: list[str] | None = None) -> int:
         baseline, median = (measured + again) / 2, statistics.median(walls)
         for name, res in runs.items():
             print("\n".join(variant_lines(name, res, baseline, median)))
+        if unjournaled is not None:
+            print("\n".join(journal_lines(res, unjournaled, baseline)))
     return 0
+
+
+def journal_lines(res: dict, unjournaled: dict, baseline: float) -> list[str]:
+    """The journal's cost: the timed runs' mean iteration (``baseline``, journal on) over the run without it, and
+    what the timed run's journal writes took (its throughput.json's ``journal``)."""
+    off = statistics.mean(timed_walls(unjournaled))
+    j = res.get("journal") or {}
+    writes, seconds, size = j.get("writes", 0), j.get("seconds", 0.0), j.get("bytes", 0)
+    executed = max(1, len(res["iterations"]))
+    return [
+        f"journal: mean iteration {baseline:.3f} s with it against {off:.3f} s without: cost ratio {baseline / off:.3f}",
+        f"  the timed run wrote it {writes} times ({writes / executed:.1f} per iteration), "
+        f"{1e3 * seconds / max(1, writes):.2f} ms and {size / max(1, writes) / 1024:.1f} KiB each: "
+        f"{1e3 * seconds / executed:.2f} ms per iteration",
+    ]
 
 
 def res_vocab(res: dict) -> int:

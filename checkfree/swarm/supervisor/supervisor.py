@@ -721,7 +721,8 @@ class Supervisor:
 
     def _journal_content(self, why: str) -> dict[str, Any]:
         """What journal.json holds now (checkfree.swarm.supervisor.journal)."""
-        keys = self.state.keys
+        keys, journal = self.state.keys, self.journal
+        self.results.journal = {"writes": journal.writes, "seconds": journal.seconds, "bytes": journal.nbytes}
         processes = {}
         for node in list(self.host.procs):
             ident = self.host.identity(node)
