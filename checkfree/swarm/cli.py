@@ -6,6 +6,7 @@
     python -m checkfree swarm table runs/sw-*          # the summary table of several runs
     python -m checkfree swarm run --setting ours --config configs/swarm_tiny.json --device cuda --gpus 0,1
     python -m checkfree swarm run --resume runs/sw      # the run whose supervisor died, from its journal
+    python -m checkfree swarm revoke runs/sw 4          # shut machine 4 (its join token) out of the running swarm
 
 communication/run_throughput.sh START END SETTING RATE [options] is a thin launcher over ``swarm run``.
 """
@@ -108,8 +109,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument(
         "--join-token",
         type=Path,
-        help="join the authenticated swarm whose supervisor wrote this token (<run_dir>/join_token.json "
-        "on the first machine): this machine only hosts nodes START..END-1",
+        help="join the authenticated swarm as the machine this token is for (<run_dir>/join_tokens/"
+        "machine<START>.json on the supervisor's machine): this machine only hosts that machine's nodes "
+        "(START..END-1 default to the token's)",
+    )
+    r.add_argument(
+        "--machines",
+        metavar="START:END,...",
+        help="the node ranges the other machines host, each with its own join token (<run_dir>/join_tokens/"
+        "machine<START>.json, from which only that machine's node keys derive); default: one machine per range "
+        "of nodes outside START..END",
     )
     r.add_argument(
         "--insecure",
@@ -181,6 +190,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=cmd_run)
     global _RUN_PARSER
     _RUN_PARSER = r
+    v = cmds.add_parser(
+        "revoke",
+        help="shut one machine out of a running swarm: its keys are refused everywhere, its nodes replaced",
+        description="Ask the supervisor of the run in RUN_DIR to revoke machine START (the one whose join token is "
+        "RUN_DIR/join_tokens/machine<START>.json): every key of its nodes and launcher is refused from now on, "
+        "and its slots move to the supervisor's machine, their nodes replaced as after an eviction "
+        "(checkfree/swarm/supervisor/machines.py).",
+    )
+    v.add_argument("run_dir", type=Path, help="the run directory of the running supervisor")
+    v.add_argument("machine", type=int, metavar="START", help="the machine: the first node id it hosts")
+    v.set_defaults(func=cmd_revoke)
     t = cmds.add_parser("table", help="print the summary table of finished runs")
     t.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding throughput.json")
     t.set_defaults(func=cmd_table)
@@ -296,7 +316,59 @@ def _check_run(
         raise ValueError(f"--port is {args.port}; expected a TCP port in 0..65535 (0 = any free port).")
     if args.cache_dir is not None:
         check_directory_path(args.cache_dir, "--cache-dir")
+    if args.machines is not None and (args.insecure or args.join_token or args.bootstrap):
+        raise ValueError(
+            "--machines splits the swarm into machines with their own join tokens; it is for the supervisor's "
+            "machine of an authenticated swarm (expected no --insecure, --join-token or --bootstrap with it)."
+        )
+    if not (args.insecure or args.join_token or args.bootstrap):
+        from checkfree.swarm.wire.auth import MachineLayout
+
+        MachineLayout(
+            cfg.n_nodes, cfg.first_replacement_id, (args.start, end), machines_option(args.machines)
+        )
     return end
+
+
+def machines_option(text: str | None) -> list[tuple[int, int]] | None:
+    """``--machines START:END,...`` as ranges (None: not given).
+
+    Raises:
+        ValueError: a range is not START:END with integers START < END (one sentence).
+    """
+    if text is None:
+        return None
+    out = []
+    for part in text.split(","):
+        bounds = part.strip().split(":")
+        if (
+            len(bounds) != 2
+            or not all(b.strip().isdigit() for b in bounds)
+            or int(bounds[0]) >= int(bounds[1])
+        ):
+            raise ValueError(f"--machines part {part!r} is not START:END; expected e.g. --machines 4:7,7:10.")
+        out.append((int(bounds[0]), int(bounds[1])))
+    return out
+
+
+def _token_range(args: argparse.Namespace) -> None:
+    """A launcher's nodes are its join token's machine's: START and END default to the token's, and given ones
+    must be the same.
+
+    Raises:
+        AuthError: the token cannot be read (one sentence). ValueError: START or END is another machine's.
+    """
+    from checkfree.swarm.wire.auth import read_token
+
+    keys, _ = read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
+    machine = keys.machine
+    if (args.start, args.end) == (0, None):
+        args.start, args.end = machine.start, machine.end
+    elif (args.start, args.end if args.end is not None else -1) != (machine.start, machine.end):
+        raise ValueError(
+            f"the join token {args.join_token} is for {machine.describe()}, not START {args.start} END "
+            f"{args.end}; expected START {machine.start} END {machine.end}, or neither (the token's)."
+        )
 
 
 def _memory(args: argparse.Namespace, cfg, policy, end: int, devices):
@@ -376,6 +448,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"ours-plus needs at least 4 transformer stages for its swaps; the config has {cfg.n_stages}."
         )
     schedule, schedule_path = _schedule(args)
+    if args.join_token is not None:
+        _token_range(args)
     end = _check_run(args, cfg, schedule, schedule_path)
     recovery_kills = None
     if args.recovery_kills is not None:
@@ -426,10 +500,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
         )
-    if args.join_token is not None:
-        from checkfree.swarm.wire.auth import read_token
-
-        read_token(args.join_token)  # a missing or damaged token: one sentence, exit 2, nothing written
     if args.bootstrap or args.join_token:
         from checkfree.swarm.launcher import run_launcher
 
@@ -465,6 +535,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             recovery_kills=recovery_kills,
             schedule_path=schedule_path,
             options=_journaled_options(args, schedule_path),
+            machines=machines_option(args.machines),
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -478,8 +549,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     log.info("supervisor: nodes %d..%d compute on %s", args.start, end - 1, devices.describe())
-    if not args.insecure:
-        log.info("supervisor: join token for other machines: %s", sup.token_path)
+    layout = sup.state.keys.layout if sup.state.keys is not None else None
+    for start, path in sup.token_paths().items():
+        assert layout is not None
+        log.info("supervisor: join token of %s: %s", layout.by_start(start).describe(), path)
     sup.write_config()
     return _supervise(sup, run_dir)
 
@@ -595,6 +668,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             schedule_path=schedule_path,
             keys=keys_of(data),
             options=data["options"],
+            machines=machines_option(getattr(opts, "machines", None)),
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -610,6 +684,36 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         f.write(" ".join(sys.argv) + "\n")
     log.info("supervisor: resumed at %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
     return _supervise(sup, run_dir)
+
+
+def cmd_revoke(args: argparse.Namespace) -> int:
+    """``swarm revoke RUN_DIR START``: ask the running supervisor to shut machine START out
+    (checkfree.swarm.supervisor.machines).
+
+    Raises:
+        ValueError: RUN_DIR holds no run with such a machine, or the run ended (one sentence).
+    """
+    from checkfree.swarm.supervisor.journal import JournalError, read_journal
+    from checkfree.swarm.supervisor.machines import request_revocation, token_path
+
+    run_dir = Path(args.run_dir)
+    try:
+        status = read_journal(run_dir)["status"]
+    except JournalError:
+        status = None  # a run without a journal: the request is still read by its supervisor
+    if status not in (None, "running"):
+        raise ValueError(
+            f"the run in {run_dir} ended ({status}); expected the run directory of a running swarm."
+        )
+    if request_revocation(run_dir, args.machine):
+        print(
+            f"machine {args.machine}: revocation asked; its supervisor shuts it out within about a second while "
+            f"training runs (supervisor.log: 'revoked'; throughput.json: machine_revocations). Its join token "
+            f"{token_path(run_dir, args.machine)} admits nothing from then on."
+        )
+    else:
+        print(f"machine {args.machine}: its revocation was asked already.")
+    return 0
 
 
 TABLE_KEYS = (

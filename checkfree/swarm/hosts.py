@@ -42,7 +42,7 @@ from pathlib import Path
 
 from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.process_identity import AdoptedProcess, running, start_time
-from checkfree.swarm.wire.auth import SwarmKeys
+from checkfree.swarm.wire.auth import MachineKeys, SwarmKeys
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ class LocalHost:
     Args:
         run_dir: where node logs go. bootstrap: the supervisor's address. bind_host/advertise_host: passed
         to nodes. cache_dir: data cache for stage-0 nodes. python: interpreter (default: this one).
-        keys: the swarm's keys (key files are written from them); None: nodes run ``--insecure``.
+        keys: the swarm's keys (the supervisor's) or this machine's (a launcher's), from which key files are
+        written; None: nodes run ``--insecure``.
         devices: this machine's node → device rule; None: no ``--device`` (the node's default, the CPU).
     """
 
@@ -167,7 +168,7 @@ class LocalHost:
         cache_dir: Path | None = None,
         python: str = sys.executable,
         mode: str = "fork",
-        keys: SwarmKeys | None = None,
+        keys: SwarmKeys | MachineKeys | None = None,
         devices: DeviceMap | None = None,
     ) -> None:
         if mode not in ("fork", "exec"):
@@ -225,13 +226,16 @@ class LocalHost:
     def key_file(self, node: int) -> Path:
         return self.run_dir / "keys" / f"node{node}.json"
 
-    def spawn(self, node: int, stage: int, location: str, replacement: bool, admit_upto: int = 0) -> int:
-        """Start node ``node``; returns its pid. ``admit_upto``: see SwarmKeys.write_key_file."""
+    def spawn(
+        self, node: int, stage: int, location: str, replacement: bool, admitted: dict[int, str] | None = None
+    ) -> int:
+        """Start node ``node``; returns its pid. ``admitted``: the public keys its key file lists (the supervisor's
+        ``SwarmKeys.admitted``; checkfree.swarm.wire.auth)."""
         for proc in self.procs.values():
             proc.poll()  # releases the pipes of nodes that exited unnoticed (one marked dead for silence)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.keys is not None:
-            self.keys.write_key_file(self.key_file(node), node, admit_upto)
+            self.keys.write_key_file(self.key_file(node), node, admitted or {})
         device = self.device_for(node, stage, replacement)
         cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"

@@ -1,10 +1,11 @@
 """A swarm spanning several machines: the launcher that hosts one machine's share of the nodes.
 
 Machine A runs the supervisor (``run_throughput.sh 0 K ...`` with ``--bind-host 0.0.0.0 --advertise-host A
---port P``); its address ``tcp://A:P`` is the *bootstrap*, and it writes the join token
-``<run_dir>/join_token.json`` (checkfree.swarm.wire.auth). Machine B gets a copy of that file (scp) and runs
-``run_throughput.sh K N ... --join-token FILE --bind-host 0.0.0.0 --advertise-host B``, which starts this
-launcher instead of a supervisor. The launcher introduces itself to the supervisor (JOIN, stage -2, with its slot range) and then
+--port P``); its address ``tcp://A:P`` is the *bootstrap*, and it writes one join token per other machine,
+``<run_dir>/join_tokens/machine<K>.json`` for the machine that hosts nodes K..N−1 (``--machines``;
+checkfree.swarm.wire.auth: the token holds that machine's own secret, from which only its nodes' keys derive).
+Machine B gets a copy of its file (scp) and runs ``run_throughput.sh K N ... --join-token FILE --bind-host 0.0.0.0
+--advertise-host B``, which starts this launcher instead of a supervisor. The launcher introduces itself to the supervisor (JOIN, stage -2, with its slot range) and then
 only obeys: ``spawn`` (start a node process here, pointed at the bootstrap), ``kill`` (SIGKILL one of its
 own nodes by pid: a scheduled crash) and ``shutdown``; it reports ``exited`` when one of its nodes dies by
 itself. All policy (schedule, recovery, results) stays with the supervisor, which writes throughput.json
@@ -26,15 +27,14 @@ from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.node.supervisor_watch import SupervisorWatch
 from checkfree.swarm.wire import control
-from checkfree.swarm.wire.auth import read_token
+from checkfree.swarm.wire.auth import LAUNCHER_ID_BASE, read_token
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
-LAUNCHER_ID_BASE = 1_000_000
-"""Launcher ids are LAUNCHER_ID_BASE + START (they never collide with node ids)."""
+__all__ = ["LAUNCHER_ID_BASE", "LAUNCHER_STAGE", "run_launcher"]
 LAUNCHER_STAGE = -2
 """The JOIN ``stage`` that marks a launcher."""
 
@@ -54,20 +54,27 @@ def run_launcher(
 ) -> int:
     """Host nodes START..END−1 (and their replacements) for the supervisor at ``bootstrap``; exit code.
 
-    ``token``: the join token the supervisor wrote (checkfree.swarm.wire.auth); its bootstrap address is used
-    unless ``bootstrap`` is given. Without a token the launcher and its nodes run unauthenticated
+    ``token``: this machine's join token (checkfree.swarm.wire.auth); its bootstrap address is used unless
+    ``bootstrap`` is given, and START..END−1 must be its machine's nodes (the caller checks it: checkfree.swarm.cli).
+    The launcher starts only the ids the token's machine owns. Without a token the launcher and its nodes run
+    unauthenticated
     (``--insecure`` on the supervisor's side too). ``devices``: where this machine's nodes compute
     (checkfree.swarm.devices; resolved on this machine, k = node id − START); None: the nodes' default, the CPU.
     ``supervisor_grace``: seconds to wait for a resumed supervisor once the supervisor fell silent.
 
     Raises:
         AuthError: the token cannot be read.
-        ValueError: neither a token nor a bootstrap address is given.
+        ValueError: neither a token nor a bootstrap address is given, or the token is another machine's.
     """
     me = LAUNCHER_ID_BASE + start
     keys, identity = None, None
     if token is not None:
         keys, token_bootstrap = read_token(token)
+        if (start, end) != (keys.machine.start, keys.machine.end):
+            raise ValueError(
+                f"the join token {token} is for {keys.machine.describe()}, not nodes {start}..{end - 1}; expected "
+                f"START {keys.machine.start} END {keys.machine.end} (or none: the token's)."
+            )
         bootstrap = bootstrap or token_bootstrap
         identity = keys.identity(me)
     if bootstrap is None:
@@ -94,7 +101,12 @@ def run_launcher(
     def spawn(m: dict) -> None:
         if m["node"] in host.procs:
             raise ProtocolError(f"spawn of node {m['node']}, which this launcher started already")
-        host.spawn(m["node"], m["stage"], m["location"], m["replacement"], m["admit_upto"])
+        if keys is not None and not keys.machine.owns(m["node"]):
+            raise ProtocolError(
+                f"spawn of node {m['node']}, which is not one of {keys.machine.describe()}'s ids"
+            )
+        admitted = {int(k): v for k, v in m["keys"].items()}
+        host.spawn(m["node"], m["stage"], m["location"], m["replacement"], admitted)
 
     def kill(m: dict) -> None:
         if m["node"] not in host.procs:

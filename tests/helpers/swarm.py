@@ -23,7 +23,6 @@ from checkfree.swarm.node.stage0_copies import Stage0Copies
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.auth import read_token
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, encode
 
 MODEL = {
@@ -155,7 +154,10 @@ class Attacker:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.PUSH)
         self.sock.setsockopt(zmq.LINGER, 0)
-        keys, _ = read_token(sup.token_path)
+        keys = (
+            sup.state.keys
+        )  # the supervisor's: every identity's key (a machine's token derives its own only)
+        assert keys is not None
         address = sup.address if target == SUPERVISOR_ID else sup.node_address(target)
         assert address is not None
         if key == "token":

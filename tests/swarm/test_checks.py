@@ -27,6 +27,7 @@ from checkfree.swarm.wire.auth import (
     REFUSAL_KEYS_NAMED,
     AuthError,
     KeyRing,
+    MachineLayout,
     RefusalLog,
     SwarmKeys,
     read_key_file,
@@ -180,11 +181,14 @@ def test_keys_token_and_key_files(tmp_path: Path) -> None:
     assert keys.public_key(3) != keys.public_key(4) and zmq.curve_public(
         keys.secret_key(3)
     ).decode() == keys.public_key(3)
-    keys.write_token(tmp_path / "token.json", "tcp://a:1")
+    keys.set_layout(MachineLayout(12, 13, (0, 6)))  # machine 6 hosts nodes 6..11 and replacements 14, 16, ...
+    machine = keys.layout.by_start(6)
+    keys.write_token(tmp_path / "token.json", "tcp://a:1", machine)
     assert stat.S_IMODE((tmp_path / "token.json").stat().st_mode) == 0o600
     again, bootstrap = read_token(tmp_path / "token.json")
-    assert bootstrap == "tcp://a:1" and again.public_key(7) == keys.public_key(7)
-    keys.write_key_file(tmp_path / "k.json", 5)
+    assert bootstrap == "tcp://a:1" and again.public_key(7) == keys.public_key(7) and again.machine == machine
+    assert "swarm_secret" not in json.loads((tmp_path / "token.json").read_text())  # a machine never holds S
+    keys.write_key_file(tmp_path / "k.json", 5, keys.admitted(range(12), 13))
     ident = read_key_file(tmp_path / "k.json", 5)
     assert ident.public == keys.public_key(5) and ident.keyring.owner(keys.public_key(-1)) == -1
     assert "swarm_secret" not in json.loads((tmp_path / "k.json").read_text())  # a node never holds S

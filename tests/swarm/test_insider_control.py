@@ -31,7 +31,7 @@ from checkfree.swarm.supervisor.conduct import EVICT_THRESHOLD, Conduct
 from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.auth import KeyRing, SwarmKeys, read_token
+from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 
 from helpers.swarm import Attacker, after_commits, node_report, running_swarm, wait_until
@@ -50,7 +50,8 @@ def _rss_mib(pid: int) -> float:
 def _handshake(sup: Supervisor, target: int, as_id: int, timeout: float = 5.0) -> str:
     """Open a fresh CURVE connection to ``target`` (-1: the supervisor) with the key of ``as_id``: 'ok' when
     the handshake succeeds, 'refused' when the target's ZAP check refuses the key."""
-    keys, _ = read_token(sup.token_path)
+    keys = sup.state.keys  # the supervisor's: every identity's key
+    assert keys is not None
     address = sup.address if target == SUPERVISOR_ID else sup.node_address(target)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
@@ -105,7 +106,7 @@ def test_a_revoked_key_is_refused_for_good_and_its_messages_no_longer_map_to_an_
     ring.update({n: keys.public_key(n) for n in range(4)})  # a later 'keys' list does not re-admit it
     assert ring.owner(key2) is None and ring.owner(keys.public_key(3)) == 3
     keys.revoked.add(2)
-    keys.write_key_file(tmp_path / "k.json", 5)  # a key file written after the eviction omits it
+    keys.write_key_file(tmp_path / "k.json", 5, keys.admitted(range(6), 6))  # written after it: omits it
     listed = json.loads((tmp_path / "k.json").read_text())["keys"]
     assert "2" not in listed and "3" in listed
 

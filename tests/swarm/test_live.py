@@ -19,7 +19,6 @@ import zmq
 from checkfree.recovery.math import checkfree_weight, weighted_average
 from checkfree.swarm.node.compute import build_stage
 from checkfree.swarm.supervisor.supervisor import Supervisor
-from checkfree.swarm.wire.auth import read_token
 from checkfree.swarm.wire.protocol import HEADER, MAGIC, VERSION, Message, MessageType, encode
 
 from helpers.swarm import MODEL, live_config, state_of
@@ -190,7 +189,8 @@ def test_a_live_node_shrugs_off_hostile_bytes_and_keeps_serving(tmp_path: Path) 
     while sup.node_address(target) is None or not sup.results.rows:
         assert time.monotonic() < deadline and thread.is_alive(), "the swarm did not start"
         time.sleep(0.05)
-    keys, _ = read_token(sup.token_path)
+    keys = sup.state.keys  # the supervisor's: every identity's key
+    assert keys is not None
     raw = zmq.Context.instance().socket(zmq.PUSH)
     raw.setsockopt(zmq.LINGER, 0)
     raw.curve_serverkey = keys.public_key(target).encode()
@@ -234,20 +234,25 @@ def test_two_machines_share_a_swarm_through_the_bootstrap_address(tmp_path: Path
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(sup.run()), daemon=True)
     thread.start()
+    token = tmp_path / "a" / "join_tokens" / "machine2.json"  # the second machine's own token
     if insecure:  # plain TCP: the bootstrap address is all the second machine needs
         assert run_launcher(sup.address, 2, 4, tmp_path / "b") == 0
-        assert not sup.token_path.exists() and not (tmp_path / "b" / "keys").exists()
+        assert not token.parent.exists() and not (tmp_path / "b" / "keys").exists()
     else:
+        assert sup.token_paths() == {2: token}
         deadline = time.monotonic() + 60
-        while not sup.token_path.exists():  # the first machine writes the join token; the second reads it
+        while not token.exists():  # the first machine writes the join token; the second reads it
             assert time.monotonic() < deadline and thread.is_alive()
             time.sleep(0.05)
-        assert run_launcher(None, 2, 4, tmp_path / "b", token=sup.token_path) == 0
+        assert run_launcher(None, 2, 4, tmp_path / "b", token=token) == 0
     thread.join(timeout=60)
     assert result["iterations_completed"] == 5 and result["recovered_count"] == 1
     assert result["crashes"][0]["rule"] == "checkfree" and result["crashes"][0]["source_nodes"] == [1, 3]
+    # node 2's replacement: the second machine's first replacement id (ids 5, 7, … are the first machine's; plain
+    # TCP has no machines' shares: the next id)
+    replacement = 5 if insecure else 6
     assert sorted(p.name for p in (tmp_path / "b").glob("node*.log")) == [
         "node2.log",
         "node3.log",
-        "node5.log",
+        f"node{replacement}.log",
     ]

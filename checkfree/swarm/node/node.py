@@ -357,7 +357,14 @@ class Node:
             "version": self.state.version,
             **self.parts.stage0_copies.report(),
             **({"refused_requests": dict(self.parts.grants.refused)} if self.parts.grants.refused else {}),
+            **self._refused_connections(),
         }
+
+    def _refused_connections(self) -> dict[str, int]:
+        """``refused_connections``: the handshakes this node's ZAP check refused (an unknown or revoked key)."""
+        identity = self.transport.identity
+        refused = identity.keyring.refusals.refused if identity is not None else 0
+        return {"refused_connections": refused} if refused else {}
 
     # ------------------------------------------------------------------ weights and checkpoints
 

@@ -55,7 +55,6 @@ from typing import Any, Protocol
 
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE, LAUNCHER_STAGE
 from checkfree.swarm.supervisor.state import Attempt, Slot, SupervisorState
-from checkfree.swarm.wire.auth import KEY_WINDOW
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
@@ -358,12 +357,19 @@ class PeerMessages:
         """Another machine's launcher offers to host slots; start their initial nodes there."""
         if msg.sender < LAUNCHER_ID_BASE or msg.sender in self.roster.launchers:
             raise ProtocolError(f"a launcher JOIN from id {msg.sender}, not a new launcher id")
+        layout = self.state.keys.layout if self.state.keys is not None else None
+        machine = layout.machine_of(msg.sender) if layout is not None else None
+        if layout is not None and (machine is layout.own or machine.start in layout.revoked):
+            raise ProtocolError(
+                f"a launcher JOIN from id {msg.sender}, the launcher of no machine of this swarm"
+            )
         slots = [
             n
             for n in msg.meta.get("slots", [])
             if 0 <= n < self.cfg.n_nodes
             and not self.roster.slots[n].local
             and self.roster.slots[n].launcher is None
+            and (machine is None or machine.start <= n < machine.end)  # a machine hosts its own nodes only
         ]
         self._connect(msg.sender, msg.meta["address"])
         self.roster.launchers.add(msg.sender)
@@ -422,14 +428,15 @@ class PeerMessages:
         return []
 
     def _keys(self) -> dict[str, Any]:
-        """``keys``: the public keys nodes admit: every live occupant and the next replacement ids."""
+        """``keys``: the public keys nodes admit: every live occupant and each machine's next replacement ids
+        (checkfree.swarm.wire.auth)."""
         keys = self.state.keys
         if keys is None:
             return {}
-        ids = [s.occupant for s in self.roster.all()] + list(
-            range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
+        admitted = keys.admitted(
+            [s.occupant for s in self.roster.all()], self.roster.next_id, self.roster.revoked
         )
-        return {"keys": {str(i): keys.public_key(i) for i in ids if i not in self.roster.revoked}}
+        return {"keys": {str(i): key for i, key in admitted.items()}}
 
     def _on_serving(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         if slot.serving:

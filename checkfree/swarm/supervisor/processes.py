@@ -3,7 +3,8 @@
 A node is started here (``LocalHost``) or by another machine's launcher (a ``spawn`` command). It is dead when
 its process exited, it fell silent for ``peer_timeout`` seconds, it did not serve within ``recovery_timeout``
 of its start (then it is killed), or it reported that its recovery failed. A dead slot gets a replacement with
-a fresh node id (admitted to the keyring before it dials), at most ``max_attempts`` times per slot. Processes
+a fresh node id of its machine's share (admitted to the keyring before it dials; checkfree.swarm.wire.auth), at
+most ``max_attempts`` times per slot. Processes
 are killed by pid only.
 
 :class:`Processes` acts and answers at once; it waits for nothing (the supervisor's loops do) and records a crash's
@@ -20,7 +21,6 @@ from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Slot, SupervisorState, SwarmError
-from checkfree.swarm.wire.auth import KEY_WINDOW
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
@@ -71,10 +71,30 @@ class Processes:
         self.admit_window()
 
     def admit_window(self) -> None:
-        """Admit the next KEY_WINDOW replacement ids (they get their keys before they dial)."""
+        """Admit each machine's next KEY_WINDOW replacement ids (they get their keys before they dial)."""
         if self.keys is not None:
-            ids = range(self.roster.next_id, self.roster.next_id + KEY_WINDOW)
-            self.link.admit({n: self.keys.public_key(n) for n in ids})
+            self.link.admit(self.keys.admitted([], self.roster.next_id, self.roster.revoked))
+
+    def admitted(self) -> dict[int, str]:
+        """The public keys a node admits from its start (its key file): every occupant and each machine's next
+        replacement ids (checkfree.swarm.wire.auth ``SwarmKeys.admitted``); none with plain TCP."""
+        if self.keys is None:
+            return {}
+        occupants = [s.occupant for s in self.roster.all()]
+        return self.keys.admitted(occupants, self.roster.next_id, self.roster.revoked)
+
+    def replacement_id(self, slot: Slot) -> int:
+        """A fresh id for a replacement of ``slot``: the next of its machine's share (checkfree.swarm.wire.auth
+        ``MachineLayout``; plain TCP: the next id), never an evicted one (a key misused ahead of its spawn)."""
+        roster = self.roster
+        layout = self.keys.layout if self.keys is not None else None
+        if layout is None:
+            node = roster.next_id
+            while node in roster.revoked:
+                node += 1
+            return node
+        machine = layout.own if slot.local else layout.machine_of(slot.slot)
+        return layout.replacement_id(machine, roster.next_id, roster.revoked)
 
     def spawn(self, slot: Slot, replacement: bool) -> None:
         """Start ``slot``'s node (a replacement gets a fresh id).
@@ -90,9 +110,8 @@ class Processes:
                 f"{slot.tries - 1} times; giving up."
             )
         if replacement:
-            while roster.next_id in roster.revoked:  # an evicted id (a key misused ahead of its spawn)
-                roster.next_id += 1
-            slot.occupant, roster.next_id = roster.next_id, roster.next_id + 1
+            slot.occupant = self.replacement_id(slot)
+            roster.next_id = slot.occupant + 1
             self.admit_window()
         slot.address, slot.serving, slot.dead = None, False, False
         slot.plan_seq, slot.rebuilt, slot.copy_version = 0, None, None  # a new occupant: nothing sent, held
@@ -102,7 +121,7 @@ class Processes:
         if self.journal is not None:
             self.journal.write(f"starting node {slot.occupant}")
         if slot.local:
-            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, roster.next_id)
+            self.host.spawn(slot.occupant, slot.stage, slot.location, replacement, self.admitted())
             if self.journal is not None:
                 self.journal.write(f"started node {slot.occupant}")
         elif slot.launcher is not None:
@@ -113,7 +132,7 @@ class Processes:
                 stage=slot.stage,
                 location=slot.location,
                 replacement=replacement,
-                admit_upto=roster.next_id,
+                keys={str(n): key for n, key in self.admitted().items()},
             )
         self.ledger.spawned(slot)
 

@@ -35,8 +35,7 @@
   was in flight, redone from microbatch 0), ``rolled_forward`` (the iteration whose commit the dead supervisor had
   begun and the resumed one finished), ``adopted`` and ``replaced`` (nodes, the latter with why); ``resumes``
   counts them. ``started_at``: epoch seconds of the results' clock's 0 (the first ``begin``), so a time of this
-  file is ``started_at`` + t in wall time. ``journal``: what writing the supervisor's journal cost (``writes``,
-  ``seconds``, ``bytes``, as of its last write).
+  file is ``started_at`` + t in wall time.
 * ``ended_by``: ``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended
   first). ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
   error) or ``interrupted`` (SIGINT / SIGTERM), and ``cause`` (None when completed). The file is written
@@ -48,7 +47,11 @@
   for misbehaving, with the cause and the evidence (checkfree.swarm.supervisor.conduct);
   ``refused_weight_requests``: node id → the weights requests it refused, per reason (``no_grant``,
   ``grant_used``, ``plan_superseded``, ``byte_cap``, and ``withheld``: over a requester's refusal budget;
-  checkfree.swarm.node.parts), as of its last report.
+  checkfree.swarm.node.parts), as of its last report; ``refused_connections``: the CURVE handshakes refused by
+  the supervisor's ZAP check (``supervisor``) and by each node's (an unknown or revoked key, e.g. one made from
+  another machine's join token; checkfree.swarm.wire.auth); ``machine_revocations``: the machines shut out by
+  ``swarm revoke`` (machine, its nodes, the ids revoked, the slots moved to this machine, iteration, time;
+  checkfree.swarm.supervisor.machines).
 
 The file is strict JSON (checkfree.jsonio): a NaN/inf loss or gradient norm of a diverging run is ``null``,
 listed under ``"nonfinite"``.
@@ -183,6 +186,10 @@ class Results:
         """node id → device of the nodes this machine started (``swarm run --device``)."""
         self.evictions: list[dict[str, Any]] = []
         """Nodes evicted for misbehaving (checkfree.swarm.supervisor.conduct), one record each."""
+        self.machine_revocations: list[dict[str, Any]] = []
+        """Machines shut out by ``swarm revoke`` (checkfree.swarm.supervisor.machines), one record each."""
+        self.supervisor_refused_connections = 0
+        """Handshakes the supervisor's ZAP check refused (an unknown or revoked key; checkfree.swarm.wire.auth)."""
         self.rejected_gradients: list[dict[str, Any]] = []
         """Replicas whose gradients a stage averaged without, per committed iteration (``ready``'s ``rejected``)."""
         self.schedule: dict[str, Any] = {}
@@ -202,8 +209,6 @@ class Results:
         """Each time the supervisor died and a resumed one took over (module docstring)."""
         self.started_at: float | None = None
         """Epoch seconds of the results' clock's 0 (None before training started)."""
-        self.journal: dict[str, float] = {}
-        """What journaling cost so far (checkfree.swarm.supervisor.journal): writes, seconds, bytes."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -432,6 +437,15 @@ class Results:
             "refused_weight_requests": {
                 str(n): m["refused_requests"] for n, m in self.reports.items() if m.get("refused_requests")
             },
+            "refused_connections": {
+                "supervisor": self.supervisor_refused_connections,
+                **{
+                    str(n): m["refused_connections"]
+                    for n, m in self.reports.items()
+                    if m.get("refused_connections")
+                },
+            },
+            "machine_revocations": self.machine_revocations,
             "rejected_gradients": self.rejected_gradients,
             "evictions": self.evictions,
             "vocab_size": self.vocab_size,
@@ -444,7 +458,6 @@ class Results:
             "coordinator_outages": self.outages,
             "resumes": len(self.outages),
             "started_at": self.started_at,
-            "journal": self.journal,
             **self.model.to_json(self.rows),
             "config": self.cfg.to_json(),
         }

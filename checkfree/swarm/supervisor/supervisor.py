@@ -80,7 +80,6 @@ from checkfree.failures.traces import DowntimeSchedule
 from checkfree.recovery.planner import RecoveryImpossible
 from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.hosts import LocalHost
-from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.process_identity import start_time
 from checkfree.swarm.supervisor.adoption import CommitIntent, ResumeImpossible, Verdict, judge
@@ -96,6 +95,7 @@ from checkfree.swarm.supervisor.journal import (
     secret_of,
 )
 from checkfree.swarm.supervisor.link import POLL_S, Link
+from checkfree.swarm.supervisor.machines import Revocations, token_path
 from checkfree.swarm.supervisor.model_io import ModelIO, live_members
 from checkfree.swarm.supervisor.outages import Outages, check_schedule, schedule_info
 from checkfree.swarm.supervisor.planning import LossPlanner
@@ -105,7 +105,7 @@ from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.state import Attempt, Roster, Slot, SupervisorState, SwarmError
 from checkfree.swarm.supervisor.validation import ValidationRuns
 from checkfree.swarm.wire import control as schemas
-from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
+from checkfree.swarm.wire.auth import KeyRing, MachineLayout, SwarmKeys
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
 from checkfree.swarm.wire.transport import Transport
@@ -162,6 +162,7 @@ class Supervisor:
         keys: SwarmKeys | None = None,
         journal: bool = True,
         options: dict[str, Any] | None = None,
+        machines: list[tuple[int, int]] | None = None,
     ) -> None:
         self.cfg, self.setting, self.iterations = cfg, setting, iterations
         self.policy = make_policy(setting)
@@ -173,10 +174,10 @@ class Supervisor:
         self.state = SupervisorState(cfg, setting, vocab_size, keys, roster)
         self.conduct = Conduct(roster)
         identity = None
-        if keys is not None:
+        if keys is not None:  # every id gets its key from its machine's secret (checkfree.swarm.wire.auth)
+            keys.set_layout(MachineLayout(cfg.n_nodes, cfg.first_replacement_id, (start, end), machines))
             ring = KeyRing({n: keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
-            launchers = range(LAUNCHER_ID_BASE, LAUNCHER_ID_BASE + cfg.n_nodes)
-            ring.update({n: keys.public_key(n) for n in launchers})
+            ring.update({m.launcher: keys.public_key(m.launcher) for m in keys.layout.remote()})
             identity = keys.identity(SUPERVISOR_ID, ring)
         self.transport = Transport(
             SUPERVISOR_ID,
@@ -220,16 +221,22 @@ class Supervisor:
         self.model_io = ModelIO(cfg, setting, vocab_size, self.link, self.run_dir, records, now, cache_dir)
         self.peer_messages.node_handlers[MessageType.WEIGHTS_RESPONSE] = self.model_io.on_weights
         self.peer_messages.node_commands["evaluated"] = self.validation.on_evaluated
+        self.revocations = Revocations(
+            self.state, self.link, self.processes, self.results.machine_revocations, self.run_dir
+        )
+        """Machines shut out while the run goes on (``swarm revoke``; checkfree.swarm.supervisor.machines)."""
 
     @property
     def roster(self) -> Roster:
         """The slots and their occupants (the state's)."""
         return self.state.roster
 
-    @property
-    def token_path(self) -> Path:
-        """The join token other machines' launchers need (written by :meth:`run`; absent with ``insecure``)."""
-        return self.run_dir / "join_token.json"
+    def token_paths(self) -> dict[int, Path]:
+        """Machine START → the join token its launcher needs (written by :meth:`run`; none with ``insecure``)."""
+        keys = self.state.keys
+        if keys is None or keys.layout is None:
+            return {}
+        return {m.start: token_path(self.run_dir, m.start) for m in keys.layout.remote()}
 
     # ------------------------------------------------------------------ public
 
@@ -276,7 +283,8 @@ class Supervisor:
             self._resume()  # re-adopt the live nodes; the run goes on from the journaled state
         else:
             if self.state.keys is not None:
-                self.state.keys.write_token(self.token_path, self.address)
+                for start, path in self.token_paths().items():  # one per other machine: its own secret
+                    self.state.keys.write_token(path, self.address, self.state.keys.layout.by_start(start))
             self.journal.write("start")
             self._start_nodes()
         if not self.state.training:
@@ -350,6 +358,11 @@ class Supervisor:
         if police and self.state.training:
             for node in self.conduct.verdicts():
                 self._evict(node)
+            for machine in self.revocations.due():  # swarm revoke (checkfree.swarm.supervisor.machines)
+                self.revocations.revoke(machine, self.state.begun_iteration, self.results.now())
+                self.journal.write(f"machine {machine.start} revoked")
+        if self.transport.identity is not None:
+            self.results.supervisor_refused_connections = self.transport.identity.keyring.refusals.refused
 
     def handle(self, msg: Message) -> None:
         """Route one message (checkfree.swarm.supervisor.inbox) and carry out what it asks of the processes."""
@@ -721,8 +734,7 @@ class Supervisor:
 
     def _journal_content(self, why: str) -> dict[str, Any]:
         """What journal.json holds now (checkfree.swarm.supervisor.journal)."""
-        keys, journal = self.state.keys, self.journal
-        self.results.journal = {"writes": journal.writes, "seconds": journal.seconds, "bytes": journal.nbytes}
+        keys = self.state.keys
         processes = {}
         for node in list(self.host.procs):
             ident = self.host.identity(node)

@@ -172,11 +172,13 @@ _REPORT = {
     "version": "nat",
     "stage0_copy?": "nat",
     "refused_requests?": "counts",
+    "refused_connections?": "nat",
 }
 """The cumulative statistics a node reports with ``committed`` and ``final`` (``stage0_copy``: the version of
 the CheckFree+ stage-0 copy a stage-1 or stage-S node holds, absent when it holds none; ``rejected_from``: the
 messages it refused, per sender, which the supervisor weighs as evidence, checkfree.swarm.supervisor.conduct;
-``refused_requests``: the weights requests it refused, per reason, checkfree.swarm.node.parts)."""
+``refused_requests``: the weights requests it refused, per reason, checkfree.swarm.node.parts;
+``refused_connections``: the CURVE handshakes its ZAP check refused, checkfree.swarm.wire.auth)."""
 
 _RESUMED = {
     "stage": "stage",
@@ -224,7 +226,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "shutdown": {},
     "resume": {},
     # supervisor -> launcher
-    "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "admit_upto": "nat"},
+    "spawn": {"node": "nat", "stage": "stage", "location": "str", "replacement": "bool", "keys": "keys"},
     "kill": {"node": "nat"},
     # node / storage / launcher -> supervisor
     "serving": {"stage": "stage", "version": "nat", "record": "record"},
