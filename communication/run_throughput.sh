@@ -8,7 +8,7 @@
 #        DRY_RUN=1 communication/run_throughput.sh 0 21 ours 16                    # print the node commands, start nothing
 #   GPUs: --device auto|cpu|cuda --gpus 0,1 (this machine's k-th node on GPU gpus[k mod 2]; DRY_RUN prints the map)
 #   multi-machine: machine A runs START=0 with --bind-host 0.0.0.0 --advertise-host A --port 5555 (the bootstrap);
-#   machine B runs its range with --join-token FILE (A writes RUN_DIR/join_token.json) --bind-host 0.0.0.0 --advertise-host B.
+#   machine B runs its range with --join-token FILE (A writes RUN_DIR/join_tokens/machine<START>.json) --bind-host 0.0.0.0 --advertise-host B.
 #   resume: communication/run_throughput.sh --resume RUN_DIR   # the run whose supervisor died, from its journal
 #   options: python -m checkfree swarm run --help
 # The python supervisor starts its node processes itself and kills only those, by pid; this script kills nothing.
