@@ -45,7 +45,7 @@ def plain_transformers_loss(model_dir: Path, batches: list[torch.Tensor]) -> flo
     token-mean cross-entropy per batch, the mean over the batches (the simulator's ``evaluate``)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir)).eval()  # fp32, as saved
     with torch.no_grad():
         losses = []
         for batch in batches:  # (B, T+1) int64
