@@ -32,7 +32,8 @@
 #
 # Environment: SEEDS_5 ["0 1 2 3 4"], SEEDS_10 ["0 1 2"], SEEDS_16 ["0 1 2"], OUT [runs/table2_6x2],
 #   JOBS [1] runs at a time (each OMP_NUM_THREADS=1), SKIP_EXISTING [1]: a run whose summary.json exists is not
-#   run again (an interrupted set resumes; a run killed mid-way starts again).
+#   run again (an interrupted set resumes; a run killed mid-way starts again), ONLY [all]: an extended regular
+#   expression; only runs whose name matches it are made (two instances on disjoint ONLYs share one set).
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -77,6 +78,7 @@ run() {
   local dir="$OUT/runs/$name"
   local cmd=("$root/simulate_training/$launcher" "$setting" 1 "$rate" "$CONFIG" 0 --seed "$seed" --eval-interval "$EVAL"
     --no-progress --no-final-checkpoint --run-dir "$dir" "$@")
+  if [ -n "${ONLY:-}" ] && ! grep -Eq -- "$ONLY" <<< "$name"; then return; fi
   if [ "$dry" = 1 ]; then echo "${cmd[*]#"$root/"}"; return; fi
   if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done

@@ -110,3 +110,11 @@ def test_bad_settings_are_refused_before_anything_runs(tmp_path, env, fragment):
     )
     assert r.returncode == 2 and fragment in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_only_splits_the_set_between_instances():
+    whole = {line for line in _plan() if line.startswith("simulate_training/")}
+    low = {line for line in _plan(ONLY="-r5-|nofail") if line.startswith("simulate_training/")}
+    high = {line for line in _plan(ONLY="-r1[06]-") if line.startswith("simulate_training/")}
+    assert low | high == whole and not low & high
+    assert all("-r10-" in line or "-r16-" in line for line in high)
