@@ -100,6 +100,11 @@ def test_a_launcher_takes_only_its_own_machines_nodes(tmp_path: Path) -> None:
         actions = sup.peer_messages.handle(_launcher_join(1_000_002, [0, 1, 2, 3, 4]))
         assert [a.slot.slot for a in actions] == [2, 3]  # not the supervisor's nodes, nor machine 4's node 4
         assert [a.slot.slot for a in sup.peer_messages.handle(_launcher_join(1_000_004, [4]))] == [4]
+        bad = sup.peer_messages.bad_messages
+        unreachable = _launcher_join(1_000_004, [4])
+        unreachable.meta["address"] = "tcp://x"  # an address libzmq refuses: one bad message, no ZMQError
+        sup.roster.launchers.discard(1_000_004)
+        assert sup.peer_messages.handle(unreachable) == [] and sup.peer_messages.bad_messages == bad + 1
     finally:
         sup.transport.close()
 
