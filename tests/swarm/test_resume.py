@@ -21,7 +21,12 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+import torch.nn.functional as F
 
+from checkfree.export import export_run
+from checkfree.swarm.config import swarm_config_from_dict
+from checkfree.swarm.node.compute import validation_batches_for
 from checkfree.swarm.process_identity import AdoptedProcess
 from checkfree.swarm.supervisor.failpoints import ENV
 
@@ -83,12 +88,13 @@ def _reap(run: Path) -> None:
             AdoptedProcess(pid, started).kill()
 
 
-def _killed_then_resumed(tmp: Path, point: str, *extra: str) -> tuple[dict, str]:
-    """Run the swarm until the supervisor kills itself at ``point``, resume it; (throughput.json, supervisor.log)."""
+def _killed_then_resumed(tmp: Path, point: str, *extra: str, **config: object) -> tuple[dict, str]:
+    """Run the swarm (``config``: keys of its config) until the supervisor kills itself at ``point``, resume it;
+    (throughput.json, supervisor.log)."""
     run = tmp / "run"
     try:
-        first = _swarm(["--setting", "ours", "--config", str(_config(tmp)), "--iterations", str(ITERATIONS),
-                        "--run-dir", str(run), *extra], die_at=point)  # fmt: skip
+        first = _swarm(["--setting", "ours", "--config", str(_config(tmp, **config)), "--iterations",
+                        str(ITERATIONS), "--run-dir", str(run), *extra], die_at=point)  # fmt: skip
         assert first.returncode == -9, first.stderr[-2000:]  # SIGKILLed: no throughput.json, nodes left alive
         assert not (run / "throughput.json").exists()
         journal = _journal(run)
@@ -165,10 +171,35 @@ def test_killed_in_the_middle_of_an_attempt_it_redoes_that_iteration(tmp_path: P
 def test_killed_in_the_middle_of_a_commit_it_finishes_the_commit_every_node_steps_once(
     tmp_path, reference
 ) -> None:
-    out, log = _killed_then_resumed(tmp_path, "commit-partial:3", "--no-schedule")
-    outage = _every_iteration_once(out, reference)
+    out, log = _killed_then_resumed(tmp_path, "commit-partial:3", "--no-schedule", eval_interval=4)
+    outage = _every_iteration_once(out, reference)  # validations (forward only) change no training loss
     assert outage["rolled_forward"] == 3 and outage["iterations_redone"] == [] and outage["replaced"] == {}
     assert "finishing the commit of iteration 3" in log and "1 nodes stepped, 7 step now" in log
+    # the model the resumed supervisor gathered loads in transformers and gives its last validation loss
+    assert [v["iteration"] for v in out["validation"]] == [0, 4, 8] and out["model"][
+        "iteration"
+    ] == ITERATIONS
+    export_run(tmp_path / "run", tmp_path / "hf")
+    cfg = swarm_config_from_dict(json.loads((tmp_path / "swarm.json").read_text()))
+    batches = validation_batches_for(cfg.model, cfg.data, MODEL["vocab_size"], tmp_path)
+    loss = _transformers_loss(tmp_path / "hf", batches)
+    assert abs(loss - out["final_eval"]["val_loss"]) <= 1e-4, (loss, out["final_eval"])
+
+
+def _transformers_loss(model_dir: Path, batches: list[torch.Tensor]) -> float:
+    """An exported model's validation loss as anyone computes it: AutoModelForCausalLM in fp32, token-mean cross
+    entropy per (B, T+1) batch, the mean over the batches."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    with torch.no_grad():
+        losses = []
+        for batch in batches:
+            logits = model(input_ids=batch[:, :-1]).logits  # (B, T, V)
+            losses.append(
+                float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1)))
+            )
+    return sum(losses) / len(losses)
 
 
 @pytest.mark.timeout(400)
@@ -204,7 +235,9 @@ def test_nodes_wait_out_their_grace_then_exit_and_a_late_resume_names_what_is_lo
         late = _swarm(["--resume", str(run)])
         assert late.returncode == 2 and len(late.stderr.strip().splitlines()) == 1, late.stderr[-2000:]
         assert "no node of the run" in late.stderr and "no live replica and no snapshot" in late.stderr
-        assert not (run / "throughput.json").exists() and _journal(run)["status"] == "running"  # nothing written
+        assert (
+            not (run / "throughput.json").exists() and _journal(run)["status"] == "running"
+        )  # nothing written
     finally:
         _reap(run)
 
