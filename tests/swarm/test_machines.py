@@ -146,6 +146,39 @@ def test_a_revoked_machine_is_shut_out_and_its_slots_move_here(sup: Supervisor, 
     assert record["machine"] == 2 and record["slots_moved"] == [2, 3, 4] and record["iteration"] == 5
 
 
+def test_a_resumed_supervisor_keeps_a_revoked_machines_stripe_retired(tmp_path: Path) -> None:
+    """The revocation request stays in the run directory: a supervisor started on it (``--resume``) admits none
+    of the revoked machine's replacement ids, and revokes again only a machine its records do not show revoked."""
+    (tmp_path / "join_tokens").mkdir()
+    for start in (2, 4):
+        (tmp_path / "join_tokens" / f"machine{start}.json").write_text("{}")
+    request_revocation(tmp_path, 2)
+    request_revocation(tmp_path, 4)
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    sup = Supervisor(
+        cfg,
+        "ours",
+        {},
+        iterations=1,
+        run_dir=tmp_path,
+        vocab_size=300,
+        start=0,
+        end=2,
+        machines=[(2, 4), (4, 5)],
+    )
+    try:
+        keys = sup.state.keys
+        assert keys is not None and keys.layout is not None and keys.layout.revoked == {2, 4}
+        ring = sup.transport.identity.keyring  # type: ignore[union-attr]
+        for start in (2, 4):
+            stripe = keys.layout.by_start(start).replacement_ids(cfg.first_replacement_id, 3)  # type: ignore[union-attr]
+            assert all(ring.owner(keys.public_key(n)) is None for n in stripe)
+        sup.results.machine_revocations.append({"machine": 2})  # the journal's record: machine 2 was revoked
+        assert [m.start for m in sup.revocations.due()] == [4]  # machine 4 was asked while no supervisor ran
+    finally:
+        sup.transport.close()
+
+
 @pytest.mark.parametrize(
     "argv, sentence",
     [

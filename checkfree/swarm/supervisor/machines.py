@@ -6,8 +6,8 @@ machine's secret, from which only the keys of the ids the supervisor gives that 
 
 **Revoking a machine** (a volunteer's token leaked, a machine no longer trusted): ``python -m checkfree swarm
 revoke RUN_DIR START`` adds START to ``<run_dir>/revocations.json`` (written atomically); the supervisor looks at
-that file about once a second while training runs (:meth:`Revocations.due`) and, for each machine newly listed,
-:meth:`Revocations.revoke`:
+that file about once a second while training runs (:meth:`Revocations.due`) and, for each machine listed that it
+has not revoked yet (throughput.json's records, which a resumed supervisor reads back), :meth:`Revocations.revoke`:
 
 1. revokes every id of the machine's share that can be in use (its launcher's, every node id it ever hosted, its
    window of replacement ids) in the supervisor's keyring and, through ``revoked`` in every ``peers`` and
@@ -18,8 +18,9 @@ that file about once a second while training runs (:meth:`Revocations.due`) and,
 3. moves its slots to the supervisor's machine and marks their nodes dead (cause ``revoked: machine START``):
    the supervisor's loop replaces them there as after an eviction, recovered by the setting's rule.
 
-It is recorded in throughput.json (``machine_revocations``) and in the journal (the slots, the revoked ids); the
-request file stays, so a resumed supervisor retires the machine's stripe again. Machines are revoked, like
+It is recorded in throughput.json (``machine_revocations``) and in the journal (the slots, the revoked ids, the
+record); the request file stays, and a resumed supervisor retires every listed machine's stripe before it admits
+any replacement id (:func:`revoked_before`). Machines are revoked, like
 evictions, only while training runs (not before it starts nor during a rollback): a request made earlier waits.
 """
 
@@ -77,6 +78,16 @@ def read_revocations(run_dir: Path) -> list[int]:
     ):
         raise ValueError(f"{path} is not a {REVOCATIONS_FORMAT} file; expected the file swarm revoke writes.")
     return machines
+
+
+def revoked_before(run_dir: Path) -> set[int]:
+    """The machines whose revocation was asked for in ``run_dir`` before this supervisor started (a resumed one
+    retires their stripes before it admits any replacement id); a damaged request file is :meth:`Revocations.due`'s
+    to report."""
+    try:
+        return set(read_revocations(run_dir))
+    except ValueError:
+        return set()
 
 
 def request_revocation(run_dir: Path, start: int) -> bool:
@@ -164,7 +175,9 @@ class Revocations:
                 log.error(
                     "supervisor: revocation of machine %d ignored: no other machine of this swarm", start
                 )
-            elif start not in layout.revoked:
+            elif not any(
+                r["machine"] == start for r in self.records
+            ):  # not revoked yet (a resumed run's records)
                 out.append(machine)
         return out
 
@@ -187,8 +200,6 @@ class Revocations:
         moved = [s for s in roster.slots if machine.start <= s.slot < machine.end and not s.local]
         for slot in moved:
             slot.local, slot.launcher = True, None
-        if any(r["machine"] == machine.start for r in self.records):
-            return  # revoked before this supervisor resumed: its stripe is retired again, nothing else to do
         self.records.append(
             {
                 "machine": machine.start,

@@ -95,7 +95,7 @@ from checkfree.swarm.supervisor.journal import (
     secret_of,
 )
 from checkfree.swarm.supervisor.link import POLL_S, Link
-from checkfree.swarm.supervisor.machines import Revocations, token_path
+from checkfree.swarm.supervisor.machines import Revocations, revoked_before, token_path
 from checkfree.swarm.supervisor.model_io import ModelIO, live_members
 from checkfree.swarm.supervisor.outages import Outages, check_schedule, schedule_info
 from checkfree.swarm.supervisor.planning import LossPlanner
@@ -176,6 +176,7 @@ class Supervisor:
         identity = None
         if keys is not None:  # every id gets its key from its machine's secret (checkfree.swarm.wire.auth)
             keys.set_layout(MachineLayout(cfg.n_nodes, cfg.first_replacement_id, (start, end), machines))
+            keys.layout.revoked |= revoked_before(self.run_dir)  # a resumed run's revoked machines stay out
             ring = KeyRing({n: keys.public_key(n) for n in range(-1, cfg.first_replacement_id)})
             ring.update({m.launcher: keys.public_key(m.launcher) for m in keys.layout.remote()})
             identity = keys.identity(SUPERVISOR_ID, ring)
