@@ -512,8 +512,9 @@ def _below(table: dict[int, tuple[int, int]], roots: list[int]) -> set[int]:
 class ProcessTree:
     """The processes below one this check started (the swarm's launcher: its forkserver, resource tracker and
     nodes), remembered by pid and start time while it runs, so that any it leaves behind can be killed by pid.
-    (``swarm run`` stopped by SIGTERM while it starts its nodes leaves its forkserver, its resource tracker and
-    the node being forked alive.)"""
+    ``swarm run`` reaps everything it started, a SIGTERM during its nodes' start included
+    (tests/swarm/test_stop_signals.py); this is a safety net for the one call the GPU check gets, and the row
+    "leftover swarm processes" would say so if it ever caught one."""
 
     def __init__(self, pid: int):
         self.pid = pid
