@@ -203,18 +203,24 @@ def _transformers_loss(model_dir: Path, batches: list[torch.Tensor]) -> float:
 
 
 @pytest.mark.timeout(400)
-def test_killed_in_the_middle_of_a_recovery_it_replaces_the_recovering_node(
+def test_killed_in_the_middle_of_a_recovery_it_adopts_or_replaces_the_replacement(
     tmp_path: Path, reference
 ) -> None:
-    (tmp_path / "schedule.json").write_text(
-        json.dumps({"3": [2, 1000]})
-    )  # one replica of stage 1, iteration 2
-    out, log = _killed_then_resumed(tmp_path, "recovering:2", "--schedule", str(tmp_path / "schedule.json"))
+    schedule = tmp_path / "schedule.json"
+    schedule.write_text(json.dumps({"3": [2, 1000]}))  # one replica of stage 1, at iteration 2
+    out, log = _killed_then_resumed(tmp_path, "recovering:2", "--schedule", str(schedule))
     outage = _every_iteration_once(out, reference)  # a replica's copy is exact: the same losses
-    assert list(outage["replaced"]) == ["9"] and outage["adopted"] == [0, 1, 2, 4, 5, 6, 7]
-    assert out["crashes_count"] == 1 and out["recovered_count"] == 1
+    assert out["crashes_count"] == 1 and out["recovered_count"] == 1  # the crash recovered once
     crash = out["crashes"][0]
-    assert crash["rule"] == "replica" and crash["node"] == 3 and crash["replacement_node"] == 10
+    assert crash["rule"] == "replica" and crash["node"] == 3 and crash["stage"] == 1
+    if (
+        9 in outage["adopted"]
+    ):  # replacement 9 finished its copy while the supervisor was away: taken as it is
+        assert outage["replaced"] == {} and crash["replacement_node"] == 9
+    else:  # still fetching: replaced by node 10, which copies the replica again
+        assert list(outage["replaced"]) == ["9"] and "still recovering" in outage["replaced"]["9"]
+        assert crash["replacement_node"] == 10
+    assert sorted(set(outage["adopted"]) - {9}) == [0, 1, 2, 4, 5, 6, 7]
 
 
 @pytest.mark.timeout(300)

@@ -35,7 +35,8 @@
   was in flight, redone from microbatch 0), ``rolled_forward`` (the iteration whose commit the dead supervisor had
   begun and the resumed one finished), ``adopted`` and ``replaced`` (nodes, the latter with why); ``resumes``
   counts them. ``started_at``: epoch seconds of the results' clock's 0 (the first ``begin``), so a time of this
-  file is ``started_at`` + t in wall time.
+  file is ``started_at`` + t in wall time. ``journal``: what writing the supervisor's journal cost (``writes``,
+  ``seconds``, ``bytes``, as of its last write).
 * ``ended_by``: ``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended
   first). ``status``: ``completed``, ``failed`` (a ``SwarmError``: a retry limit, an unrecoverable loss, an internal
   error) or ``interrupted`` (SIGINT / SIGTERM), and ``cause`` (None when completed). The file is written
@@ -209,6 +210,8 @@ class Results:
         """Each time the supervisor died and a resumed one took over (module docstring)."""
         self.started_at: float | None = None
         """Epoch seconds of the results' clock's 0 (None before training started)."""
+        self.journal: dict[str, float] = {}
+        """What journaling cost so far (checkfree.swarm.supervisor.journal): writes, seconds, bytes."""
 
     def start(self) -> None:
         self.t0 = time.monotonic()
@@ -458,6 +461,7 @@ class Results:
             "coordinator_outages": self.outages,
             "resumes": len(self.outages),
             "started_at": self.started_at,
+            "journal": self.journal,
             **self.model.to_json(self.rows),
             "config": self.cfg.to_json(),
         }

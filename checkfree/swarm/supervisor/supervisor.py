@@ -366,8 +366,19 @@ class Supervisor:
             self.results.supervisor_refused_connections = self.transport.identity.keyring.refusals.refused
 
     def handle(self, msg: Message) -> None:
-        """Route one message (checkfree.swarm.supervisor.inbox) and carry out what it asks of the processes."""
+        """Route one message (checkfree.swarm.supervisor.inbox) and carry out what it asks of the processes; a JOIN
+        taken is journaled (a resumed supervisor dials the node at the address it joined from)."""
+        joined = msg.type == MessageType.JOIN and self._joined(msg.sender)
         self.execute(self.peer_messages.handle(msg))
+        if msg.type == MessageType.JOIN and self._joined(msg.sender) != joined:
+            self.journal.write(f"{msg.sender} joined")
+
+    def _joined(self, sender: int) -> str | None:
+        """The address node or launcher ``sender`` joined from (None: it has not joined)."""
+        slot = self.roster.by_node.get(sender)
+        if slot is not None and slot.occupant == sender:
+            return slot.address
+        return self.roster.launcher_addresses.get(sender)
 
     def execute(self, actions: list[Action]) -> None:
         """Kill, mark dead or start what the handlers of peer messages named, in order."""
@@ -735,7 +746,8 @@ class Supervisor:
 
     def _journal_content(self, why: str) -> dict[str, Any]:
         """What journal.json holds now (checkfree.swarm.supervisor.journal)."""
-        keys = self.state.keys
+        keys, journal = self.state.keys, self.journal
+        self.results.journal = {"writes": journal.writes, "seconds": journal.seconds, "bytes": journal.nbytes}
         processes = {}
         for node in list(self.host.procs):
             ident = self.host.identity(node)
