@@ -24,6 +24,9 @@ REPORT_FILES = ("gpu_check.md", "gpu_check.json", "gpu_check_logs.tar.gz")
 CHECK_SIGNALS = {signal.SIGALRM, signal.SIGTERM, signal.SIGINT}
 LOG_SUFFIXES = (".log", ".json", ".jsonl", ".txt", ".md")
 LOG_FILE_MAX_BYTES = 2 << 20
+# What a swarm run dir holds that is a secret (mode 0600 there): the node key files, the join tokens and the
+# supervisor's journal (the swarm secret). A report that travels never carries them.
+SECRET_PARTS = frozenset({"keys", "join_tokens", "journal.json"})
 """A scratch file larger than this (2 MiB) stays out of the logs archive (only metrics.jsonl of long runs is)."""
 
 
@@ -151,7 +154,8 @@ class Report:
 
     def archive_logs(self, scratch: Path) -> Path:
         """gpu_check_logs.tar.gz: the scratch directory's logs, summaries and metrics (files of
-        :data:`LOG_SUFFIXES` up to :data:`LOG_FILE_MAX_BYTES`; no checkpoints, token caches or SMOKE's corpus)."""
+        :data:`LOG_SUFFIXES` up to :data:`LOG_FILE_MAX_BYTES`; no checkpoints, token caches or SMOKE's corpus, and
+        no secrets of the swarm's run, :data:`SECRET_PARTS`)."""
         path = self.out_dir / "gpu_check_logs.tar.gz"
         with signals_held(), tarfile.open(path, "w:gz") as tar:
             for f in sorted(scratch.rglob("*")):
@@ -160,7 +164,7 @@ class Report:
                     and not f.is_symlink()
                     and f.suffix in LOG_SUFFIXES
                     and f.stat().st_size <= LOG_FILE_MAX_BYTES
-                    and not {"cache", "corpus"} & set(f.relative_to(scratch).parts)
+                    and not ({"cache", "corpus"} | SECRET_PARTS) & set(f.relative_to(scratch).parts)
                 ):
                     tar.add(f, arcname=str(Path("scratch") / f.relative_to(scratch)))
         return path

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -491,3 +492,31 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     scratch = Path(re.search(r"runs in (\S+);", text)[1])
     simulator_runs = [d for d in (scratch / "runs").iterdir() if d.name != "swarm"]
     assert len(simulator_runs) == 6 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
+    with tarfile.open(out / "gpu_check_logs.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("swarm/supervisor.log") for n in names)
+    assert not [n for n in names if "/keys/" in n or "join_tokens" in n or n.endswith("journal.json")], names
+
+
+@pytest.mark.timeout(60)
+def test_the_logs_archive_leaves_out_the_swarms_secrets_checkpoints_and_caches(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        report_module = importlib.import_module("gpu_check_report")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    scratch = tmp_path / "scratch"
+    kept = [
+        "runs/swarm/supervisor.log",
+        "runs/swarm/throughput.json",
+        "runs/a/metrics.jsonl",
+        "runs/a/summary.json",
+    ]
+    secret = ["runs/swarm/keys/node0.json", "runs/swarm/join_tokens/machine5.json", "runs/swarm/journal.json"]
+    other = ["runs/a/checkpoints/iter_3.safetensors", "cache/tokens.json", "corpus/train.txt"]
+    for name in kept + secret + other:
+        (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+        (scratch / name).write_text("{}")
+    report = report_module.Report(tmp_path / "out", {"started": "now"})
+    with tarfile.open(report.archive_logs(scratch)) as tar:
+        assert sorted(tar.getnames()) == sorted(f"scratch/{n}" for n in kept)
