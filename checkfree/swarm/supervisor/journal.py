@@ -184,9 +184,8 @@ def encode_results(results: Results) -> dict[str, Any]:
     """
     out = {}
     for name, value in vars(results).items():
-        if name in ("cfg", "t0") or callable(
-            value
-        ):  # a function set on the object (a test's clock) is no data
+        # a function set on the object (a test's clock) is no data
+        if name in ("cfg", "t0") or callable(value):
             continue
         out[name] = _encode(value, name)
     out["elapsed_s"] = results.now() if results.t0 is not None else None

@@ -29,6 +29,11 @@ longer aborts: the survivors step, and the replacement copies the stepped state.
 whole-stage loss rolls every node back to the newest checkpoint that every stage stored, and the iterations since
 are redone.
 
+**One concept, one file.** This module is the loop and every step of it that acts through the supervisor's own
+link, processes and journal; what each step decides is computed elsewhere, without them (the attempt's phases,
+the loss plans, the resume's verdict in checkfree.swarm.supervisor.adoption, the records). It is long because
+the loop has that many steps, not because it holds two concepts.
+
 **One loop over explicit state.** Everything the supervisor decides from is one
 :class:`~checkfree.swarm.supervisor.state.SupervisorState` (the slots and their occupants and plans, the
 iteration, the attempt in progress, the schedule's clock, the retry counts, the reports received, the checkpoints
@@ -870,9 +875,8 @@ class Supervisor:
                     self.link.command(node, "abort", attempt=claim["attempt"])
             if verdict.in_flight:
                 self.results.aborts += 1
-        if (
-            not verdict.roll_forward
-        ):  # the attempt begun last: the one in flight (aborted), else the last commit
+        if not verdict.roll_forward:
+            # the attempt begun last: the one in flight (aborted), else the last commit
             begun = state.iteration if verdict.in_flight else max(state.iteration - 1, 0)
             state.current = Attempt(state.attempt, begun, roster.members(), time.monotonic(), phase="over")
         self.link.broadcast("peers", **roster.peers_fields())
