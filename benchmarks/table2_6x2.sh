@@ -83,7 +83,7 @@ run() {
   if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
   (
-    if [ -e "$dir" ]; then mv "$dir" "$dir.incomplete-$(date +%s)"; fi   # a killed run: kept aside, run again
+    if [ -e "$dir" ]; then mkdir -p "$OUT/incomplete"; mv "$dir" "$OUT/incomplete/$name-$(date +%s)"; fi   # a killed run: kept aside (out of runs/, which the report reads), run again
     t0=$SECONDS
     "${cmd[@]}" > "$OUT/logs/$name.log" 2>&1
     note "$name: exit $? after $((SECONDS - t0)) s"

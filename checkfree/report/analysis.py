@@ -98,6 +98,12 @@ class Group:
                 return r
         return None
 
+    def ended(self, label: str) -> Row | None:
+        """:meth:`by_strategy`, but None for a partial run (no summary.json: still running, or killed), which no
+        verdict may judge: it has neither a time to the target nor a loss at its cap."""
+        row = self.by_strategy(label)
+        return None if row is None or row.run.partial else row
+
 
 def group_key(run: Run) -> tuple[Any, ...]:
     p = run.p_iter
@@ -435,7 +441,7 @@ def table2_statement(faster: str, slower: str) -> str:
 def _pair_verdict(g: Group, faster: str, slower: str) -> Verdict:
     """One pairwise ordering in one group: a run that never reached the target counts as infinitely slow; two
     that never reached it cannot be ordered (not judged)."""
-    a, b = g.by_strategy(faster), g.by_strategy(slower)
+    a, b = g.ended(faster), g.ended(slower)
     statement = table2_statement(faster, slower)
     evidence = f"{faster} {_fmt_hours(a)}, {slower} {_fmt_hours(b)}"
     if a is None or b is None:
@@ -454,7 +460,7 @@ def table2_verdicts(groups: list[Group]) -> list[Verdict]:
     pairwise ordering of :data:`TABLE2_PAIRS` as its own verdict (over seeds: :func:`seeds.seed_verdicts`)."""
     out = []
     for g in groups:
-        rows = {s: g.by_strategy(s) for s in ("checkfree_plus", "checkfree", "checkpoint", "redundant")}
+        rows = {s: g.ended(s) for s in ("checkfree_plus", "checkfree", "checkpoint", "redundant")}
         evidence = ", ".join(f"{s} {_fmt_hours(r)}" for s, r in rows.items())
         if g.rate in (5.0, 10.0):
             statement = "Table 2: hours to target CheckFree+ < CheckFree < checkpointing"

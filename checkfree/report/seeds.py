@@ -44,8 +44,20 @@ class SeedSet:
         return list(seen)
 
     def rows(self, label: str) -> dict[Any, Row]:
-        """The run of strategy ``label`` for each seed that has one."""
-        return {g.seed: row for g in self.groups if (row := g.by_strategy(label)) is not None}
+        """The finished run of strategy ``label`` for each seed that has one. A partial run (no summary.json: still
+        running, or killed) is left out: it has neither a time to the target nor a loss at its cap, and counting it
+        as censored would judge a run that has not ended (:meth:`incomplete` names them)."""
+        return {
+            g.seed: row
+            for g in self.groups
+            if (row := g.by_strategy(label)) is not None and not row.run.partial
+        }
+
+    def incomplete(self, label: str) -> dict[Any, Row]:
+        """The partial runs (no summary.json) of strategy ``label``, by seed: left out of every comparison."""
+        return {
+            g.seed: row for g in self.groups if (row := g.by_strategy(label)) is not None and row.run.partial
+        }
 
 
 def seed_sets(groups: list[Group]) -> list[SeedSet]:

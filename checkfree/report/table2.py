@@ -466,6 +466,7 @@ def section(table2: Table2, targets: Targets) -> list[str]:
                 )
         lines += _table(["rate", "ordering (paper Table 2)", "here", "Wilcoxon", "not judged"], body) + [""]
         lines += _censored(fam)
+        lines += _incomplete(fam)
         lines += _sensitivity(table2, fam)
     return lines
 
@@ -475,6 +476,25 @@ def _wilcoxon_cell(entry: tuple[float | None, int] | None) -> str:
         return "—"
     p, n = entry
     return f"n = {n}" if p is None else f"p = {p:.3g} (n = {n})"
+
+
+def _incomplete(fam: FamilyNumbers) -> list[str]:
+    """Markdown: the partial runs (no summary.json) of the family's Table 2 strategies, left out of the table."""
+    names = [
+        f"`{row.run.name}`"
+        for rn in fam.rates
+        if rn.seed_set is not None
+        for strategy in PAPER_TABLE2_HOURS
+        for row in rn.seed_set.incomplete(strategy).values()
+    ]
+    if not names:
+        return []
+    return [
+        f"Incomplete runs ({len(names)}), left out as missing (no summary.json: still running, or killed): "
+        + ", ".join(names)
+        + ".",
+        "",
+    ]
 
 
 def _censored(fam: FamilyNumbers) -> list[str]:
