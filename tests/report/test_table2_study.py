@@ -98,10 +98,14 @@ def test_statistics_come_from_scipy():
 
 def test_a_run_that_has_not_ended_is_left_out_not_counted_as_censored(tmp_path):
     root = _study(tmp_path / "runs")
-    (root / "cfp-s2" / "summary.json").unlink()  # CheckFree+ seed 2 still running (or killed): no summary.json
+    # CheckFree+ seed 2 still running (or killed): no summary.json
+    (root / "cfp-s2" / "summary.json").unlink()
     res = build_report([root], "nofail@20", tmp_path / "out", TIMING, plots=False)
     text = res.report.read_text()
     assert "Censored runs" not in text and "s2 censored" not in text
-    assert "Incomplete runs (1), left out as missing (no summary.json: still running, or killed): `cfp-s2`." in text
+    assert (
+        "Incomplete runs (1), left out as missing (no summary.json: still running, or killed): `cfp-s2`."
+        in text
+    )
     # seed 2 is not judged: its CheckFree+ run has not ended (before: judged as CheckFree+ slower)
     assert "CheckFree+ < checkpointing | holds in 2 of 2 (p = 0.25)" in text
