@@ -5,6 +5,7 @@ wall-clock iterations exactly."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -150,3 +151,24 @@ def test_checkpoint_replay_rolls_back_to_the_newest_checkpoint():
     assert rep.rollbacks == [(4, 4, 3), (5, 4, 3)]
     assert rep.recoveries == [(4, 1), (5, 2), (5, 3)]
     assert rep.iterations_lost == 2 and rep.wall_iterations == 12 and rep.reached
+
+
+def test_a_real_baseline_that_has_not_ended_is_not_compared_with_its_replay(runs, tmp_path):
+    root = tmp_path / "runs"
+    for name in ("nofail", "checkfree", "redundant"):
+        shutil.copytree(runs[name], root / name)
+    (root / "redundant" / "summary.json").unlink()  # still running, or killed
+    res = build_report(
+        [root],
+        "nofail@12",
+        tmp_path / "report",
+        TimingOptions(iteration_seconds=10.0, recovery_seconds=1.0),
+        plots=False,
+        replay=True,
+    )
+    assert [c.real.strategy for c in res.replays.checks] == []  # before: compared, and reported as DIFFER
+    assert (
+        "redundant: no summary.json (still running, or killed): not compared with its replay."
+        in res.replays.notes
+    )
+    assert "DIFFER" not in res.report.read_text()
