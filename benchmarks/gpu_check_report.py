@@ -130,7 +130,7 @@ class Report:
                     "number": number,
                     "title": title,
                     "budget_s": budget_s,
-                    "seconds": round(seconds, 1),
+                    "seconds": round(seconds, 4),  # a smoke section can take under 0.05 s: no 0.0
                     "ok": ok,
                     "ended": ended,
                 }
