@@ -79,21 +79,24 @@ def _launcher_join(sender: int, slots: list[int]) -> Message:
     return Message(MessageType.JOIN, sender, meta=meta)
 
 
-def test_a_launcher_takes_only_its_own_machines_nodes(tmp_path: Path) -> None:
-    cfg = SwarmConfig(
-        model_config="tiny_config.json", replicas=1
-    )  # nodes 0..4: here 0-1, machines 2 (2-3), 4 (4)
-    sup = Supervisor(
+def _three_machines(run_dir: Path) -> Supervisor:
+    """A supervisor of tiny_config's 5 nodes (1 replica) on three machines: here 0-1, machine 2 (2-3), machine 4 (4)."""
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    return Supervisor(
         cfg,
         "ours",
         {},
         iterations=1,
-        run_dir=tmp_path,
+        run_dir=run_dir,
         vocab_size=300,
         start=0,
         end=2,
         machines=[(2, 4), (4, 5)],
     )
+
+
+def test_a_launcher_takes_only_its_own_machines_nodes(tmp_path: Path) -> None:
+    sup = _three_machines(tmp_path)
     try:
         assert set(sup.token_paths()) == {2, 4}
         assert sup.peer_messages.handle(_launcher_join(1_000_003, [2, 3, 4])) == []  # no machine starts at 3
@@ -154,24 +157,13 @@ def test_a_resumed_supervisor_keeps_a_revoked_machines_stripe_retired(tmp_path: 
         (tmp_path / "join_tokens" / f"machine{start}.json").write_text("{}")
     request_revocation(tmp_path, 2)
     request_revocation(tmp_path, 4)
-    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
-    sup = Supervisor(
-        cfg,
-        "ours",
-        {},
-        iterations=1,
-        run_dir=tmp_path,
-        vocab_size=300,
-        start=0,
-        end=2,
-        machines=[(2, 4), (4, 5)],
-    )
+    sup = _three_machines(tmp_path)
     try:
         keys = sup.state.keys
         assert keys is not None and keys.layout is not None and keys.layout.revoked == {2, 4}
         ring = sup.transport.identity.keyring  # type: ignore[union-attr]
         for start in (2, 4):
-            stripe = keys.layout.by_start(start).replacement_ids(cfg.first_replacement_id, 3)  # type: ignore[union-attr]
+            stripe = keys.layout.by_start(start).replacement_ids(sup.cfg.first_replacement_id, 3)  # type: ignore[union-attr]
             assert all(ring.owner(keys.public_key(n)) is None for n in stripe)
         sup.results.machine_revocations.append({"machine": 2})  # the journal's record: machine 2 was revoked
         assert [m.start for m in sup.revocations.due()] == [4]  # machine 4 was asked while no supervisor ran
