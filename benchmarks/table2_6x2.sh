@@ -31,8 +31,9 @@
 # fallback leaves the no-failure trajectory) is run for real too.
 #
 # Environment: SEEDS_5 ["0 1 2 3 4"], SEEDS_10 ["0 1 2"], SEEDS_16 ["0 1 2"], OUT [runs/table2_6x2],
-#   JOBS [1] runs at a time (each OMP_NUM_THREADS=1), SKIP_EXISTING [1]: a run whose summary.json exists is not
-#   run again (an interrupted set resumes; a run killed mid-way starts again), ONLY [all]: an extended regular
+#   JOBS [1] runs at a time (each OMP_NUM_THREADS=1), SKIP_EXISTING [1]: a run whose summary.json says completed is
+#   not run again (an interrupted set resumes; a run killed or stopped mid-way is moved to OUT/incomplete/ and starts
+#   again), ONLY [all]: an extended regular
 #   expression; only runs whose name matches it are made (two instances on disjoint ONLYs share one set).
 set -uo pipefail
 
@@ -72,6 +73,11 @@ all_seeds=$(printf '%s\n' $SEEDS_5 $SEEDS_10 $SEEDS_16 | sort -nu | tr '\n' ' ')
 iteration_seconds=$("$py" -c "print(f'{91.32 * $PAPER_ITERATIONS / $N_T:.6g}')")
 note "table2_6x2: N_T $N_T, cap $CAP, eval every $EVAL; seeds 5 %/h: $SEEDS_5; 10 %/h: $SEEDS_10; 16 %/h: $SEEDS_16"
 
+# completed DIR: exit 0 when DIR's summary.json says the run completed (a stopped run writes one too, "interrupted").
+completed() {
+  [ -f "$1/summary.json" ] && "$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("status") != "completed")' "$1/summary.json"
+}
+
 # run NAME LAUNCHER SETTING RATE SEED ARGS...: one simulator run (JOBS at a time); a failed run is logged.
 run() {
   local name=$1 launcher=$2 setting=$3 rate=$4 seed=$5; shift 5
@@ -80,7 +86,7 @@ run() {
     --no-progress --no-final-checkpoint --run-dir "$dir" "$@")
   if [ -n "${ONLY:-}" ] && ! grep -Eq -- "$ONLY" <<< "$name"; then return; fi
   if [ "$dry" = 1 ]; then echo "${cmd[*]#"$root/"}"; return; fi
-  if [ "$SKIP_EXISTING" != 0 ] && [ -f "$dir/summary.json" ]; then note "skip $name (done)"; return; fi
+  if [ "$SKIP_EXISTING" != 0 ] && completed "$dir"; then note "skip $name (done)"; return; fi
   while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
   (
     if [ -e "$dir" ]; then mkdir -p "$OUT/incomplete"; mv "$dir" "$OUT/incomplete/$name-$(date +%s)"; fi   # a killed run: kept aside (out of runs/, which the report reads), run again

@@ -410,9 +410,10 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
                 if rep is None
                 else _as_run(rep, member, base, stop, k if strategy == "checkpoint" else None, stall, forward)
             )
-            if strategy in real and real[strategy].partial:  # no summary.json: it has not ended
+            if strategy in real and real[strategy].partial:  # it has not ended
                 out.notes.append(
-                    f"{real[strategy].name}: no summary.json (still running, or killed): not compared with its replay."
+                    f"{real[strategy].name}: has not ended (still running, killed, stopped or crashed): "
+                    "not compared with its replay."
                 )
             elif strategy in real:
                 out.checks.append(_check(real[strategy], as_run))

@@ -49,6 +49,14 @@ def _read_json(path: Path) -> Any:
         raise RunDirError(f"{path} cannot be read ({e.strerror}).") from None
 
 
+def _stopped_early(summary: dict[str, Any]) -> bool:
+    """A run that a signal (``"status": "interrupted"``) or an exception (``"failed"`` without the trainer's
+    ``ended_by``) stopped before its own end: like a run with no summary.json, it has no outcome to compare. A run
+    the trainer ended at --max-wall-iterations is ``"failed"`` with ``ended_by`` and is an outcome (censored)."""
+    status = summary.get("status")
+    return status == "interrupted" or (status == "failed" and "ended_by" not in summary)
+
+
 @dataclass
 class Run:
     """One simulator run as the report sees it."""
@@ -60,7 +68,8 @@ class Run:
     records: list[dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
     partial: bool = False
-    """No summary.json: the run is still going or was killed; counts come from metrics.jsonl."""
+    """The run has not ended: no summary.json (still going, or killed), or one saying a signal or an exception
+    stopped it (:func:`_stopped_early`); counts come from metrics.jsonl."""
 
     # ---------------------------------------------------------------- identity
     @property
@@ -364,6 +373,12 @@ def load_run(path: Path) -> Run | SwarmRun:
         summary = _read_json(summary_path)
         if not isinstance(summary, dict):
             raise RunDirError(f"{summary_path} is not a JSON object.")
+        if _stopped_early(summary):
+            partial = True
+            warnings.append(
+                f"summary.json says {summary.get('status')} ({summary.get('cause')}): partial run, not an outcome; "
+                "counts come from metrics.jsonl"
+            )
     if not isinstance(config, dict) or not isinstance(options, dict):
         raise RunDirError(f"{path}: config.json and options.json must be JSON objects.")
     records = [

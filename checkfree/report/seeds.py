@@ -44,8 +44,8 @@ class SeedSet:
         return list(seen)
 
     def rows(self, label: str) -> dict[Any, Row]:
-        """The finished run of strategy ``label`` for each seed that has one. A partial run (no summary.json: still
-        running, or killed) is left out: it has neither a time to the target nor a loss at its cap, and counting it
+        """The finished run of strategy ``label`` for each seed that has one. A partial run (not ended: still
+        running, killed, stopped by a signal or crashed) is left out: it has neither a time to the target nor a loss at its cap, and counting it
         as censored would judge a run that has not ended (:meth:`incomplete` names them)."""
         return {
             g.seed: row
@@ -54,7 +54,7 @@ class SeedSet:
         }
 
     def incomplete(self, label: str) -> dict[Any, Row]:
-        """The partial runs (no summary.json) of strategy ``label``, by seed: left out of every comparison."""
+        """The partial runs (not ended) of strategy ``label``, by seed: left out of every comparison."""
         return {
             g.seed: row for g in self.groups if (row := g.by_strategy(label)) is not None and row.run.partial
         }

@@ -479,7 +479,7 @@ def _wilcoxon_cell(entry: tuple[float | None, int] | None) -> str:
 
 
 def _incomplete(fam: FamilyNumbers) -> list[str]:
-    """Markdown: the partial runs (no summary.json) of the family's Table 2 strategies, left out of the table."""
+    """Markdown: the partial runs (not ended: see :attr:`Run.partial`) of the family's Table 2 strategies, left out of the table."""
     names = [
         f"`{row.run.name}`"
         for rn in fam.rates
@@ -490,7 +490,7 @@ def _incomplete(fam: FamilyNumbers) -> list[str]:
     if not names:
         return []
     return [
-        f"Incomplete runs ({len(names)}), left out as missing (no summary.json: still running, or killed): "
+        f"Incomplete runs ({len(names)}), left out as missing (not ended: still running, killed, stopped or crashed): "
         + ", ".join(names)
         + ".",
         "",

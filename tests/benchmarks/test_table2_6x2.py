@@ -3,6 +3,7 @@ before any result, and each kind of command accepted by the simulator's own chec
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -118,3 +119,30 @@ def test_only_splits_the_set_between_instances():
     high = {line for line in _plan(ONLY="-r1[06]-") if line.startswith("simulate_training/")}
     assert low | high == whole and not low & high
     assert all("-r10-" in line or "-r16-" in line for line in high)
+
+
+def test_a_resumed_set_skips_completed_runs_and_runs_a_stopped_one_again(tmp_path):
+    """SKIP_EXISTING: a run whose summary.json says completed is skipped; a run stopped by SIGTERM also wrote a
+    summary.json ("interrupted") and is moved to OUT/incomplete/ and run again (before: skipped as done, and its
+    loss at the stop read as the run's outcome)."""
+    out = tmp_path / "set"
+    done, stopped = out / "runs" / "tiny_6x2-nofail-noswap-s0", out / "runs" / "tiny_6x2-nofail-noswap-s1"
+    for d, status in ((done, "completed"), (stopped, "interrupted")):
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"status": status, "cause": None}))
+    r = subprocess.run(
+        ["bash", "benchmarks/table2_6x2.sh"],
+        cwd=ROOT,
+        env=os.environ | {"SMOKE": "1", "SEEDS_5": "0 1", "ONLY": "nofail-noswap", "OUT": str(out)},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    progress = (out / "progress.log").read_text()
+    assert "skip tiny_6x2-nofail-noswap-s0 (done)" in progress, r.stderr
+    assert "skip tiny_6x2-nofail-noswap-s1" not in progress
+    assert "tiny_6x2-nofail-noswap-s1: exit 0" in progress, (progress, r.stderr)
+    assert json.loads((stopped / "summary.json").read_text())["status"] == "completed"
+    [aside] = (out / "incomplete").iterdir()
+    assert aside.name.startswith("tiny_6x2-nofail-noswap-s1-")
+    assert json.loads((aside / "summary.json").read_text())["status"] == "interrupted"

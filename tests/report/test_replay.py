@@ -168,7 +168,7 @@ def test_a_real_baseline_that_has_not_ended_is_not_compared_with_its_replay(runs
     )
     assert [c.real.strategy for c in res.replays.checks] == []  # before: compared, and reported as DIFFER
     assert (
-        "redundant: no summary.json (still running, or killed): not compared with its replay."
+        "redundant: has not ended (still running, killed, stopped or crashed): not compared with its replay."
         in res.replays.notes
     )
     assert "DIFFER" not in res.report.read_text()

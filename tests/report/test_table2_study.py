@@ -3,6 +3,8 @@ test beside the sign test, and the pure cost of swapping paired by seed (paper F
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from checkfree.report.analysis import TimingOptions, fig4c_verdict, resolve_targets
@@ -96,15 +98,27 @@ def test_statistics_come_from_scipy():
     assert wilcoxon_p([3.0, -1.0, 2.0]) == pytest.approx(want)
 
 
-def test_a_run_that_has_not_ended_is_left_out_not_counted_as_censored(tmp_path):
+@pytest.mark.parametrize(
+    "stopped",
+    [
+        None,  # still running, or killed: no summary.json
+        {"status": "interrupted", "cause": "SIGTERM"},  # a stopped run writes one (checkfree.sim.launch)
+        {"status": "failed", "cause": "RuntimeError: boom"},  # so does a crash: no ``ended_by``
+    ],
+    ids=["no-summary", "sigterm", "crash"],
+)
+def test_a_run_that_has_not_ended_is_left_out_not_counted_as_censored(tmp_path, stopped):
     root = _study(tmp_path / "runs")
-    # CheckFree+ seed 2 still running (or killed): no summary.json
-    (root / "cfp-s2" / "summary.json").unlink()
+    summary = root / "cfp-s2" / "summary.json"
+    if stopped is None:
+        summary.unlink()
+    else:
+        summary.write_text(json.dumps({**json.loads(summary.read_text()), **stopped}))
     res = build_report([root], "nofail@20", tmp_path / "out", TIMING, plots=False)
     text = res.report.read_text()
     assert "Censored runs" not in text and "s2 censored" not in text
     assert (
-        "Incomplete runs (1), left out as missing (no summary.json: still running, or killed): `cfp-s2`."
+        "Incomplete runs (1), left out as missing (not ended: still running, killed, stopped or crashed): `cfp-s2`."
         in text
     )
     # seed 2 is not judged: its CheckFree+ run has not ended (before: judged as CheckFree+ slower)
