@@ -12,8 +12,9 @@ geo-distributed testbed, docs/paper.md §5). :func:`summarise` therefore recompu
 ratios with the recovery seconds × :data:`RECOVERY_FACTORS` (T_iter unchanged), through the same
 :func:`~checkfree.report.analysis.analyse` as the main tables; nothing is tuned, the numbers are only printed.
 
-A *family* is the runs of one config, world size and failure schedule over every rate and seed; its seeds (the
-union over its rates) are the seeds each rate is expected to have, so a rate that lacks a seed says "runs missing".
+A *family* is the runs of one config, world size and failure schedule over every rate and seed. A rate's seeds are
+the seeds with any run at that rate (a study may run 5 seeds at 5 %/h and 3 at 10 %/h); a strategy that lacks one
+of them says "runs missing", and a rate with no run at all expects the family's seeds (the union over its rates).
 """
 
 from __future__ import annotations
@@ -143,6 +144,8 @@ class RateNumbers:
 
     rate: float
     seed_set: SeedSet | None
+    seeds: list[Any] = field(default_factory=list)
+    """The seeds this rate is expected to have: those of ``seed_set``, or the family's when it is None."""
     strategies: dict[str, StrategySeeds] = field(default_factory=dict)
     ratios: list[PairedRatio] = field(default_factory=list)
     verdicts: list[tuple[SeedVerdict, dict[Any, Verdict]]] = field(default_factory=list)
@@ -174,7 +177,7 @@ class FamilyNumbers:
 
     title: str
     seeds: list[Any]
-    """Every seed of the family, at any rate: the seeds each rate is expected to have."""
+    """Every seed of the family, at any rate (each rate's own are :attr:`RateNumbers.seeds`)."""
     factor: float
     model: TimingModel
     rates: list[RateNumbers]
@@ -225,7 +228,9 @@ def family_numbers(
 def _rate_numbers(
     rate: float, seed_set: SeedSet | None, seeds: list[Any], groups: list[Group], verdicts: list[Verdict]
 ) -> RateNumbers:
-    out = RateNumbers(rate, seed_set)
+    if seed_set is not None:
+        seeds = sorted(set(seed_set.seeds), key=_seed_key)
+    out = RateNumbers(rate, seed_set, seeds)
     out.ratios = [paired_ratio(seed_set, n, d, seeds) for n, d in TABLE2_RATIOS]
     if seed_set is None:
         return out
@@ -356,9 +361,9 @@ def _not_judged(per_seed: dict[Any, Verdict], seeds: list[Any]) -> str:
 
 
 def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
-    n = len(fam.seeds)
     rows = []
     for rn in fam.rates:
+        n = len(rn.seeds)
         for strategy, paper in PAPER_TABLE2_HOURS.items():
             st = rn.strategies.get(strategy)
             paper_h = f"{paper[rn.rate]:g}"
@@ -367,9 +372,9 @@ def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
                     [rn.label, _name(strategy), f"0 of {n} (runs missing)", "—", "—", "—", "—", paper_h]
                 )
                 continue
-            missing = [s for s in fam.seeds if s not in st.seeds]
+            missing = [s for s in rn.seeds if s not in st.seeds]
             runs = f"{len(st.seeds)} of {n}" + (f" (runs missing: {_seeds_text(missing)})" if missing else "")
-            per_seed = ", ".join(f"s{seed} {_seed_cell(rn.row(strategy, seed))}" for seed in fam.seeds)
+            per_seed = ", ".join(f"s{seed} {_seed_cell(rn.row(strategy, seed))}" for seed in rn.seeds)
             rows.append(
                 [
                     rn.label,
@@ -408,8 +413,16 @@ def section(table2: Table2, targets: Targets) -> list[str]:
         "",
     ]
     for fam in families:
-        n = len(fam.seeds)
         lines += [f"### {fam.title}, {_seeds_text(fam.seeds)}", ""]
+        if any(rn.seeds != fam.seeds for rn in fam.rates):
+            per_rate = "; ".join(
+                f"{rn.rate:g} %/h {_seeds_text(rn.seeds)}" + ("" if rn.seed_set else " (no run)")
+                for rn in fam.rates
+            )
+            lines += [
+                f"Each rate is judged over its own seeds, those with a run at that rate: {per_rate}.",
+                "",
+            ]
         lines += _table(
             [
                 "rate",
@@ -433,7 +446,7 @@ def section(table2: Table2, targets: Targets) -> list[str]:
             [
                 rn.label,
                 r.title,
-                _ratio_cell(r, n),
+                _ratio_cell(r, len(rn.seeds)),
                 _per_seed(r),
                 f"{paper_ratio(r.numerator, r.denominator, rn.rate):.3g}",
             ]
@@ -451,7 +464,7 @@ def section(table2: Table2, targets: Targets) -> list[str]:
         for rn in fam.rates:
             if rn.seed_set is None:
                 body.append(
-                    [rn.label, "every ordering", "not judged", "—", f"runs missing: {_seeds_text(fam.seeds)}"]
+                    [rn.label, "every ordering", "not judged", "—", f"runs missing: {_seeds_text(rn.seeds)}"]
                 )
                 continue
             for sv, per_seed in rn.verdicts:
@@ -461,7 +474,7 @@ def section(table2: Table2, targets: Targets) -> list[str]:
                         _statement(sv.statement),
                         _verdict_count(sv),
                         _wilcoxon_cell(rn.wilcoxon.get(sv.statement)),
-                        _not_judged(per_seed, fam.seeds),
+                        _not_judged(per_seed, rn.seeds),
                     ]
                 )
         lines += _table(["rate", "ordering (paper Table 2)", "here", "Wilcoxon", "not judged"], body) + [""]
@@ -479,7 +492,8 @@ def _wilcoxon_cell(entry: tuple[float | None, int] | None) -> str:
 
 
 def _incomplete(fam: FamilyNumbers) -> list[str]:
-    """Markdown: the partial runs (not ended: see :attr:`Run.partial`) of the family's Table 2 strategies, left out of the table."""
+    """Markdown: the partial runs (not ended: see :attr:`Run.partial`) of the family's Table 2 strategies, left out
+    of the table."""
     names = [
         f"`{row.run.name}`"
         for rn in fam.rates
@@ -502,7 +516,7 @@ def _censored(fam: FamilyNumbers) -> list[str]:
     body = []
     for rn in fam.rates:
         for strategy in PAPER_TABLE2_HOURS:
-            for seed in fam.seeds:
+            for seed in rn.seeds:
                 row = rn.row(strategy, seed)
                 if row is None or row.hours_to_target is not None:
                     continue
@@ -555,7 +569,6 @@ def _sensitivity(table2: Table2, fam: FamilyNumbers) -> list[str]:
         "at which runs reach the target are the same in every column.",
         "",
     ]
-    n = len(fam.seeds)
     body = []
     for rn in fam.rates:
         if rn.seed_set is None:
@@ -569,6 +582,6 @@ def _sensitivity(table2: Table2, fam: FamilyNumbers) -> list[str]:
                 cells.append("—" if match is None else _verdict_count(match))
             body.append([rn.label, _statement(sv.statement)] + cells)
         for k, r in enumerate(rn.ratios):
-            body.append([rn.label, r.title] + [_ratio_cell(other.ratios[k], n) for other in same])
+            body.append([rn.label, r.title] + [_ratio_cell(other.ratios[k], len(rn.seeds)) for other in same])
     header = ["rate", "ordering / ratio"] + [f"×{f:g} ({x.model.recovery_seconds:.4g} s)" for f, x in columns]
     return lines + _table(header, body) + [""]

@@ -123,3 +123,36 @@ def test_a_run_that_has_not_ended_is_left_out_not_counted_as_censored(tmp_path, 
     )
     # seed 2 is not judged: its CheckFree+ run has not ended (before: judged as CheckFree+ slower)
     assert "CheckFree+ < checkpointing | holds in 2 of 2 (p = 0.25)" in text
+
+
+def test_a_rate_run_with_fewer_seeds_expects_only_its_own(tmp_path):
+    """Issue 31's design: 5 seeds at 5 %/h, 3 at 10 and 16 %/h. A rate's seeds are those with a run at that rate:
+    10 %/h here has seeds 0 and 1 and must not read "runs missing: seed 2" (before: the family's seeds 0–2)."""
+    root = _study(tmp_path / "runs")
+    for seed in (0, 1):
+        for name, strategy, at in (("cfp", "checkfree_plus", 20), ("ckpt", "checkpoint", 30)):
+            evals = [(0, 8.0), (at, {0: 5.0, 1: 5.5}[seed])]
+            make_run(
+                root,
+                f"{name}-r10-s{seed}",
+                strategy,
+                evals,
+                rate=10.0,
+                p=0.006,
+                failures=(5,),
+                seed=seed,
+                swaps=strategy == "checkfree_plus",
+            )
+    text = build_report([root], "nofail@20", tmp_path / "out", TIMING, plots=False).report.read_text()
+    table = text.split("## Table 2 at this scale", 1)[1]
+    assert (
+        "its own seeds, those with a run at that rate: 5 %/h seeds 0, 1, 2 (no run); 10 %/h seeds 0, 1; "
+        "16 %/h seeds 0, 1, 2." in table
+    )
+    ten = [line for line in table.splitlines() if line.startswith("| 10 %/h")]
+    assert ten and not any("s2" in line or "seed 2" in line for line in ten), ten
+    assert "| 10 %/h (p_iter 0.006) | CheckFree+ | 2 of 2 | 2 of 2 |" in table
+    assert "| 10 %/h (p_iter 0.006) | checkpointing ÷ CheckFree+ | 1.5 ± " in table  # 30 / 20 in both seeds
+    assert "| 16 %/h (p_iter 0.01) | CheckFree+ | 3 of 3 | 2 of 3 |" in table  # 16 %/h keeps its three seeds
+    sensitivity = table.split("#### Sensitivity", 1)[1].split("###", 1)[0]
+    assert "| 10 %/h (p_iter 0.006) | checkpointing ÷ CheckFree+ | 1.5 ± 0 (2 of 2 seeds) |" in sensitivity
