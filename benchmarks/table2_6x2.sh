@@ -5,7 +5,7 @@
 # 5 %/h (the paper's headline), 3 seeds at 10 and 16 %/h. Then the report (python -m checkfree report …
 # --target-loss nofail@N_T --replay-baselines, with the archived 4 × 1 study for the pure swap cost).
 #
-# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 8 core-hours on this 2-core CPU machine)
+# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 11 core-hours on this 2-core CPU machine, measured)
 #        DRY_RUN=1 benchmarks/table2_6x2.sh     # print every command; run and write nothing
 #        SMOKE=1 benchmarks/table2_6x2.sh       # minutes: N_T=10, 2 seeds at 5 %/h, every kind of run once
 #
