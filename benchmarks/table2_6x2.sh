@@ -73,9 +73,12 @@ all_seeds=$(printf '%s\n' $SEEDS_5 $SEEDS_10 $SEEDS_16 | sort -nu | tr '\n' ' ')
 iteration_seconds=$("$py" -c "print(f'{91.32 * $PAPER_ITERATIONS / $N_T:.6g}')")
 note "table2_6x2: N_T $N_T, cap $CAP, eval every $EVAL; seeds 5 %/h: $SEEDS_5; 10 %/h: $SEEDS_10; 16 %/h: $SEEDS_16"
 
-# completed DIR: exit 0 when DIR's summary.json says the run completed (a stopped run writes one too, "interrupted").
+# completed DIR: exit 0 when DIR's run has ended, by the report's own rule (checkfree.report.runs.stopped_early: a
+# run stopped by a signal or a crash writes a summary.json too).
 completed() {
-  [ -f "$1/summary.json" ] && "$py" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1])).get("status") != "completed")' "$1/summary.json"
+  [ -f "$1/summary.json" ] && "$py" -c 'import json, sys
+from checkfree.report.runs import stopped_early
+sys.exit(stopped_early(json.load(open(sys.argv[1]))))' "$1/summary.json"
 }
 
 # run NAME LAUNCHER SETTING RATE SEED ARGS...: one simulator run (JOBS at a time); a failed run is logged.

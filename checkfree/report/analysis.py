@@ -99,8 +99,8 @@ class Group:
         return None
 
     def ended(self, label: str) -> Row | None:
-        """:meth:`by_strategy`, but None for a partial run (not ended: still running, killed, stopped or crashed), which no
-        verdict may judge: it has neither a time to the target nor a loss at its cap."""
+        """:meth:`by_strategy`, but None for a partial run (not ended: still running, killed, stopped or crashed),
+        which no verdict may judge: it has neither a time to the target nor a loss at its cap."""
         row = self.by_strategy(label)
         return None if row is None or row.run.partial else row
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkfree.failures.injection import StageFailureSource
+from checkfree.report.runs import NOT_ENDED
 from checkfree.sim.progress import DEFAULT_LIMIT_FACTOR
 
 
@@ -412,8 +413,7 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
             )
             if strategy in real and real[strategy].partial:  # it has not ended
                 out.notes.append(
-                    f"{real[strategy].name}: has not ended (still running, killed, stopped or crashed): "
-                    "not compared with its replay."
+                    f"{real[strategy].name}: has not ended ({NOT_ENDED}): not compared with its replay."
                 )
             elif strategy in real:
                 out.checks.append(_check(real[strategy], as_run))

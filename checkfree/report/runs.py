@@ -49,7 +49,11 @@ def _read_json(path: Path) -> Any:
         raise RunDirError(f"{path} cannot be read ({e.strerror}).") from None
 
 
-def _stopped_early(summary: dict[str, Any]) -> bool:
+NOT_ENDED = "still running, killed, stopped or crashed"
+"""Why a run without an outcome has none (the report's words for it)."""
+
+
+def stopped_early(summary: dict[str, Any]) -> bool:
     """A run that a signal (``"status": "interrupted"``) or an exception (``"failed"`` without the trainer's
     ``ended_by``) stopped before its own end: like a run with no summary.json, it has no outcome to compare. A run
     the trainer ended at --max-wall-iterations is ``"failed"`` with ``ended_by`` and is an outcome (censored)."""
@@ -69,7 +73,7 @@ class Run:
     warnings: list[str] = field(default_factory=list)
     partial: bool = False
     """The run has not ended: no summary.json (still going, or killed), or one saying a signal or an exception
-    stopped it (:func:`_stopped_early`); counts come from metrics.jsonl."""
+    stopped it (:func:`stopped_early`); counts come from metrics.jsonl."""
 
     # ---------------------------------------------------------------- identity
     @property
@@ -373,7 +377,7 @@ def load_run(path: Path) -> Run | SwarmRun:
         summary = _read_json(summary_path)
         if not isinstance(summary, dict):
             raise RunDirError(f"{summary_path} is not a JSON object.")
-        if _stopped_early(summary):
+        if stopped_early(summary):
             partial = True
             warnings.append(
                 f"summary.json says {summary.get('status')} ({summary.get('cause')}): partial run, not an outcome; "

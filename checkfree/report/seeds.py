@@ -45,8 +45,9 @@ class SeedSet:
 
     def rows(self, label: str) -> dict[Any, Row]:
         """The finished run of strategy ``label`` for each seed that has one. A partial run (not ended: still
-        running, killed, stopped by a signal or crashed) is left out: it has neither a time to the target nor a loss at its cap, and counting it
-        as censored would judge a run that has not ended (:meth:`incomplete` names them)."""
+        running, killed, stopped by a signal or crashed) is left out: it has neither a time to the target nor a loss
+        at its cap, and counting it as censored would judge a run that has not ended (:meth:`incomplete` names
+        them)."""
         return {
             g.seed: row
             for g in self.groups

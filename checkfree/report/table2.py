@@ -35,7 +35,7 @@ from checkfree.report.analysis import (
     table2_statement,
     table2_verdicts,
 )
-from checkfree.report.runs import Run
+from checkfree.report.runs import NOT_ENDED, Run
 from checkfree.report.seeds import (
     SeedSet,
     SeedVerdict,
@@ -504,7 +504,7 @@ def _incomplete(fam: FamilyNumbers) -> list[str]:
     if not names:
         return []
     return [
-        f"Incomplete runs ({len(names)}), left out as missing (not ended: still running, killed, stopped or crashed): "
+        f"Incomplete runs ({len(names)}), left out as missing (not ended: {NOT_ENDED}): "
         + ", ".join(names)
         + ".",
         "",
