@@ -124,6 +124,37 @@ def test_a_run_that_lost_a_stage_says_in_one_sentence_why_it_keeps_no_model(tmp_
     assert not any(r.exc_info for r in caplog.records)
 
 
+class InterruptedAfterCommit(Supervisor):
+    """Ctrl-C lands just after the commit of iteration ``at`` went out to the nodes (they step whatever follows)."""
+
+    at = 3
+
+    def _attempt(self, it: int) -> bool:
+        commit = self.attempts.commit
+
+        def commit_then_interrupt(to: list[int] | None = None) -> None:
+            commit(to)
+            if it == self.at:
+                raise KeyboardInterrupt
+
+        self.attempts.commit = commit_then_interrupt
+        try:
+            return super()._attempt(it)
+        finally:
+            self.attempts.commit = commit
+
+
+@pytest.mark.timeout(240)
+def test_an_interrupt_after_the_commit_went_out_records_the_iteration_the_model_holds(tmp_path: Path) -> None:
+    cfg = live_config(tmp_path, replicas=2, eval_interval=0)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        InterruptedAfterCommit(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
+    out = json.loads((run / "throughput.json").read_text())
+    assert out["status"] == "interrupted" and out["iterations_completed"] == 4
+    assert out["model"]["iteration"] == 4 and store.read_checkpoint(run / out["model"]["path"]).iteration == 4
+
+
 def _cli_swarm(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     """``python -m checkfree swarm run`` of the tiny live swarm in its own session (so a Ctrl-C can reach its process
     group, as a terminal's does), training toward 1,000 iterations."""

@@ -502,8 +502,31 @@ class Supervisor:
                 self.attempts.retry(step.why)  # raises SwarmError at the limit
                 self.results.aborts += 1
                 return False
+        except KeyboardInterrupt:
+            if current.phase == "commit":  # the commit went out: the nodes step whatever the supervisor does
+                self._record_commit_in_flight(it, current)
+            raise
         finally:
             current.phase = "over"  # later reports of this attempt are stale
+
+    def _record_commit_in_flight(self, it: int, current: Attempt) -> None:
+        """Ctrl-C or SIGTERM landed after the commit of iteration ``it`` went out: the nodes step anyway, so wait
+        (at most ``request_timeout``) for their ``committed`` reports and record the iteration, and the model kept
+        at the end and throughput.json's committed iterations are the same. A node that does not report in time
+        leaves it unrecorded (the model's gather then says the stages hold different iterations)."""
+        if self.results.rows and self.results.rows[-1]["iteration"] == it:  # recorded already
+            return
+        deadline = time.monotonic() + self.cfg.request_timeout
+        while time.monotonic() < deadline:
+            self.serve(POLL_S)
+            step = self.attempts.advance(self.attempts.clock())
+            if step is not None and step.kind == "committed":
+                self._committed(it, current, step.ends, step.ready)
+                self.state.iteration, self.intent, self._commit_unjournaled = it + 1, None, False
+                return
+        log.warning(
+            "supervisor: the commit of iteration %d was not confirmed by every node; not recorded", it
+        )
 
     def _committed(
         self,
@@ -516,8 +539,7 @@ class Supervisor:
         :meth:`_flush_journal`, once the state's iteration has moved on; until then the journaled intent stands
         for it)."""
         assert ends is not None and ready is not None
-        self.attempts.committed()
-        self.results.iteration(
+        self.results.iteration(  # first: an interrupt from here on finds the iteration recorded
             it,
             current.number,
             ends,
@@ -525,6 +547,7 @@ class Supervisor:
             current.members,
             attempts=1 + self.state.failed_attempts.get(it, 0),
         )
+        self.attempts.committed()
         self.outages.committed()
         self._commit_unjournaled = True
         outages = self.results.outages
