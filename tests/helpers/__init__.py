@@ -28,6 +28,16 @@ from checkfree.telemetry.metrics import MetricsSink
 
 ROOT = Path(__file__).resolve().parents[2]
 """The repository: checkfree/, configs/, the launchers, tests/."""
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` of a child that a test stops with SIGINT: SIGINT back to its default, as a terminal's
+    foreground job has it. A shell without job control (``cmd &`` in a script, ``nohup``) starts its background
+    commands with SIGINT ignored, a child inherits that, and Python then installs no KeyboardInterrupt handler:
+    the test's Ctrl-C would never arrive."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 PYTHONPATH = os.pathsep.join([str(ROOT), str(ROOT / "tests")])
 """PYTHONPATH of a subprocess that imports checkfree and these helpers (``python -m helpers.dp_worker``)."""
 

@@ -13,7 +13,15 @@ from checkfree.failures.injection import StageFailureInjector
 from checkfree.sim.trainer import learning_rate
 from checkfree.telemetry.metrics import MetricsSink, read_metrics
 
-from helpers import ROOT, ScriptedFailures, make_trainer, params_of, sigkill_when, tiny_config
+from helpers import (
+    ROOT,
+    ScriptedFailures,
+    make_trainer,
+    params_of,
+    sigint_as_in_a_terminal,
+    sigkill_when,
+    tiny_config,
+)
 
 
 def train(trainer, iterations):
@@ -193,7 +201,14 @@ def test_ctrl_c_says_where_to_resume_and_keeps_the_run(tmp_path):
     cmd += ["--no-progress", "--checkpoint-interval", "2", "--failure-probability", "0.1"]
     for kv in ("dmodel=32", "num_heads=2", "seq_l=32", "batch_size=2", "mb_count=1", "log_interval=1"):
         cmd += ["--set", kv]
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=sigint_as_in_a_terminal,
+    )
     metrics = run_dir / "metrics.jsonl"
     try:
         deadline = time.monotonic() + 150

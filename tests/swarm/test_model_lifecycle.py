@@ -34,7 +34,7 @@ from checkfree.swarm.supervisor.results import summary_table
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.training_state import TrainingState, make_adam
 
-from helpers import ROOT
+from helpers import ROOT, sigint_as_in_a_terminal
 from helpers.swarm import MODEL, live_config
 
 pytestmark = pytest.mark.slow
@@ -182,6 +182,7 @@ def _cli_swarm(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=sigint_as_in_a_terminal,
     )
     return proc, run
 
