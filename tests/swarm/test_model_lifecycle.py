@@ -155,6 +155,38 @@ def test_an_interrupt_after_the_commit_went_out_records_the_iteration_the_model_
     assert out["model"]["iteration"] == 4 and store.read_checkpoint(run / out["model"]["path"]).iteration == 4
 
 
+class SignalledDuringCommit(Supervisor):
+    """SIGINT arrives while the commit of iteration ``at`` is being sent, before any node has it."""
+
+    at = 3
+
+    def _attempt(self, it: int) -> bool:
+        link = self.attempts.link
+        broadcast = link.broadcast
+
+        def signal_then_broadcast(kind: str, **meta: object) -> None:
+            if kind == "commit" and it == self.at:
+                os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next instruction, unless held
+            broadcast(kind, **meta)
+
+        link.broadcast = signal_then_broadcast
+        try:
+            return super()._attempt(it)
+        finally:
+            link.broadcast = broadcast
+
+
+@pytest.mark.timeout(240)
+def test_a_stop_signal_while_the_commit_is_sent_lets_every_node_get_it(tmp_path: Path) -> None:
+    cfg = live_config(tmp_path, replicas=2, eval_interval=0)
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        SignalledDuringCommit(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
+    out = json.loads((run / "throughput.json").read_text())
+    assert out["status"] == "interrupted" and out["iterations_completed"] == 4
+    assert out["model"]["iteration"] == 4 and out["model"]["nodes"].keys() == {"0", "1", "2", "3"}
+
+
 def _cli_swarm(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     """``python -m checkfree swarm run`` of the tiny live swarm in its own session (so a Ctrl-C can reach its process
     group, as a terminal's does), training toward 1,000 iterations."""

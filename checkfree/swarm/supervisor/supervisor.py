@@ -84,7 +84,7 @@ from checkfree import jsonio
 from checkfree.failures.traces import DowntimeSchedule
 from checkfree.recovery.planner import RecoveryImpossible
 from checkfree.swarm.config import SwarmConfig, node_range
-from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.hosts import LocalHost, held_signals
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.process_identity import start_time
 from checkfree.swarm.supervisor.adoption import CommitIntent, ResumeImpossible, Verdict, judge
@@ -494,7 +494,8 @@ class Supervisor:
                     ):  # the resume tests: one node steps, then the supervisor dies
                         self.attempts.commit(to=current.nodes()[:1])
                         die_if("commit-partial", it, after_s=1.0)
-                    self.attempts.commit()
+                    with held_signals():  # every node gets the commit, or none (a stop signal waits for it)
+                        self.attempts.commit()
                     continue
                 if step.kind == "committed":
                     self._committed(it, current, step.ends, step.ready)
