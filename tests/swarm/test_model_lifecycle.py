@@ -180,8 +180,14 @@ class SignalledDuringCommit(Supervisor):
 def test_a_stop_signal_while_the_commit_is_sent_lets_every_node_get_it(tmp_path: Path) -> None:
     cfg = live_config(tmp_path, replicas=2, eval_interval=0)
     run = tmp_path / "run"
-    with pytest.raises(KeyboardInterrupt):
-        SignalledDuringCommit(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
+    previous = signal.signal(
+        signal.SIGINT, signal.default_int_handler
+    )  # Python's own, even if started ignoring it
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            SignalledDuringCommit(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     out = json.loads((run / "throughput.json").read_text())
     assert out["status"] == "interrupted" and out["iterations_completed"] == 4
     assert out["model"]["iteration"] == 4 and out["model"]["nodes"].keys() == {"0", "1", "2", "3"}
