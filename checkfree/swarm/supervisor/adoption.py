@@ -145,6 +145,13 @@ def judge(
             verdict.replace[node] = f"claims weights version {claim['version']}; the journal gives {want}"
     if intent is not None:  # finished if a member stepped; else only if every member can step (else: redone)
         members = _members(intent)
+        for node in [n for n, c in verdict.adopt.items() if c["pending"] is not None and n not in members]:
+            verdict.replace[node] = (
+                f"claims the gradients of attempt {verdict.adopt[node]['pending']}, whose commit it was no "
+                "member of"
+            )
+            del verdict.adopt[node]
+        # the gradients of the intent's attempt, not of any: a node's older attempt is no part of this commit
         pending = [n for n, c in verdict.adopt.items() if c["pending"] == intent.attempt]
         every = bool(pending) and all(n in pending for n in verdict.adopt if n in members)
         verdict.roll_forward = bool(ahead) or every

@@ -89,3 +89,31 @@ def test_a_commit_no_node_stepped_is_finished_only_if_every_member_can_step_else
     assert not some.roll_forward and some.replace == {}  # redone: no replica is behind, none replaced
     every = judge(state, intent, {n: _claim(state, n, attempt=13, pending=13) for n in range(10)}, 15.0)
     assert every.roll_forward and every.pending == list(range(10)) and every.replace == {}
+
+
+def test_a_node_outside_the_journaled_commit_that_claims_its_step_is_replaced() -> None:
+    state = _state(attempt=13)
+    intent = _intent(state)
+    intent.members[4].remove(9)  # node 9 was no member of attempt 13 (it served only after its begin)
+    claims = {n: _claim(state, n, attempt=13, pending=13) for n in range(10)}
+    claims[9] = _claim(state, 9, attempt=13, version=J + 1)  # claims the step of a commit it had no part in
+    v = judge(state, intent, claims, 15.0)
+    assert 9 in v.replace and 9 not in v.adopt and 9 not in v.stepped
+    assert "version 8" in v.replace[9]
+    assert v.roll_forward and v.stepped == [] and v.pending == list(range(9))  # the members all hold it
+
+
+def test_only_the_gradients_of_the_intent_s_attempt_count_as_pending() -> None:
+    state = _state(attempt=13)
+    intent = _intent(state)
+    claims = {n: _claim(state, n, attempt=13, pending=13) for n in range(10)}
+    claims[3] = _claim(state, 3, attempt=13, pending=12)  # holds the gradients of an older attempt
+    v = judge(state, intent, claims, 15.0)
+    assert not v.roll_forward and v.in_flight and v.pending == []  # not every member can step: redone
+    claims[0] = _claim(state, 0, attempt=13, version=J + 1)  # a member stepped: the commit is finished
+    v = judge(state, intent, claims, 15.0)
+    assert v.roll_forward and 3 not in v.pending and "neither stepped" in v.replace[3]
+    outsider = {n: _claim(state, n, attempt=13, pending=13) for n in range(10)}
+    intent.members[4].remove(9)  # node 9 was no member: its claim to hold attempt 13's gradients is no one's
+    v = judge(state, intent, outsider, 15.0)
+    assert v.roll_forward and v.pending == list(range(9)) and "no member" in v.replace[9]
