@@ -62,3 +62,14 @@ def test_a_swarm_crash_row_of_before_the_schema_names_its_nodes_and_stages_apart
 def test_a_record_of_the_schema_reads_unchanged():
     rec = RecoveryRecord(2, "copy", source_stages=[1], source_nodes=[5], latency_s=1.5, iteration=3).to_json()
     assert upgrade(rec, "swarm") == rec and upgrade(rec, "simulator") == rec
+
+
+def test_a_row_with_a_key_under_its_old_and_new_name_keeps_the_new_one_in_either_order() -> None:
+    for row in (
+        {"stage": 2, "rule": "copy", "source_nodes": [5], "sources": [9]},  # the old key after the new
+        {"stage": 2, "rule": "copy", "sources": [9], "source_nodes": [5]},  # and before it
+    ):
+        assert upgrade(row, "swarm")["source_nodes"] == [5] and "sources" not in upgrade(row, "swarm")
+    sim = {"stage": 3, "rule": "checkfree", "latency_s": 0.5, "seconds": 9.0, "omegas": [1.0], "omega": [7.0]}
+    new = upgrade(sim, "simulator")
+    assert (new["latency_s"], new["omegas"]) == (0.5, [1.0]) and not {"seconds", "omega"} & set(new)

@@ -17,7 +17,7 @@ from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.validation import NodeValidation
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, Rejected
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, Rejected
 
 from helpers.swarm import live_config
 
@@ -131,3 +131,16 @@ def test_nan_activations_are_rejected_and_an_early_evaluation_waits_for_its_eval
     assert replayed == [early] and [(peer, m.meta["pos"], m.meta["evaluation"]) for peer, m in sent] == [
         (4, 2, 9)
     ]
+
+
+def test_a_replayed_evaluate_is_refused_and_the_evaluation_goes_on_where_it_was(tmp_path: Path) -> None:
+    nv, sent, _ = node(tmp_path, 0, validation=5)  # stage 0's share: batches 0, 2, 4; two out at once
+    evaluate(nv, 5)
+    assert [m.microbatch for _, m in sent] == [0, 2] and nv.queue == [4]
+    nv.loss_sum, nv.count = 3.5, 1  # mid-way: one batch is back
+    with pytest.raises(ProtocolError, match="evaluate 5; this node is at evaluation 5 already"):
+        evaluate(nv, 5)
+    with pytest.raises(ProtocolError, match="evaluate 4"):
+        evaluate(nv, 4)
+    assert [m.microbatch for _, m in sent] == [0, 2]  # nothing sent twice
+    assert (nv.queue, sorted(nv.out), nv.loss_sum, nv.count) == ([4], [0, 2], 3.5, 1)  # nothing restarted

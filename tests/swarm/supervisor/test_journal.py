@@ -128,3 +128,25 @@ def test_a_pid_names_a_process_only_with_its_start_time(tmp_path: Path) -> None:
     other = AdoptedProcess(me, started + 1)
     assert other.poll() == -1  # gone as far as the journal's process goes
     other.kill()  # a no-op: it is not the journaled process (this test would die otherwise)
+
+
+def test_the_journal_write_is_durable_the_file_synced_before_its_rename_the_directory_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "rename", lambda *a: events.append("rename (not atomic over a file)"))
+    write_atomic(tmp_path / JOURNAL_FILE, '{"a": 1}')
+    assert events == ["fsync file", "rename", "fsync dir"]  # its data on disk, then its name, then the name's
+    assert (tmp_path / JOURNAL_FILE).read_text() == '{"a": 1}'
