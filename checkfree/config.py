@@ -15,6 +15,7 @@ the value and what was expected.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -25,6 +26,7 @@ from typing import Any
 
 from checkfree.config_files import ConfigFileError, read_mapping
 from checkfree.failures.rates import PROBABILITY_RANGE
+from checkfree.schemas import fields as F
 
 ARCHITECTURES = ("LLaMa", "GPT")
 HUB_DATASET_NAMES = ("TinyStories", "OpenWebText", "RedPajama")
@@ -45,10 +47,23 @@ class ConfigError(ValueError):
     """A config value a user wrote is invalid; the message is one sentence naming it."""
 
 
-NON_NEGATIVE = {"range": "non-negative"}
-"""Field metadata of an integer key that may be 0 (every other integer key must be positive)."""
-SEED = {"range": "seed"}
-"""Field metadata of a seed: an integer in [0, 2^63)."""
+MAX_SEED = 2**63
+"""Seeds lie in [0, 2^63): torch.manual_seed and numpy take them as 64-bit integers."""
+
+
+def _bounds(schema: Any) -> dict[str, Any]:
+    """Field metadata: the key's schema (type and range, checkfree.schemas.fields), checked by pydantic."""
+    return {"schema": schema}
+
+
+POSITIVE = _bounds(F.count(1, F.MAX_ITERATIONS))
+"""An interval in iterations, ≥ 1."""
+NON_NEGATIVE = _bounds(F.count(0, F.MAX_ITERATIONS))
+"""An interval or count in iterations that may be 0."""
+SEED = _bounds(F.count(0, MAX_SEED - 1, "an integer in [0, 2^63)"))
+"""A seed: an integer in [0, 2^63)."""
+POSITIVE_NUMBER = _bounds(F.number(0.0, 1e6, above=True))
+NAME = _bounds(F.name())
 
 
 @dataclass
@@ -56,74 +71,81 @@ class Config:
     """One training run's configuration (paper keys first, then ours)."""
 
     # --- the authors' keys (docs/paper.md §6) ---
-    dataset: str = "Shakespeare"
+    dataset: str = field(default="Shakespeare", metadata=NAME)
     """Corpus: "TinyStories" | "OpenWebText" | "RedPajama" (HF streaming), "Shakespeare" (offline), or a path/glob."""
-    architecture: str = "LLaMa"
+    architecture: str = field(default="LLaMa", metadata=NAME)
     """"LLaMa" (LlamaForCausalLM blocks) or "GPT" (GPT2LMHeadModel blocks)."""
-    validation: int = 8
+    validation: int = field(default=8, metadata=_bounds(F.count(1, 1_000_000)))
     """Validation batches (of batch_size sequences) per evaluation."""
-    dmodel: int = 128
+    dmodel: int = field(default=128, metadata=_bounds(F.count(1, 65_536)))
     """Model width d."""
-    num_heads: int = 4
+    num_heads: int = field(default=4, metadata=_bounds(F.count(1, 1024)))
     """Attention heads; must divide dmodel."""
-    n_layers_per_stage: int = 2
+    n_layers_per_stage: int = field(default=2, metadata=_bounds(F.count(1, 1024)))
     """Transformer blocks per stage."""
-    n_stages: int = 4
+    n_stages: int = field(default=4, metadata=_bounds(F.count(1, F.MAX_STAGES)))
     """Transformer stages S (stage 0, the embedding and head, is extra)."""
-    seq_l: int = 128
+    seq_l: int = field(default=128, metadata=_bounds(F.count(1, 1 << 20)))
     """Sequence length in tokens."""
-    batch_size: int = 8
+    batch_size: int = field(default=8, metadata=_bounds(F.count(1, 1 << 16)))
     """Sequences per microbatch (per data-parallel rank)."""
-    mb_count: int = 4
+    mb_count: int = field(default=4, metadata=_bounds(F.count(1, F.MAX_MICROBATCHES)))
     """Microbatches per iteration; each microbatch's loss is divided by mb_count."""
-    lr_scale: float = 1.1
+    lr_scale: float = field(default=1.1, metadata=POSITIVE_NUMBER)
     """Learning-rate multiplier of a freshly recovered stage (paper §4: 1.1)."""
     max_iterations: int = field(default=500, metadata=NON_NEGATIVE)
     """Iterations (optimizer steps) to train."""
-    lr: float = 1e-3
+    lr: float = field(default=1e-3, metadata=POSITIVE_NUMBER)
     """Base learning rate (Adam)."""
     failure_probabilities: dict[str, float] = field(default_factory=dict)
     """Per-iteration stage-failure probability keyed by the failure rate in %/h ("5", "10", "16", "33")."""
 
     # --- our keys ---
-    eval_interval: int = 500
+    eval_interval: int = field(default=500, metadata=POSITIVE)
     """Iterations between validations (paper: 500)."""
-    log_interval: int = 10
+    log_interval: int = field(default=10, metadata=POSITIVE)
     """Iterations between console lines."""
     checkpoint_interval: int = field(default=500, metadata=NON_NEGATIVE)
     """Iterations between run checkpoints used to resume (START_ITER > 0); 0 = only at the end."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = field(default=2, metadata=_bounds(F.count(1, 1000)))
     """How many run checkpoints to keep."""
     seed: int = field(default=0, metadata=SEED)
     """Seed for model init and failure draws (failures use their own generator)."""
     data_seed: int = field(default=42, metadata=SEED)
     """Seed of the data order (paper: shuffle seed 42)."""
-    tokenizer: str = "auto"
+    tokenizer: str = field(default="auto", metadata=NAME)
     """"bpe" (byte-level BPE trained on the corpus, offline), "llama2", "gpt2", a tokenizer path, or "auto"
     ("llama2" for the paper's hub datasets, as in the paper; "bpe" otherwise)."""
-    vocab_size: int = 4096
+    vocab_size: int = field(default=4096, metadata=_bounds(F.count(1, 1 << 21)))
     """Vocabulary size of the "bpe" tokenizer."""
-    max_train_tokens: int | None = None
+    max_train_tokens: int | None = field(default=None, metadata=_bounds(F.count(1, 10**13) | None))
     """Tokens to stream and cache from a hub dataset (None = enough for max_iterations)."""
-    grad_clip: float = 1.0
+    grad_clip: float = field(default=1.0, metadata=POSITIVE_NUMBER)
     """Per-stage gradient-norm clipping threshold (paper: 1.0)."""
-    grad_norm_mode: str = "paper"
+    grad_norm_mode: str = field(default="paper", metadata=NAME)
     """CheckFree weights ω: "paper" = unclipped gradient norm; "clipped" = the release's post-clip norm + 1e-4."""
     warmup_iterations: int = field(default=500, metadata=NON_NEGATIVE)
     """GPT only: linear warm-up iterations before cosine decay to 0.1·lr (paper §6)."""
-    init_std: float = 0.02
+    init_std: float = field(default=0.02, metadata=POSITIVE_NUMBER)
     """Standard deviation of the N(0, std) initialisation."""
     checkpoint_every: int = field(default=0, metadata=NON_NEGATIVE)
     """K of the checkpoint baselines (``checkpoint``/``one``): iterations between their checkpoints; 0 = by model
     size as in the paper (docs/paper.md §5): 50 below 200 M parameters, 100 below 1 B, 40 above."""
-    save_mode: str = "async"
+    checkpoint_rule: str = field(default="effective", metadata=NAME)
+    """When the checkpoint baselines checkpoint (checkfree.recovery.checkpoint): "effective" = every K effective
+    iterations; "authors" = at wall-clock multiples of K, a failure losing its position in the interval (the
+    authors' checkpoint_simulation.py)."""
+    checkpoint_paper_interval: int = field(default=0, metadata=NON_NEGATIVE)
+    """"authors" rule: the paper iterations that K of ours stand for (each failure is placed at one of them);
+    0 = K (each iteration one of the paper's)."""
+    save_mode: str = field(default="async", metadata=NAME)
     """How the checkpoint baselines save: "sync" (blocking write to disk), "async" (snapshot during
     forward/backward, background flush, DataStates-LLM) or "memory" (RAM only, Gemini)."""
     snapshot_every: int = field(default=0, metadata=NON_NEGATIVE)
     """``ec_snapshot``: iterations between in-memory snapshots (REFT); 0 = the same default as checkpoint_every."""
     redundant_measure_every: int = field(default=10, metadata=NON_NEGATIVE)
     """``redundant``: iterations between timings of the extra forward of the next stage (Bamboo); 0 = never."""
-    ladder_rungs: str = "ec_snapshot,neighbour,random"
+    ladder_rungs: str = field(default="ec_snapshot,neighbour,random", metadata=NAME)
     """``ladder``: the rungs kept, comma-separated, from redundant, ec_snapshot, neighbour, random."""
     ladder_max_stale: int = field(default=0, metadata=NON_NEGATIVE)
     """``ladder``: oldest usable erasure-coded snapshot, in iterations; 0 = any (it is ≤ snapshot_every old)."""
@@ -157,15 +179,9 @@ _TYPES = typing.get_type_hints(Config)
 """Key → its declared type: the key lists below are derived from the dataclass, never written out."""
 
 
-def _keys(kind: Any, value_range: str | None = None) -> tuple[str, ...]:
-    """The keys of type ``kind`` (in field order), only those of ``value_range`` when given ("positive" = no
-    range metadata)."""
-    return tuple(
-        name
-        for name, f in _FIELDS.items()
-        if _TYPES[name] == kind
-        and (value_range is None or f.metadata.get("range", "positive") == value_range)
-    )
+def _keys(kind: Any) -> tuple[str, ...]:
+    """The keys of type ``kind`` (in field order)."""
+    return tuple(name for name in _FIELDS if _TYPES[name] == kind)
 
 
 _INT_KEYS = frozenset(_keys(int))
@@ -173,11 +189,18 @@ _FLOAT_KEYS = frozenset(_keys(float))
 _STR_KEYS = frozenset(_keys(str))
 _OPTIONAL_INT_KEYS = frozenset(_keys(int | None))
 """Positive integer or null (``max_train_tokens``)."""
-_POSITIVE_INT_KEYS = _keys(int, "positive")
-_NON_NEGATIVE_INT_KEYS = _keys(int, "non-negative")
-_SEED_KEYS = _keys(int, "seed")
-_POSITIVE_FLOAT_KEYS = _keys(float)
-"""Every float key is a positive number."""
+
+
+@functools.cache
+def _schema() -> type:
+    """The pydantic model of the typed keys (checkfree.schemas): each key's type and range from its field's
+    ``schema`` metadata, strict, unknown keys refused (built on first use)."""
+    from pydantic import ConfigDict, create_model
+
+    keys = {name: (f.metadata["schema"], ...) for name, f in _FIELDS.items() if "schema" in f.metadata}
+    return create_model("ModelConfigKeys", __config__=ConfigDict(strict=True, extra="forbid"), **keys)
+
+
 SAVE_MODES = ("sync", "async", "memory")
 LADDER_RUNGS = ("redundant", "ec_snapshot", "neighbour", "random")
 """The simulator's rungs of the ``ladder`` strategy, most exact first."""
@@ -201,10 +224,6 @@ def parse_ladder_rungs(text: str) -> tuple[str, ...]:
             f"ladder_rungs {text!r} has neither 'neighbour' nor 'random'; one must end the ladder."
         )
     return tuple(r for r in LADDER_RUNGS if r in names)
-
-
-MAX_SEED = 2**63
-"""Seeds lie in [0, 2^63): torch.manual_seed and numpy take them as 64-bit integers."""
 
 
 def _check_type(key: str, value: Any, source: str) -> Any:
@@ -232,15 +251,10 @@ def _check_type(key: str, value: Any, source: str) -> Any:
 
 
 def _validate(cfg: Config, source: str) -> None:
-    for key in _POSITIVE_INT_KEYS:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive integer.")
-    for key in _NON_NEGATIVE_INT_KEYS:
-        if getattr(cfg, key) < 0:
-            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer ≥ 0.")
-    for key in _POSITIVE_FLOAT_KEYS:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected a positive number.")
+    from checkfree.schemas.errors import validate
+
+    schema = _schema()
+    validate(schema, {k: getattr(cfg, k) for k in schema.model_fields}, source, ConfigError)
     if cfg.architecture not in ARCHITECTURES:
         raise ConfigError(
             f"{source}: 'architecture' is {cfg.architecture!r}; expected one of {list(ARCHITECTURES)}."
@@ -267,9 +281,6 @@ def _validate(cfg: Config, source: str) -> None:
         raise ConfigError(f"{source}: 'save_mode' is {cfg.save_mode!r}; expected one of {list(SAVE_MODES)}.")
     if cfg.tokenizer_name == "bpe" and cfg.vocab_size < 260:
         raise ConfigError(f"{source}: 'vocab_size' is {cfg.vocab_size}; a byte-level BPE needs at least 260.")
-    for key in _SEED_KEYS:
-        if not 0 <= getattr(cfg, key) < MAX_SEED:
-            raise ConfigError(f"{source}: {key!r} is {getattr(cfg, key)}; expected an integer in [0, 2^63).")
     for key, p in cfg.failure_probabilities.items():
         if not 0.0 <= p < 1.0:
             raise ConfigError(

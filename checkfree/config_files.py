@@ -12,7 +12,14 @@ YAML specifics, so that a config means the same in both formats:
 - an unquoted failure-rate key (``16: 0.004``) is the string ``"16"``, as JSON's ``"16"`` (top-level keys are
   strings in JSON; a YAML number key is turned into its decimal text);
 - a tab in the indentation, a document that is not a mapping at the top, or a syntax error is refused with
-  the line number.
+  the line number;
+- anchors and aliases (``&a``, ``*a``, and the ``<<`` merges built on them) are refused before anything is
+  constructed: configs never need them, and an alias bomb ("billion laughs") expands only when constructed;
+- a key that YAML reads as a boolean (``yes:``, ``on:``) or null is refused, as is any key that is not a name or
+  a number.
+
+Either format: a file above 1 MiB or nested deeper than 32 objects and lists is refused before it is parsed
+(checkfree.schemas.limits).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+
+from checkfree.schemas.limits import MAX_DEPTH, InputLimitError, check_json_depth, read_text
 
 YAML_SUFFIXES = (".yaml", ".yml")
 
@@ -42,14 +51,18 @@ def read_mapping(path: str | Path, what: str = "config", notes: list[str] | None
         notes: receives one sentence per key given twice in a mapping (the last value is used).
     Raises:
         FileNotFoundError: the file does not exist.
-        ConfigFileError: not UTF-8 text, a syntax error, a tab used for YAML indentation, or a top level that is
-            not a mapping (one sentence each).
+        ConfigFileError: not UTF-8 text, larger than 1 MiB, nested deeper than 32, a syntax error, a tab used for
+            YAML indentation, a YAML anchor or alias, or a top level that is not a mapping (one sentence each).
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigFileError(f"{what} {path} is not a text file (not UTF-8).") from None
+        text = read_text(path, what)
+        if not is_yaml(path):
+            check_json_depth(text, f"{what} {path}")
+    except InputLimitError as e:
+        raise ConfigFileError(str(e)) from None
+    except IsADirectoryError:
+        raise ConfigFileError(f"{what} {path} is a directory; expected a JSON or YAML file.") from None
     found: list[str] = []
     data = _yaml(text, path, what, found) if is_yaml(path) else _json(text, path, what, found)
     if not isinstance(data, dict):
@@ -101,7 +114,8 @@ def _loader(path: Path, what: str, found: list[str]) -> type:
                 if isinstance(key, bool) or not isinstance(key, str | int | float):
                     raise ConfigFileError(
                         f"{what} {path}: the key {key!r} at line {key_node.start_mark.line + 1} is not a name "
-                        "or a number."
+                        "or a number; expected a name (YAML reads yes, no, on, off and null as values: quote such "
+                        "a key)."
                     )
                 if isinstance(key, int | float):
                     key = repr(key) if isinstance(key, float) else str(key)
@@ -125,10 +139,41 @@ def _yaml(text: str, path: Path, what: str, found: list[str]) -> Any:
                 f"{what} {path} indents line {number} with a tab; YAML indents with spaces only."
             )
     try:
-        return yaml.load(text, Loader=_loader(path, what, found))  # noqa: S506 (a SafeLoader subclass)
+        loader = _loader(path, what, found)
+        _check_events(text, loader, path, what)
+        return yaml.load(text, Loader=loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}" if mark is not None else ""
         raise ConfigFileError(f"{what} {path} is not valid YAML ({e.problem or e.context}{where}).") from None
     except yaml.YAMLError as e:
         raise ConfigFileError(f"{what} {path} is not valid YAML ({e}).") from None
+
+
+def _check_events(text: str, loader: type, path: Path, what: str) -> None:
+    """Refuse anchors, aliases and nesting deeper than :data:`MAX_DEPTH` from the parser's event stream, before
+    anything is composed or constructed (PyYAML's parser keeps its own stack: it does not recurse).
+
+    Raises:
+        ConfigFileError: an anchor, an alias or too deep a nesting (one sentence with the line).
+        yaml.YAMLError: a syntax error (the caller words it).
+    """
+    import yaml
+
+    depth = 0
+    for event in yaml.parse(text, Loader=loader):
+        line = event.start_mark.line + 1
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise ConfigFileError(
+                f"{what} {path} uses a YAML anchor or alias at line {line}; expected plain values (a config "
+                "repeats a value instead of referring to it)."
+            )
+        if isinstance(event, yaml.MappingStartEvent | yaml.SequenceStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise ConfigFileError(
+                    f"{what} {path} is nested deeper than {MAX_DEPTH} mappings and lists at line {line}; expected "
+                    f"a flat file (checkfree reads at most {MAX_DEPTH} levels)."
+                )
+        elif isinstance(event, yaml.MappingEndEvent | yaml.SequenceEndEvent):
+            depth -= 1

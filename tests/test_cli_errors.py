@@ -111,7 +111,11 @@ SIMULATE = {
     "schedule is a directory": (["--failure-schedule", "@empty_dir"], "does not exist"),
     "max wall iterations 0": (["--max-wall-iterations", "0"], "--max-wall-iterations"),
     "stage 0 with checkfree": (["--fail-stage0"], "cannot recover stage 0"),
-    "model beyond memory": (["--set", "dmodel=1000000000"], "this run needs about"),
+    "model beyond memory": (
+        ["--set", "dmodel=65536", "--set", "n_layers_per_stage=1024"],
+        "this run needs about",
+    ),
+    "model beyond the bounds": (["--set", "dmodel=1000000000"], "expected a positive integer ≤ 65,536"),
 }
 
 

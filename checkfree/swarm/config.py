@@ -21,76 +21,92 @@ thing) is still read, with a one-line note (:data:`RENAMED`).
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import InitVar, dataclass
+import functools
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
 from checkfree.config_files import ConfigFileError, read_mapping
+from checkfree.schemas import fields as F
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
 SETTINGS = ("no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder")
 """The ``SETTING`` argument of run_throughput.sh (docs/paper.md §8)."""
 DATA_SOURCES = ("corpus", "synthetic")
+MAX_ATTEMPTS = 1000
+
+
+def _bounds(schema: Any) -> dict[str, Any]:
+    """Field metadata: the key's type and range (checkfree.schemas.fields), checked by pydantic."""
+    return {"schema": schema}
+
+
+NAME = _bounds(F.name())
+SECONDS = _bounds(F.number(0.0, F.MAX_SECONDS, above=True))
 
 
 @dataclass
 class SwarmConfig:
     """One swarm topology (every field has a one-line meaning; times in seconds)."""
 
-    model_config: str = "tiny_config.json"
+    model_config: str = field(default="tiny_config.json", metadata=NAME)
     """Model config (the authors' JSON format), resolved against the working directory, then configs/."""
-    replicas: int = 2
+    replicas: int = field(default=2, metadata=_bounds(F.count(1, F.MAX_REPLICAS)))
     """Nodes per stage R (stage 0 included: R pipelines)."""
-    microbatches: int | None = None
+    microbatches: int | None = field(default=None, metadata=_bounds(F.count(1, F.MAX_MICROBATCHES) | None))
     """Microbatches per pipeline per iteration (None = the model config's mb_count)."""
-    in_flight: int = 2
+    in_flight: int = field(default=2, metadata=_bounds(F.count(1, F.MAX_MICROBATCHES)))
     """At most this many microbatches of one pipeline between embed and its last backward."""
-    locations: list[str] | None = None
+    locations: list[str] | None = field(default=None, metadata=_bounds(F.names(F.MAX_SWARM_NODES) | None))
     """Geo set: node n sits at locations[n % len]; None = the table's default_geo (docs/paper.md §8)."""
-    locations_file: str | None = None
+    locations_file: str | None = field(default=None, metadata=_bounds(F.name() | None))
     """Latency/bandwidth table (JSON); None = the one shipped in checkfree/swarm/locations.json."""
-    storage_location: str = "Iowa"
+    storage_location: str = field(default="Iowa", metadata=NAME)
     """Location of the checkpoint storage node."""
-    checkpoint_every: int = 100
+    checkpoint_every: int = field(default=100, metadata=_bounds(F.count(1, F.MAX_ITERATIONS)))
     """``checkpoint`` setting: every stage's weights and Adam state go to storage every K iterations."""
-    time_scale: float = 1.0
+    time_scale: float = field(default=1.0, metadata=_bounds(F.number(0.0, 1e6)))
     """Multiplies every emulated WAN delay (1 = real time, 0 = no emulation)."""
-    crash_point: float = 0.5
+    crash_point: float = field(default=0.5, metadata=_bounds(F.number(0.0, 10.0)))
     """A scheduled crash fires this fraction of the last iteration's time after the iteration begins, at the
     latest when its forward phase ends (checkfree.swarm.supervisor.attempts)."""
-    heartbeat_interval: float = 0.5
+    heartbeat_interval: float = field(default=0.5, metadata=SECONDS)
     """Seconds between heartbeats on every link."""
-    peer_timeout: float = 5.0
+    peer_timeout: float = field(default=5.0, metadata=SECONDS)
     """A peer silent this long is dead (heartbeat failure detection)."""
-    microbatch_timeout: float = 60.0
+    microbatch_timeout: float = field(default=60.0, metadata=SECONDS)
     """A stage-0 node reports a stall when a microbatch has not come back within this time."""
-    iteration_timeout: float = 300.0
+    iteration_timeout: float = field(default=300.0, metadata=SECONDS)
     """An attempt of an iteration that has not committed in this time is aborted and redone."""
-    recovery_timeout: float = 180.0
+    recovery_timeout: float = field(default=180.0, metadata=SECONDS)
     """A replacement that does not serve within this time (process start included) is killed and retried."""
-    request_timeout: float = 60.0
+    request_timeout: float = field(default=60.0, metadata=SECONDS)
     """A weights request unanswered in this time is sent to another source."""
-    max_attempts: int = 5
+    max_attempts: int = field(default=5, metadata=_bounds(F.count(1, MAX_ATTEMPTS)))
     """Attempts per iteration (and tries per replacement) before the run stops with an error."""
-    supervisor_grace: float = 120.0
+    supervisor_grace: float = field(default=120.0, metadata=SECONDS)
     """A node (or the storage node, or a launcher) whose supervisor fell silent keeps its stage and waits this long
     for a resumed supervisor (``swarm run --resume``) before it exits (docs/swarm.md)."""
-    data: str = "corpus"
+    data: str = field(default="corpus", metadata=NAME)
     """Stage-0 batches: "corpus" (checkfree.data, the model config's dataset) or "synthetic" (tests)."""
-    seed: int | None = None
+    seed: int | None = field(
+        default=None, metadata=_bounds(F.count(0, 2**63 - 1, "an integer in [0, 2^63)") | None)
+    )
     """Model init seed (None = the model config's seed); replicas of a stage start identical."""
-    eval_interval: int | None = None
+    eval_interval: int | None = field(default=None, metadata=_bounds(F.count(0, F.MAX_ITERATIONS) | None))
     """Iterations between validations of the pipeline on the model config's fixed validation batches, also at
     iteration 0 and at the end, as the simulator (None = the model config's ``eval_interval``; 0 = none)."""
-    snapshot_every: int = 0
+    snapshot_every: int = field(default=0, metadata=_bounds(F.count(0, F.MAX_ITERATIONS)))
     """A consolidated snapshot (every stage's weights and Adam state) every N committed iterations, written in the
     background into the run directory's ``snapshots/`` (0 = none)."""
     model_json: InitVar[dict[str, Any] | None] = None
     """The model config inline (as sent to nodes); None = load ``model_config``."""
 
     def __post_init__(self, model_json: dict[str, Any] | None) -> None:
+        check_keys(
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        )  # before a field is used
         self.model: Config = (
             config_from_dict(model_json, "swarm model config")
             if model_json is not None
@@ -159,39 +175,10 @@ class SwarmConfig:
         return d
 
     def _validate(self) -> None:
-        for key in ("replicas", "in_flight", "checkpoint_every", "max_attempts"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 1.")
-        for key in ("eval_interval", "snapshot_every"):
-            value = getattr(self, key)
-            if value is None and key == "eval_interval":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected an integer >= 0 (0 = none).")
-        if self.microbatches is not None and (
-            not isinstance(self.microbatches, int) or self.microbatches < 1
-        ):
+        if self.n_nodes > F.MAX_SWARM_NODES:
             raise ConfigError(
-                f"swarm config: 'microbatches' is {self.microbatches!r}; expected an integer >= 1."
-            )
-        for key in (
-            "heartbeat_interval",
-            "peer_timeout",
-            "microbatch_timeout",
-            "iteration_timeout",
-            "recovery_timeout",
-            "request_timeout",
-            "supervisor_grace",
-        ):
-            value = getattr(self, key)
-            if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"swarm config: {key!r} is {value!r}; expected seconds > 0.")
-        if not isinstance(self.time_scale, int | float) or not 0 <= self.time_scale < math.inf:
-            raise ConfigError(f"swarm config: 'time_scale' is {self.time_scale!r}; expected a number >= 0.")
-        if not 0 <= self.crash_point <= 10:
-            raise ConfigError(
-                f"swarm config: 'crash_point' is {self.crash_point!r}; expected a fraction in [0, 10]."
+                f"swarm config: (n_stages + 1) x replicas = ({self.n_stages} + 1) x {self.replicas} = "
+                f"{self.n_nodes:,} nodes; expected at most {F.MAX_SWARM_NODES:,}."
             )
         if self.data not in DATA_SOURCES:
             raise ConfigError(f"swarm config: 'data' is {self.data!r}; expected one of {list(DATA_SOURCES)}.")
@@ -210,6 +197,30 @@ class SwarmConfig:
 
 
 _FIELDS = {f.name for f in dataclasses.fields(SwarmConfig)}
+_DESCRIPTIONS = {f.name: F.describe(f.metadata["schema"]) for f in dataclasses.fields(SwarmConfig)}
+"""Field → what it expects, in words (its schema's description)."""
+
+
+def check_keys(raw: dict[str, Any], source: str = "swarm config") -> None:
+    """Check the swarm config keys in ``raw`` (those it gives) against their types and ranges.
+
+    Raises:
+        ConfigError: the first wrong value, one sentence naming ``source``, the key, the value and what was expected.
+    """
+    from checkfree.schemas.errors import validate_as
+
+    validate_as(_schema(), raw, source, ConfigError, _DESCRIPTIONS)
+
+
+@functools.cache
+def _schema() -> Any:
+    """The pydantic adapter of a swarm config's keys (type and range from each field's ``schema`` metadata)."""
+    from pydantic import TypeAdapter
+    from typing_extensions import TypedDict  # pydantic needs it before Python 3.12
+
+    fields = {f.name: f.metadata["schema"] for f in dataclasses.fields(SwarmConfig)}
+    return TypeAdapter(TypedDict("SwarmConfigKeys", fields, total=False))  # type: ignore[operator]
+
 
 RENAMED = {"checkpoint_interval": "checkpoint_every"}
 """Old swarm config key → its name now; the old one is still read, with a note."""
@@ -251,7 +262,9 @@ def swarm_config_from_dict(
     unknown = sorted(set(raw) - _FIELDS - {"model", "description"})
     if unknown:
         raise ConfigError(f"{source}: unknown key {unknown[0]!r}; expected some of {sorted(_FIELDS)}.")
-    return SwarmConfig(**{k: v for k, v in raw.items() if k in _FIELDS}, model_json=raw.get("model"))
+    keys = {k: v for k, v in raw.items() if k in _FIELDS}
+    check_keys(keys, source)
+    return SwarmConfig(**keys, model_json=raw.get("model"))
 
 
 def load_swarm_config(
