@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from checkfree.recovery.checkpoint import CHECKPOINT_RULES
 from checkfree.report.analysis import (
     NOFAIL_PREFIX,
     Group,
@@ -72,6 +73,7 @@ def build_report(
     timing: TimingOptions | None = None,
     plots: bool = True,
     replay: bool = False,
+    checkpoint_rule: str = "authors",
 ) -> ReportResult:
     """Read ``run_dirs``, write ``out/report.md`` and its PNGs.
 
@@ -81,17 +83,24 @@ def build_report(
         plots: write the PNGs (the tables alone are much faster).
         replay: add checkpointing and redundant computation computed by replay from each seed's no-failure run
             where no real run exists, and check the real ones against their replay (checkfree.report.replay).
+        checkpoint_rule: the rule of a replayed checkpoint run, "authors" (the default: the authors'
+            checkpoint_simulation.py at the granularity of ``timing.iteration_seconds`` on the paper's clock) or
+            "effective" (checkfree.recovery.checkpoint).
     ``out`` must be new, empty or an earlier report (recognised by :data:`REPORT_MARKER`); it is checked before
     anything is read.
 
     Raises:
         DirectoryConflictError: ``out`` is a file or a non-empty directory that is not an earlier report.
-        ValueError: no usable simulator run or swarm run among ``run_dirs``, "auto" without a no_failure run, or
-            a target loss that is not a positive number.
+        ValueError: no usable simulator run or swarm run among ``run_dirs``, "auto" without a no_failure run,
+            a target loss that is not a positive number, or an unknown ``checkpoint_rule``.
     """
     from checkfree.report import markdown
 
     out = Path(out)
+    if checkpoint_rule not in CHECKPOINT_RULES:
+        raise ValueError(
+            f"--checkpoint-rule is {checkpoint_rule!r}; expected one of {list(CHECKPOINT_RULES)}."
+        )
     check_output_dir(out, REPORT_MARKER, "report")
     if not isinstance(target_loss, str) and not (math.isfinite(target_loss) and target_loss > 0):
         raise ValueError(
@@ -102,8 +111,11 @@ def build_report(
         reasons = "; ".join(f"{p}: {why}" for p, why in skipped) or "no directories given"
         raise ValueError(f"no usable run directory among the {len(run_dirs)} given ({reasons}).")
     targets = resolve_targets(runs, target_loss)
-    models = timing_models(runs, swarms, timing or TimingOptions())
-    replays = replay_baselines(runs, targets) if replay else Replays()
+    models = timing_models(runs, swarms, timing)
+    timing = timing or TimingOptions()
+    replays = (
+        replay_baselines(runs, targets, checkpoint_rule, timing.iteration_seconds) if replay else Replays()
+    )
     runs = runs + replays.runs
     groups = analyse(runs, models, targets)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
@@ -238,6 +250,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="compute checkpointing and redundant computation by replay from each seed's no_failure run where "
         "no real run exists, and check real runs against their replay (docs/reports.md)",
     )
+    p.add_argument(
+        "--checkpoint-rule",
+        choices=CHECKPOINT_RULES,
+        default="authors",
+        help="a replayed checkpoint run's rule: authors (default; the authors' checkpoint_simulation.py, "
+        "checkpoints at wall-clock multiples of K, each failure placed at a paper iteration when "
+        "--iteration-seconds puts an iteration on the paper's clock) or effective (every K effective iterations)",
+    )
     p.set_defaults(func=cmd_report)
 
 
@@ -250,6 +270,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             args.iteration_seconds, args.forward_seconds, args.recovery_seconds, args.redundant_ratio
         ),
         replay=args.replay_baselines,
+        checkpoint_rule=args.checkpoint_rule,
     )
     for p, why in res.skipped:
         print(f"skipped {p}: {why}")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checkfree.failures.injection import StageFailureSource
+from checkfree.failures.rates import PAPER_ITERATION_SECONDS
 from checkfree.report.runs import NOT_ENDED
 from checkfree.sim.progress import DEFAULT_LIMIT_FACTOR
 
@@ -53,8 +54,9 @@ class Replayed:
     """(wall-clock iteration, effective iteration, validation loss) per validation, in order."""
     recoveries: list[tuple[int, int]] = field(default_factory=list)
     """(wall-clock iteration, stage) per recovered stage."""
-    rollbacks: list[tuple[int, int, int]] = field(default_factory=list)
-    """(wall-clock iteration, from effective, to effective) per rollback (``checkpoint`` only)."""
+    rollbacks: list[tuple[int, int, int, bool]] = field(default_factory=list)
+    """(wall-clock iteration, from effective, to effective, the failed iteration lost too) per rollback
+    (``checkpoint`` only; the last is the ``authors`` rule's, :func:`replay_checkpoint`)."""
     saves: list[int] = field(default_factory=list)
     """Wall-clock iterations at which a checkpoint was captured (``checkpoint`` only)."""
     wall_iterations: int = 0
@@ -66,7 +68,7 @@ class Replayed:
 
     @property
     def iterations_lost(self) -> int:
-        return sum(frm - to for _, frm, to in self.rollbacks)
+        return sum(frm - to + lost for _, frm, to, lost in self.rollbacks)
 
 
 def _val(nofail: Mapping[int, float], e: int) -> float:
@@ -88,8 +90,16 @@ def replay_checkpoint(
     target: float | None,
     max_wall_iterations: int,
     max_iterations: int | None = None,
+    rule: str = "effective",
+    paper_every: int = 0,
+    seed: int = 0,
 ) -> Replayed:
-    """Replay ``checkpoint`` (rollback to a checkpoint every ``every`` effective iterations) on the no-failure curve.
+    """Replay ``checkpoint`` (a rollback to the newest checkpoint at each failure) on the no-failure curve, under
+    ``rule`` (:data:`checkfree.recovery.checkpoint.CHECKPOINT_RULES`): "effective", a checkpoint every ``every``
+    effective iterations; "authors", one at every wall-clock multiple of ``every`` unless a failure lands on its
+    boundary, and a failure in the second half of its span loses the failed iteration too
+    (:func:`checkfree.recovery.checkpoint.authors_placement`, with ``paper_every`` = K_p, 0 = ``every``, and the
+    run's ``seed``).
 
     Args:
         nofail: effective iteration → validation loss (nats) of the no-failure run, at least at every multiple of
@@ -101,26 +111,36 @@ def replay_checkpoint(
         max_iterations: the cap on effective iterations (None: none).
     Raises:
         ReplayError: the no-failure run lacks a validation the replay needs.
-        ValueError: ``every`` or ``eval_interval`` < 1.
+        ValueError: ``every`` or ``eval_interval`` < 1, an unknown ``rule``, ``paper_every`` below ``every``.
     """
+    from checkfree.recovery.checkpoint import Placement, authors_placement, check_rule
+
     if every < 1 or eval_interval < 1:
         raise ValueError(f"every {every} and eval_interval {eval_interval} must be ≥ 1.")
+    check_rule(rule, every, paper_every)
+    paper_every = paper_every or every
     out = Replayed("checkpoint")
     w = e = 0
     newest: int | None = None
     out.evals.append((0, 0, _val(nofail, 0)))
     out.reached = _at_target(out, target)
     while not out.reached and w < max_wall_iterations and (max_iterations is None or e < max_iterations):
-        if newest is None or (e % every == 0 and e != newest):
+        failed = failures.draw(w)
+        place = Placement(False, False)
+        if rule == "authors":
+            place = authors_placement(seed, w, failed, every, paper_every)
+            due = w % every == 0 and not place.boundary
+        else:
+            due = e % every == 0 and e != newest
+        if newest is None or due:
             newest = e
             out.saves.append(w)
-        failed = failures.draw(w)
         out.failures += len(failed)
         if failed:
-            out.rollbacks.append((w, e, newest))
+            out.rollbacks.append((w, e, newest, place.iteration_lost))
             out.recoveries += [(w, s) for s in failed]
             e = newest
-        w, e = w + 1, e + 1
+        w, e = w + 1, e + (not place.iteration_lost)
         if e % eval_interval == 0 or e == max_iterations:
             out.evals.append((w, e, _val(nofail, e)))
             out.reached = _at_target(out, target)
@@ -248,12 +268,12 @@ def _as_run(
     member: Any,
     nofail: Any,
     target: float | None,
-    every: int | None,
+    every: tuple[int, str, int] | None,
     stall: float,
     forward: float | None,
 ) -> Any:
     """A :class:`~checkfree.report.runs.Run` holding what ``rep`` would have written: eval, recovery, rollback and
-    checkpoint records, a summary, the member run's options and config. ``stall``: seconds per checkpoint save;
+    checkpoint records, a summary, the member run's options and config. ``every``: (K, rule, K_p) of a checkpoint run; ``stall``: seconds per checkpoint save;
     ``forward``: redundant forward seconds per microbatch measured by real redundant runs (None: none)."""
     from checkfree.report.runs import Run
 
@@ -264,14 +284,15 @@ def _as_run(
         records.append(
             {"kind": "checkpoint", "iteration": w, "purpose": "strategy", "stall_seconds": stall, "bytes": 0}
         )
-    for w, frm, to in rep.rollbacks:
+    for w, frm, to, lost in rep.rollbacks:
         records.append(
             {
                 "kind": "rollback",
                 "iteration": w,
                 "from_effective_iteration": frm,
                 "to_effective_iteration": to,
-                "iterations_lost": frm - to,
+                "iterations_lost": frm - to + lost,
+                "failed_iteration_lost": lost,
             }
         )
     for w, stage in rep.recoveries:
@@ -289,7 +310,9 @@ def _as_run(
         stats["redundant_forward_seconds_per_microbatch"] = forward
     if every is not None:
         stats |= {
-            "checkpoint_every": every,
+            "checkpoint_every": every[0],
+            "checkpoint_rule": every[1],
+            "checkpoint_paper_interval": every[2],
             "rollbacks": len(rep.rollbacks),
             "iterations_lost": rep.iterations_lost,
         }
@@ -321,7 +344,21 @@ def _as_run(
     return Run(path, summary, dict(member.config), swaps_off, records, [f"replayed from {nofail.name}"])
 
 
-def replay_baselines(runs: list[Any], targets: Any) -> Replays:
+def paper_checkpoint_interval(every: int, iteration_seconds: float | None) -> int:
+    """K_p for a replay of the ``authors`` rule: the paper iterations K = ``every`` of ours stand for when one of
+    ours lasts ``iteration_seconds`` on the paper's clock (3 × 3,044 s / 91.32 s = 100 for Table 2's study);
+    ``every`` itself without a clock."""
+    if iteration_seconds is None:
+        return every
+    return max(every, round(every * iteration_seconds / PAPER_ITERATION_SECONDS))
+
+
+def replay_baselines(
+    runs: list[Any],
+    targets: Any,
+    rule: str = "authors",
+    iteration_seconds: float | None = None,
+) -> Replays:
     """Replay ``checkpoint`` and ``redundant`` into every comparison group that holds a CheckFree or CheckFree+
     run and a no-failure (no swaps) run of its seed; a group that has a real run of the strategy keeps it and
     gets a :class:`ReplayCheck` instead.
@@ -332,7 +369,11 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
     stall of each replayed checkpoint is the median stall per save of the real checkpoint runs of the config
     (0 without one); a replayed redundant run carries the median redundant forward time the real redundant runs
     of the config measured (none: the timing model uses the paper's ratio). A real run is checked against the
-    replay of what it was told (its cap, its ``--stop-at-loss``, its K).
+    replay of what it was told (its cap, its ``--stop-at-loss``, its K, its checkpoint rule and K_p).
+
+    A replayed checkpoint run follows ``rule`` ("authors", the default, or "effective";
+    :func:`replay_checkpoint`), the authors' at K_p = :func:`paper_checkpoint_interval` of ``iteration_seconds``
+    (the paper's clock, ``--iteration-seconds``), its failures placed by the run's seed.
     """
     from checkfree.failures.injection import StageFailureInjector
     from checkfree.recovery.checkpoint import paper_interval
@@ -383,6 +424,7 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
                 member.config, int(member.summary.get("vocab_size") or member.config.get("vocab_size", 0))
             )
         )
+        model_seed = int(member.config.get("seed", 0))  # the strategy's seed places the failures
         finite = [x for x in stalls.get(config, []) if math.isfinite(x)]
         stall = statistics.median(finite) if finite else 0.0
         forward = statistics.median(forwards[config]) if forwards.get(config) else None
@@ -393,14 +435,31 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
                 stop = like.options.get("stop_at_loss")
                 max_its = int(_option(like, "max_iterations"))
                 wall_cap = like.options.get("max_wall_iterations") or DEFAULT_LIMIT_FACTOR * max_its
-                k = int((like.summary.get("strategy_stats") or {}).get("checkpoint_every") or every)
+                told = like.summary.get("strategy_stats") or {}
+                k = int(told.get("checkpoint_every") or every)
+                how = str(
+                    told.get("checkpoint_rule") or "effective"
+                )  # runs before the rule existed: effective
+                k_paper = int(told.get("checkpoint_paper_interval") or k)
             else:  # a replay in its place: the group's target, the CheckFree runs' cap on wall-clock iterations
                 stop, max_its, k = target, int(_option(member, "max_iterations")), every
+                how, k_paper = rule, paper_checkpoint_interval(every, iteration_seconds)
                 wall_cap = max_its
             eval_interval = int(_option(like, "eval_interval"))
             try:
                 if strategy == "checkpoint":
-                    rep = replay_checkpoint(curve, source, k, eval_interval, stop, int(wall_cap), max_its)
+                    rep = replay_checkpoint(
+                        curve,
+                        source,
+                        k,
+                        eval_interval,
+                        stop,
+                        int(wall_cap),
+                        max_its,
+                        how,
+                        k_paper,
+                        model_seed,
+                    )
                 else:
                     rep = replay_redundant(curve, source, n_stages, eval_interval, stop, max_its)
             except ReplayError as e:
@@ -409,7 +468,15 @@ def replay_baselines(runs: list[Any], targets: Any) -> Replays:
             as_run = (
                 None
                 if rep is None
-                else _as_run(rep, member, base, stop, k if strategy == "checkpoint" else None, stall, forward)
+                else _as_run(
+                    rep,
+                    member,
+                    base,
+                    stop,
+                    (k, how, k_paper) if strategy == "checkpoint" else None,
+                    stall,
+                    forward,
+                )
             )
             if strategy in real and real[strategy].partial:  # it has not ended
                 out.notes.append(

@@ -25,6 +25,9 @@ from helpers.cli import run_cli, simulate_argv
 
 P = "0.08"  # 4 stages: ≈ 0.28 of the iterations lose a stage
 RATE_ARGS = ("--failure-probability", P, "--seed", "3")
+P_AUTHORS = "0.15"  # with K_p = 6 (2 paper iterations per iteration) and seed 3: a boundary at 3 and 12, lost
+AUTHORS_ARGS = ("--failure-probability", P_AUTHORS, "--seed", "3", "--set", "checkpoint_rule=authors")
+AUTHORS_ARGS += ("--set", "checkpoint_paper_interval=6", "--set", "checkpoint_every=3")
 
 
 def _evals(run_dir):
@@ -61,6 +64,12 @@ def runs(tmp_path_factory):
         out[setting] = root / setting
     out["target"] = target
     out["root"] = root
+    # the authors' rule, 2 paper iterations per iteration: boundaries and lost iterations both occur
+    authors = root.parent / "authors" / "checkpoint"
+    stop = ("--stop-at-loss", repr(target), "--max-wall-iterations", "80", "--no-final-checkpoint")
+    rc, _, _ = run_cli(simulate_argv(authors, *AUTHORS_ARGS, *stop, setting="checkpoint", iterations=80), cap)
+    assert rc == 0
+    out["authors"] = authors
     return out
 
 
@@ -90,6 +99,37 @@ def test_replay_reproduces_the_real_runs_exactly(runs):
     assert red is not None and red.evals == _evals(runs["redundant"])
 
 
+def test_replay_of_the_authors_rule_reproduces_a_real_run_of_it_exactly(runs):
+    nofail = {e: loss for _, e, loss in _evals(runs["nofail"])}
+    src = StageFailureInjector(4, float(P_AUTHORS), 3)
+    rep = replay_checkpoint(nofail, src, 3, 2, runs["target"], 80, 80, "authors", 6, 3)
+    real = list(read_metrics(runs["authors"] / "metrics.jsonl"))
+    assert rep.evals == _evals(runs["authors"])
+    assert rep.recoveries == [(r["iteration"], r["stage"]) for r in real if r["kind"] == "recovery"]
+    rollbacks = [r for r in real if r["kind"] == "rollback"]
+    assert [(w, frm, to, lost) for w, frm, to, lost in rep.rollbacks] == [
+        (
+            r["iteration"],
+            r["from_effective_iteration"],
+            r["to_effective_iteration"],
+            r["failed_iteration_lost"],
+        )
+        for r in rollbacks
+    ]
+    assert rep.saves == [
+        r["iteration"] for r in real if r["kind"] == "checkpoint" and r["purpose"] == "strategy"
+    ]
+    summary = json.loads((runs["authors"] / "summary.json").read_text())
+    assert rep.wall_iterations == summary["iterations"] and summary["target"]["reached"]
+    assert summary["strategy_stats"]["iterations_lost"] == rep.iterations_lost
+    # the fixture puts both of the rule's cases to work: a lost failed iteration and a checkpoint lost on its
+    # boundary (a wall-clock multiple of 3 with no save)
+    assert any(lost for *_, lost in rep.rollbacks)
+    assert any(w % 3 == 0 and w not in rep.saves for w, *_ in rep.rollbacks)
+    # and it is not the effective rule's run
+    assert replay_checkpoint(nofail, src, 3, 2, runs["target"], 80, 80).evals != rep.evals
+
+
 def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(runs, tmp_path):
     res = build_report(
         [runs["root"]],
@@ -115,6 +155,7 @@ def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(
         TimingOptions(iteration_seconds=10.0, recovery_seconds=1.0),
         plots=False,
         replay=True,
+        checkpoint_rule="effective",  # the real run's rule
     )
     replayed = {r.run.strategy: r for g in res2.groups for r in g.rows if r.run.summary.get("replayed")}
     assert set(replayed) == {"checkpoint", "redundant"}
@@ -148,7 +189,7 @@ def test_checkpoint_replay_rolls_back_to_the_newest_checkpoint():
     curve = {e: 10.0 - e for e in range(0, 11)}
     rep = replay_checkpoint(curve, ScriptedFailures({4: [1], 5: [2, 3]}), 3, 1, 0.5, 50)
     # w0..3 → e 4 (checkpoints at e0, e3); w4 fails at e4 → back to 3; w5 fails at e4 → back to 3
-    assert rep.rollbacks == [(4, 4, 3), (5, 4, 3)]
+    assert rep.rollbacks == [(4, 4, 3, False), (5, 4, 3, False)]
     assert rep.recoveries == [(4, 1), (5, 2), (5, 3)]
     assert rep.iterations_lost == 2 and rep.wall_iterations == 12 and rep.reached
 
@@ -172,3 +213,44 @@ def test_a_real_baseline_that_has_not_ended_is_not_compared_with_its_replay(runs
         in res.replays.notes
     )
     assert "DIFFER" not in res.report.read_text()
+
+
+def test_authors_rule_loses_the_position_inside_the_wall_clock_interval():
+    """checkpoint_simulation.py at one paper iteration per iteration (K_p = K = 3): checkpoints at wall-clock 0,
+    3, 6 …; a failure at wall-clock 4 goes back to the checkpoint of 3, one at 6 (a boundary) to that of 3, and
+    never below it although an earlier failure (at 4) put the position under 6 − 3."""
+    curve = {e: 10.0 - e for e in range(0, 11)}
+    rep = replay_checkpoint(curve, ScriptedFailures({4: [1], 6: [2]}), 3, 1, 0.5, 50, rule="authors")
+    # w0..3 → e3 at w3 (saved), w4 fails at e4 → back to 3; w5 → e5; w6 fails (boundary: no save at 6) → e4 → 3
+    assert rep.saves == [0, 3, 9, 12]
+    assert rep.rollbacks == [
+        (4, 4, 3, False),
+        (6, 5, 3, False),
+    ]  # the literal rule would give 5 + 1 − 3 = 3 too
+    rep = replay_checkpoint(curve, ScriptedFailures({2: [1], 3: [2]}), 3, 1, 0.5, 50, rule="authors")
+    # w2 fails at e2 → 0; w3 (boundary) at e1: back to the checkpoint of 0, not to 1 − 3
+    assert rep.rollbacks == [(2, 2, 0, False), (3, 1, 0, False)] and rep.saves == [0, 6, 9, 12]
+
+
+def test_authors_rule_at_a_granularity_places_each_failure_inside_its_span():
+    from checkfree.recovery.checkpoint import authors_placement, failure_offset, paper_span
+
+    assert (
+        paper_span(0, 3, 100) == (0, 34)
+        and paper_span(1, 3, 100) == (34, 33)
+        and paper_span(3, 3, 100) == (100, 34)
+    )
+    offsets = [failure_offset(7, w, 1, 34) for w in range(3000)]
+    assert offsets == [failure_offset(7, w, 1, 34) for w in range(3000)]  # a pure function
+    assert set(offsets) == set(range(34)) and 0.45 < sum(2 * j >= 34 for j in offsets) / 3000 < 0.55
+    boundary = [w for w in range(0, 3000, 3) if authors_placement(7, w, [1], 3, 100).boundary]
+    assert boundary == [w for w in range(0, 3000, 3) if failure_offset(7, w, 1, 34) == 0]
+    assert not any(authors_placement(7, w, [1], 3, 100).boundary for w in range(1, 3000, 3))
+    # the latest failure of the span decides whether the failed iteration is lost
+    w = next(
+        w
+        for w in range(1, 3000, 3)
+        if 2 * failure_offset(7, w, 2, 33) >= 33 > 2 * failure_offset(7, w, 1, 33)
+    )
+    assert authors_placement(7, w, [1, 2], 3, 100).iteration_lost
+    assert not authors_placement(7, w, [1], 3, 100).iteration_lost
