@@ -203,6 +203,14 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--compile", action="store_true", help="torch.compile each stage (off by default; see docs/gpu.md)"
     )
     p.add_argument(
+        "--fused-loss",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="the head and loss through Liger-Kernel's fused linear cross-entropy, which never holds the full "
+        "logits: auto (default) = on where CUDA and liger-kernel are, on = that or an error, off = plain "
+        "cross-entropy over fp32 logits (docs/gpu.md)",
+    )
+    p.add_argument(
         "--activation-checkpointing",
         action="store_true",
         help="recompute each transformer block in the backward pass instead of keeping its activations "

@@ -40,12 +40,24 @@ other, each backward right after its forward, so one microbatch's activations ar
                     GPT n·d·(4 + c_h) + 8n: ln_f's input, mean and rstd; c_h = 2 (the bf16 cast the LM head
                     keeps) or 4 (the fp32 norm output); then 4·n·V + 8n: log-probabilities in fp32
                     (pipeline.forward_loss casts the logits to fp32 before cross_entropy) and labels
+      fused head    (``--fused-loss``, checkfree/loss.py: Liger-Kernel's fused linear cross-entropy, which never
+                    holds the n × V logits) the final norm's tensors as above without c_h (the head's matmul
+                    runs inside the loss and keeps no input), plus what the loss computes in its forward and
+                    keeps for the backward: the gradients of the normalised input (4·n·d, fp32 like the input)
+                    and of the head's weight (4·V·d, the parameter's fp32), the labels, the per-token losses and
+                    the label mask (8n + 4n + n)
     with activation checkpointing (Chen et al. 2016, checkfree/model.py: ``torch.utils.checkpoint`` per block)
     each block keeps only its fp32 input (4·n·d) and one block's activations exist at a time, recomputed in its
     backward
     temporaries  the peak is taken at the start of the backward, the head's: log-softmax's backward holds
                  the gradient of the log-probabilities and of the logits, 8·n·V bytes, on top of everything
-                 saved. With activation checkpointing the head's tensors are gone when a block is
+                 saved. The fused head's loss instead computes the logits of one chunk of C tokens at a time
+                 and their gradient in place: C·V·a bytes, plus three C × d tensors (the chunk's bf16 cast, the
+                 gradients of its input, the cast for the weight's gradient), plus in fp32 a V × d product per
+                 chunk (Liger adds an fp32 matmul's result into the weight's gradient there; under bf16 it
+                 accumulates in place). C follows Liger's rule (:func:`liger_chunk_tokens`); the first block's
+                 backward (12·a·n·d) then usually outweighs it, so the transient is the larger of the two.
+                 With activation checkpointing the head's tensors are gone when a block is
                  recomputed, so the peak is the larger of (head saved + 8nV) and (one block + 12·a·n·d, the
                  gradients of its MLP intermediates). The optimizer step (after the activations are freed)
                  needs 8 bytes per parameter of the largest stage (foreach Adam's buffer, the all-reduce's
@@ -191,16 +203,35 @@ class Activations:
     embedding: int
     """The token ids (and GPT's position ids)."""
     head: int
-    """Final norm, log-probabilities (fp32) and labels."""
+    """Final norm, log-probabilities (fp32) and labels; with the fused loss the final norm, the gradients of its
+    output and of the head's weight, and the labels."""
     head_backward: int
-    """The gradients of the log-probabilities and of the logits in log-softmax's backward (8·n·V)."""
+    """The gradients of the log-probabilities and of the logits in log-softmax's backward (8·n·V); with the fused
+    loss one chunk's logits and its C × d temporaries."""
 
 
-def activations(cfg: Config, vocab_size: int, batch: int, autocast: bool) -> Activations:
+def liger_chunk_tokens(tokens: int, dmodel: int, vocab_size: int) -> int:
+    """Tokens per chunk of Liger-Kernel's fused linear cross-entropy (liger-kernel 0.8.5,
+    ``liger_kernel/ops/fused_linear_cross_entropy.py``, ``fused_linear_cross_entropy_forward`` with its default
+    ``chunk_mem_const`` 1): the logits of a chunk should take about as many elements as the n × d input, so
+    ``inc_factor = ceil(V / d)`` and C = min(next power of 2 of ceil(n / inc_factor), n).
+
+    E.g. the 124M config (n = 64 × 512 = 32,768, d = 512, V = 32,000): inc_factor 63, C = 1,024 tokens.
+    """
+    inc_factor = -(-vocab_size // dmodel)
+    per_chunk = -(-tokens // inc_factor)
+    return min(1 << (per_chunk - 1).bit_length(), tokens)
+
+
+def activations(
+    cfg: Config, vocab_size: int, batch: int, autocast: bool, fused_loss: bool = False
+) -> Activations:
     """Saved-for-backward bytes of one microbatch of ``batch`` sequences of ``cfg.seq_l`` tokens.
 
-    ``autocast``: bf16 autocast (CUDA's default, checkfree/devices.py), else fp32. The formulas are the module
-    docstring's; tests/test_memory.py checks them against the tensors autograd saves (saved_tensors_hooks).
+    ``autocast``: bf16 autocast (CUDA's default, checkfree/devices.py), else fp32. ``fused_loss``: the head and
+    loss through Liger-Kernel's fused linear cross-entropy (checkfree/loss.py). The formulas are the module
+    docstring's; tests/test_memory.py checks the plain path's against the tensors autograd saves
+    (saved_tensors_hooks); the fused path's follow Liger's source (its kernels run on CUDA only).
     """
     d, H, T, V = cfg.dmodel, cfg.num_heads, cfg.seq_l, vocab_size
     n = batch * T
@@ -210,16 +241,22 @@ def activations(cfg: Config, vocab_size: int, batch: int, autocast: bool) -> Act
         casts = 10 if autocast else 8
         block = n * d * (16 + casts + 20 * a) + 8 * n + lse
         rotary = 2 * 4 * T * (d // H)
-        head = n * d * (8 + (2 if autocast else 4)) + 4 * n
+        norm = n * d * 8 + 4 * n
         embedding = 8 * batch * (T + 1)
     else:
         casts = 4 if autocast else 8
         block = n * d * (8 + casts + 24 * a) + 16 * n + lse
         rotary = 0
-        head = n * d * (4 + (2 if autocast else 4)) + 8 * n
+        norm = n * d * 4 + 8 * n
         embedding = 8 * batch * (T + 1) + 8 * T
-    head += 4 * n * V + 8 * n
-    return Activations(block, 4 * n * d, 12 * a * n * d, rotary, embedding, head, 8 * n * V)
+    if fused_loss:
+        C = liger_chunk_tokens(n, d, V)
+        head = norm + 4 * n * d + 4 * V * d + 13 * n
+        head_backward = C * V * a + 3 * C * d * a + (0 if autocast else 4 * V * d)
+    else:
+        head = norm + n * d * (2 if autocast else 4) + 4 * n * V + 8 * n
+        head_backward = 8 * n * V
+    return Activations(block, 4 * n * d, 12 * a * n * d, rotary, embedding, head, head_backward)
 
 
 # ------------------------------------------------------------------------------------------------ estimates
@@ -314,6 +351,7 @@ def simulator_estimate(
     activation_checkpointing: bool = False,
     strategy: str = "no_failure",
     batch: int | None = None,
+    fused_loss: bool = False,
 ) -> MemoryEstimate:
     """Peak memory of one simulator rank (formulas: module docstring).
 
@@ -323,10 +361,11 @@ def simulator_estimate(
         activation_checkpointing: each block keeps only its input and is recomputed in its backward.
         strategy: the canonical setting (its copies are counted). batch: sequences per microbatch (default
             ``cfg.batch_size``; preflight tries smaller ones to say what would fit).
+        fused_loss: the head and loss through Liger-Kernel's fused linear cross-entropy (``--fused-loss``).
     """
     counts = parameter_counts(cfg, vocab_size)
     P = counts.total
-    act = activations(cfg, vocab_size, cfg.batch_size if batch is None else batch, autocast)
+    act = activations(cfg, vocab_size, cfg.batch_size if batch is None else batch, autocast, fused_loss)
     copies_device, copies_host, copies_what = _copies(cfg, counts, strategy)
     fixed = act.embedding + cfg.n_stages * act.rotary
     forward = fixed + counts.blocks * act.block + act.head  # what the forward allocates, kept or not
@@ -337,7 +376,9 @@ def simulator_estimate(
         saved, transient = max(head_phase, block_phase, key=sum)
         act_note = f"1 microbatch: {counts.blocks} block inputs + the larger of the head and one block"
     else:
-        saved, transient = forward, act.head_backward
+        # the head's backward first, then the last block's: with the fused loss's small chunks that one can be larger
+        head_first = max(act.head_backward, act.block_backward) if fused_loss else act.head_backward
+        saved, transient = forward, head_first
         act_note = f"1 microbatch of {cfg.batch_size if batch is None else batch} × {cfg.seq_l} tokens"
     largest_stage = max(counts.stage0, counts.transformer_stage(cfg.n_layers_per_stage))
     transient = max(transient, 8 * largest_stage - saved)
@@ -356,6 +397,11 @@ def simulator_estimate(
             "CUDA context",
         )
     notes = {"activations": act_note, "runtime": runtime_note}
+    if fused_loss:
+        chunk = liger_chunk_tokens(
+            (cfg.batch_size if batch is None else batch) * cfg.seq_l, cfg.dmodel, vocab_size
+        )
+        notes["temporaries"] = f"fused loss: logits of {chunk:,} tokens at a time"
     if copies_what:
         notes["copies"] = copies_what
     return MemoryEstimate(

@@ -112,6 +112,7 @@ class EmbeddingStage(nn.Module):
         # parameter names and the state dict stay those of the eager stage.
         self._compiled_embed: Any = None
         self._compiled_head: Any = None
+        self._compiled_norm: Any = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids (B, T) int64 → hidden states (B, T, d)."""
@@ -121,6 +122,11 @@ class EmbeddingStage(nn.Module):
         """hidden states (B, T, d) → logits (B, T, V)."""
         return (self._compiled_head or EmbeddingStage._head)(self, h)
 
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """hidden states (B, T, d) → normalised (B, T, d): E⁻¹ without its LM head, which the fused loss applies
+        (checkfree.loss.head_loss)."""
+        return (self._compiled_norm or EmbeddingStage._norm)(self, h)
+
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed_tokens(input_ids)
         if self.positions is not None:
@@ -129,6 +135,9 @@ class EmbeddingStage(nn.Module):
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(h))
+
+    def _norm(self, h: torch.Tensor) -> torch.Tensor:
+        return self.norm(h)
 
     def compile(self, *args: Any, **kwargs: Any) -> None:
         """``torch.compile`` E and E⁻¹ with ``args``/``kwargs`` (e.g. ``backend="eager"``), in place.
@@ -140,6 +149,7 @@ class EmbeddingStage(nn.Module):
         """
         self._compiled_embed = torch.compile(EmbeddingStage._embed, *args, **kwargs)
         self._compiled_head = torch.compile(EmbeddingStage._head, *args, **kwargs)
+        self._compiled_norm = torch.compile(EmbeddingStage._norm, *args, **kwargs)
 
 
 class TransformerStage(nn.Module):

@@ -12,8 +12,9 @@ import math
 from collections.abc import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from checkfree.loss import head_loss
 
 MIN_STAGES_FOR_SWAPS = 4
 
@@ -40,20 +41,23 @@ def stage_order(microbatch: int, n_stages: int, swaps: bool) -> list[int]:
     return order
 
 
-def forward_loss(stages: Sequence[nn.Module], batch: torch.Tensor, order: Iterable[int]) -> torch.Tensor:
+def forward_loss(
+    stages: Sequence[nn.Module], batch: torch.Tensor, order: Iterable[int], fused: bool = False
+) -> torch.Tensor:
     """Token-mean cross-entropy (nats) of one microbatch run through ``stages`` in ``order``.
 
     Args:
         stages: [stage 0, stage 1, …, stage S] (see checkfree.model).
         batch: (B, T+1) int64 token ids; inputs are ``batch[:, :-1]``, labels ``batch[:, 1:]``.
         order: transformer stages to visit, e.g. from :func:`stage_order`.
+        fused: the head and loss through Liger-Kernel's fused linear cross-entropy (CUDA; the trainer's
+            ``--fused-loss``), else the plain path; :func:`checkfree.loss.head_loss` either way.
     """
     inputs, labels = batch[:, :-1], batch[:, 1:]
     h = stages[0].embed(inputs)  # (B, T, d)
     for s in order:
         h = stages[s](h)  # (B, T, d)
-    logits = stages[0].head(h)  # (B, T, V)
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    return head_loss(stages[0], h, labels, fused)
 
 
 def grad_norm(module: nn.Module) -> float:

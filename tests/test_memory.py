@@ -205,6 +205,75 @@ def test_a_cuda_rank_that_fits_only_with_checkpointing_is_told_so(monkeypatch) -
     ).fits
 
 
+# ---------------------------------------------------------------------------------------- the fused loss
+
+
+@pytest.mark.parametrize(
+    ("tokens", "dmodel", "vocab", "chunk"),
+    [
+        (4096 * 4, 4096, 32000, 2048),  # Liger's own example (fused_linear_cross_entropy.py's comment)
+        (64 * 512, 512, 32000, 1024),  # the 124M config: inc_factor 63, ceil(32768 / 63) = 521 → 1,024
+        (8 * 4096, 2048, 32000, 2048),  # the 1.5B config: inc_factor 16 → 2,048
+        (16 * 1024, 1024, 32000, 512),  # the Table 2 model: inc_factor 32 → 512
+        (100, 1000, 10, 100),  # one chunk, never more tokens than there are
+        (10, 1, 100, 1),
+    ],
+)
+def test_liger_chunk_rule(tokens, dmodel, vocab, chunk) -> None:
+    assert M.liger_chunk_tokens(tokens, dmodel, vocab) == chunk
+
+
+@pytest.mark.parametrize(("checkpointing", "old_total"), [(False, 30106217498), (True, 16983341287)])
+def test_the_fused_loss_lowers_the_124m_estimate_and_off_leaves_it_as_it_was(
+    checkpointing, old_total
+) -> None:
+    """``old_total``: the estimate of the 124M config (bf16, CUDA, checkfree_plus) before the fused path existed."""
+    cfg = load_config("124M_config.json")
+    vocab = M.model_vocab_size(cfg)
+    plain = M.simulator_estimate(cfg, vocab, "cuda", True, checkpointing, "checkfree_plus")
+    off = M.simulator_estimate(cfg, vocab, "cuda", True, checkpointing, "checkfree_plus", fused_loss=False)
+    fused = M.simulator_estimate(cfg, vocab, "cuda", True, checkpointing, "checkfree_plus", fused_loss=True)
+    assert plain.total == off.total == old_total
+    # no n × V logits (3.9 GiB saved, 7.8 GiB in the backward): at least 10 GiB less
+    assert fused.total < plain.total - 10 * M.GIB
+    assert fused.weights == plain.weights and fused.autocast_copies == plain.autocast_copies
+    assert "fused loss: logits of 1,024 tokens at a time" in fused.describe("124M")
+
+
+def test_the_fused_head_keeps_its_gradients_and_a_chunk_of_logits() -> None:
+    cfg = load_config("124M_config.json")
+    n, d, V = cfg.batch_size * cfg.seq_l, cfg.dmodel, 32000
+    plain = M.activations(cfg, V, cfg.batch_size, autocast=True)
+    fused = M.activations(cfg, V, cfg.batch_size, autocast=True, fused_loss=True)
+    norm = 8 * n * d + 4 * n  # the final RMSNorm's input, normalised input and rsqrt
+    assert plain.head == norm + 2 * n * d + 4 * n * V + 8 * n
+    assert fused.head == norm + 4 * n * d + 4 * V * d + 13 * n
+    assert fused.head_backward == 1024 * V * 2 + 3 * 1024 * d * 2  # one chunk's bf16 logits, in place
+    fp32 = M.activations(cfg, V, cfg.batch_size, autocast=False, fused_loss=True)
+    assert fp32.head_backward == 1024 * V * 4 + 3 * 1024 * d * 4 + 4 * V * d  # + the fp32 V × d product
+
+
+def test_a_cuda_rank_with_liger_is_estimated_on_the_fused_path(monkeypatch) -> None:
+    from helpers.liger import install_fake_liger, remove_liger
+
+    monkeypatch.setattr(P.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(M, "gpu_memory", lambda index: 81559 * 2**20)
+    monkeypatch.setattr(M, "available_host_memory", lambda: 1024 * M.GIB)
+    cfg = load_config("124M_config.json")
+    vocab = M.model_vocab_size(cfg)
+    remove_liger(monkeypatch)
+    plain = P.check_memory(_opts("124M_config.json"), cfg, "checkfree_plus").estimate
+    assert plain.total == M.simulator_estimate(cfg, vocab, "cuda", True, False, "checkfree_plus").total
+    install_fake_liger(monkeypatch)
+    fused = P.check_memory(_opts("124M_config.json"), cfg, "checkfree_plus").estimate
+    assert (
+        fused.total
+        == M.simulator_estimate(cfg, vocab, "cuda", True, False, "checkfree_plus", None, True).total
+    )
+    off = P.check_memory(_opts("124M_config.json", fused_loss="off"), cfg, "checkfree_plus").estimate
+    assert off.total == plain.total
+
+
 @pytest.mark.parametrize(
     ("percent", "fits"), [(50, True), (90, True), (91, False), (100, False), (111, False)]
 )

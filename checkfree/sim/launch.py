@@ -332,6 +332,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             opts.activation_checkpointing,
             peak.source,
         )
+        log.info("%s", pre.loss_path.line)
         progress = None
         if rank == 0 and opts.progress:  # a bar on a terminal only; log lines otherwise (monitoring.py)
             progress = progress_bar(cfg.max_iterations, opts.start_iter, strategy.name)
@@ -349,6 +350,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             compile=opts.compile,
             compile_backend=opts.compile_backend,
             activation_checkpointing=opts.activation_checkpointing,
+            fused_loss=pre.loss_path.fused,
             peak=peak,
             recovery_accounting=opts.recovery_accounting,
         )

@@ -42,6 +42,9 @@ class SimulateOptions:
     peak_tflops: float | None = None
     compile: bool = False
     compile_backend: str = "inductor"
+    fused_loss: str = "auto"
+    """The head and loss through Liger-Kernel's fused linear cross-entropy: "auto" (where CUDA and liger-kernel
+    are), "on" (or a refusal) or "off" (checkfree/loss.py; docs/gpu.md)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward pass instead of keeping its activations (docs/gpu.md)."""
     autocast: str = "auto"

@@ -35,6 +35,7 @@ from checkfree.failures.injection import StageFailureInjector, StageFailureSourc
 from checkfree.failures.rates import PAPER_ITERATION_SECONDS, resolve_failure_probability
 from checkfree.failures.schedules import load_stage_schedule
 from checkfree.failures.traces import DOWNTIME_FORMAT, parse_downtime
+from checkfree.loss import LossPath, resolve_loss_path
 from checkfree.pipeline import stage_order
 from checkfree.recovery.base import RecoveryStrategy
 from checkfree.recovery.registry import make_strategy, resolve_setting
@@ -59,6 +60,8 @@ class Preflight:
     data_fingerprint: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
     memory: MemoryCheck | None = None
+    loss_path: LossPath = LossPath(False, "--fused-loss off")
+    """The loss the trainer uses (``--fused-loss``; checkfree.loss.resolve_loss_path), logged in one line."""
 
     @property
     def strategy(self) -> str:
@@ -305,6 +308,7 @@ def check_memory(opts: SimulateOptions, cfg: Config, strategy: str) -> MemoryChe
     # the rule of checkfree.devices.autocast_context: bf16 on CUDA for "auto", on any device for "bf16"
     autocast = opts.autocast == "bf16" or (opts.autocast == "auto" and device == "cuda")
     vocab = memory.model_vocab_size(cfg)
+    fused = resolve_loss_path(opts.fused_loss, device).fused
     ranks = ranks_per_machine(opts.world_size)
     host_memory = memory.available_host_memory()
     if device == "cuda":
@@ -320,7 +324,7 @@ def check_memory(opts: SimulateOptions, cfg: Config, strategy: str) -> MemoryChe
         where, device_memory, on_device = "host", host_memory, ranks
 
     def estimate(checkpointing: bool, batch: int) -> memory.MemoryEstimate:
-        return memory.simulator_estimate(cfg, vocab, device, autocast, checkpointing, strategy, batch)
+        return memory.simulator_estimate(cfg, vocab, device, autocast, checkpointing, strategy, batch, fused)
 
     def fits(e: memory.MemoryEstimate) -> bool:
         host_ok = device == "cpu" or memory.fits(ranks * e.host, host_memory)
@@ -437,6 +441,7 @@ def preflight(opts: SimulateOptions) -> Preflight:
         )
     check_device(opts.device)
     _check_throughput_options(opts)
+    loss_path = resolve_loss_path(opts.fused_loss, resolve_device(opts.device))  # "on" without CUDA: refused
     mem = check_memory(opts, cfg, strategy.name)
     if not mem.fits and not opts.dry_run:
         raise ValueError(mem.sentence())
@@ -453,4 +458,4 @@ def preflight(opts: SimulateOptions) -> Preflight:
     if resume is not None:
         _check_resume(Path(resume), cfg, fingerprint, opts.allow_data_change, warnings)
     plan = plan_run_dir(run_dir, resume_from=resume, overwrite=opts.overwrite)
-    return Preflight(cfg, strategy, p, p_source, source, plan, resume, fingerprint, warnings, mem)
+    return Preflight(cfg, strategy, p, p_source, source, plan, resume, fingerprint, warnings, mem, loss_path)

@@ -32,6 +32,9 @@ neighbour rules queue device work only. Beyond that one sync, only:
   device → host copies are their cost;
 - ``redundant`` (and its ladder rung), every ``redundant_measure_every`` iterations: a timed forward of each
   replica between two ``torch.cuda.synchronize`` (a wait, no read);
+- the fused loss (``--fused-loss``, on CUDA by default where liger-kernel is installed): Liger's loss reads the
+  count of labels on the host in its forward and compares the upstream gradient with 1.0 in its backward, two
+  waits per microbatch (checkfree/loss.py);
 - a recovery by the ``random`` rule (the ``random`` strategy, a fallback, the ladder's last rung): it draws on a
   CPU generator (the same numbers on every device and in the swarm) and copies them in from pageable memory,
   which on CUDA waits for the stream once per tensor (a wait, no read).
@@ -116,6 +119,9 @@ class RunContext:
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward pass instead of keeping its activations
     (:class:`checkfree.model.TransformerStage`; ``--activation-checkpointing``)."""
+    fused_loss: bool = False
+    """Train on Liger-Kernel's fused linear cross-entropy (CUDA; checkfree/loss.py, ``--fused-loss``); evaluation
+    and the recovery probe keep the plain path."""
     peak: Peak | None = None
     """The device peak MFU divides by (checkfree.telemetry.throughput.device_peak); None: MFU is not reported."""
     recovery_accounting: bool = True
@@ -207,9 +213,8 @@ class Trainer:
         for mb in range(cfg.mb_count):
             batch = to_device(self.batches.batch(st.effective_iteration * cfg.mb_count + mb), self.ctx.device)
             with self.autocast:
-                loss = (
-                    forward_loss(st.stages, batch, stage_order(mb, cfg.n_stages, self.swaps)) / cfg.mb_count
-                )
+                order = stage_order(mb, cfg.n_stages, self.swaps)
+                loss = forward_loss(st.stages, batch, order, fused=self.ctx.fused_loss) / cfg.mb_count
             loss.backward()
             total += loss.detach()
         # The iteration's one sync is in _reduce_and_step: the loss and every stage's gradient norm ω in one copy

@@ -5,7 +5,7 @@ from __future__ import annotations
 from checkfree.recovery import registry
 from checkfree.recovery.neighbours import CheckFree
 
-from helpers.cli import run_cli, simulate_argv
+from helpers.cli import assert_user_error, run_cli, simulate_argv
 
 
 def test_the_strategy_is_built_once_and_preflights_instance_trains(tmp_path, capsys, monkeypatch):
@@ -25,3 +25,18 @@ def test_the_strategy_is_built_once_and_preflights_instance_trains(tmp_path, cap
     rc, _, err = run_cli(simulate_argv(tmp_path / "run", setting="checkfree", iterations=2), capsys)
     assert rc == 0, err
     assert len(built) == 1 and bound == built
+
+
+def test_the_log_names_the_loss_path_once(tmp_path, capsys):
+    rc, _, err = run_cli(simulate_argv(tmp_path / "run", iterations=2, setting="no_failure"), capsys)
+    assert rc == 0, err
+    log = (tmp_path / "run" / "rank0.log").read_text()
+    # this machine has no CUDA (CI's): the plain path, and why
+    assert log.count("loss: ") == 1 and "loss: plain cross-entropy over fp32 logits (no CUDA)" in log
+
+
+def test_fused_loss_on_without_cuda_is_one_sentence_and_nothing_is_written(tmp_path, capsys):
+    argv = simulate_argv(tmp_path / "run", "--fused-loss", "on", "--device", "cpu", iterations=2)
+    rc, _, err = run_cli(argv, capsys)
+    assert_user_error(rc, err, "--fused-loss on needs CUDA, but this run computes on the cpu")
+    assert not (tmp_path / "run").exists()

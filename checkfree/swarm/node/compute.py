@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from checkfree.config import Config
+from checkfree.loss import head_loss
 from checkfree.model import build_hf_model, split_model
 from checkfree.swarm.devices import autocast_for
 from checkfree.swarm.wire.protocol import ProtocolError, Rejected
@@ -119,9 +119,11 @@ class StageWorker:
     autocast (checkfree.swarm.devices.autocast_for) and what leaves the stage is fp32, as on the wire.
     """
 
-    def __init__(self, module: nn.Module, stage: int) -> None:
+    def __init__(self, module: nn.Module, stage: int, fused_loss: bool = False) -> None:
         self.module = module
         self.stage = stage
+        self.fused_loss = fused_loss
+        """Stage 0's loss through Liger-Kernel's fused linear cross-entropy (checkfree.loss.head_loss)."""
         self.device = next(module.parameters()).device
         self.autocast = autocast_for(self.device)
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -231,8 +233,7 @@ class StageWorker:
         labels = labels.to(self.device, non_blocking=True)
         with torch.enable_grad():
             with self.autocast:
-                logits = self.module.head(h)  # (B, T, V)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1))
+                loss = head_loss(self.module, h, labels, self.fused_loss)  # the simulator's function
             value = float(loss.detach())
             if not math.isfinite(value):
                 self._count("backward", t0)

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from checkfree.data.spec import default_cache_dir
+from checkfree.loss import head_loss
 from checkfree.swarm.config import SwarmConfig, route
 from checkfree.swarm.devices import autocast_for
 from checkfree.swarm.node.compute import validation_batches_for
@@ -276,12 +276,9 @@ class NodeValidation:
         if h.shape[:2] != labels.shape:
             raise ProtocolError(f"final activations are {tuple(h.shape)}; expected {tuple(labels.shape)} x d")
         del self.out[batch]
-        with torch.no_grad():
-            with autocast_for(h.device):
-                logits = self.state.module.head(h)  # (B, T, V)
-            loss = F.cross_entropy(
-                logits.float().reshape(-1, logits.shape[-1]), labels.to(h.device).reshape(-1)
-            )
+        with torch.no_grad(), autocast_for(h.device):
+            # the plain path always, as the simulator's evaluation: the validation loss is computed as before
+            loss = head_loss(self.state.module, h, labels.to(h.device), fused=False)
         value = float(loss)  # one host sync per batch: the supervisor needs the number
         self.diverged |= not math.isfinite(value)
         self.loss_sum += value if math.isfinite(value) else 0.0
