@@ -26,6 +26,7 @@ from checkfree.rundir import apply_run_dir, check_directory_path, holds_somethin
 
 if TYPE_CHECKING:
     from checkfree.failures.traces import DowntimeSchedule
+    from checkfree.swarm.config import SwarmConfig
 
 log = logging.getLogger("checkfree.swarm")
 
@@ -212,10 +213,16 @@ PATH_OPTIONS = ("schedule", "recovery_kills", "run_dir", "cache_dir", "join_toke
 """``swarm run`` options that are paths (the journal keeps them as absolute paths)."""
 
 
-def _journaled_options(args: argparse.Namespace, schedule_path: str | None) -> dict[str, Any]:
+def _journaled_options(
+    args: argparse.Namespace, schedule_path: str | None, cfg: SwarmConfig
+) -> dict[str, Any]:
     """The options ``swarm run`` was started with, as the journal keeps them (paths absolute, the schedule as
-    resolved, with its SHA-256: a resumed run replays the same schedule)."""
+    resolved, with its SHA-256: a resumed run replays the same schedule; the config and model config files with
+    theirs and the resolved config's: a resumed run trains on the same, checkfree.swarm.supervisor.journal)."""
     import hashlib
+
+    from checkfree.config import resolve_config_path
+    from checkfree.swarm.supervisor.journal import started_files
 
     out = {k: v for k, v in vars(args).items() if k not in ("func", "command", "swarm_command")}
     for key in PATH_OPTIONS:
@@ -226,7 +233,8 @@ def _journaled_options(args: argparse.Namespace, schedule_path: str | None) -> d
         out["schedule_sha256"] = hashlib.sha256(Path(schedule_path).read_bytes()).hexdigest()
     if args.recovery_kills is not None:
         out["recovery_kills_sha256"] = hashlib.sha256(Path(args.recovery_kills).read_bytes()).hexdigest()
-    return out
+    model_file = resolve_config_path(cfg.model_config)
+    return out | started_files(resolve_config_path(args.config), model_file, cfg.to_json())
 
 
 def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
@@ -534,7 +542,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             insecure=args.insecure,
             recovery_kills=recovery_kills,
             schedule_path=schedule_path,
-            options=_journaled_options(args, schedule_path),
+            options=_journaled_options(args, schedule_path, cfg),
             machines=machines_option(args.machines),
         )
     except zmq.ZMQError as exc:
@@ -597,7 +605,12 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from checkfree.swarm.config import node_range, swarm_config_from_dict
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.process_identity import running
-    from checkfree.swarm.supervisor.journal import keys_of, read_journal
+    from checkfree.swarm.supervisor.journal import (
+        check_options,
+        check_started_files,
+        keys_of,
+        read_journal,
+    )
     from checkfree.swarm.supervisor.supervisor import Supervisor
 
     assert _RUN_PARSER is not None
@@ -610,7 +623,9 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             "expected --resume RUN_DIR alone."
         )
     run_dir = Path(args.resume)
-    data = read_journal(run_dir)
+    data = read_journal(run_dir)  # private, bounded and of the journal's schema
+    check_options(data["options"], _RUN_PARSER, str(run_dir / "journal.json"))
+    check_started_files(data, run_dir)  # the config and model files the run started with
     if data["status"] != "running":
         raise ValueError(
             f"the run in {run_dir} ended ({data['status']}) and its nodes were stopped with it; expected a run whose "

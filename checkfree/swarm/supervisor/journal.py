@@ -30,24 +30,55 @@ turn a Results into plain data and back, generically: a field a later version ad
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import hashlib
+import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import zmq
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from checkfree import jsonio
 from checkfree.recovery.record import RecoveryRecord
+from checkfree.schemas.errors import short, validate
+from checkfree.schemas.limits import InputLimitError, check_json_depth
+from checkfree.swarm.supervisor.journal_schema import JournalRecord
 from checkfree.swarm.supervisor.results import CrashRecord, Results
 from checkfree.swarm.wire.auth import SwarmKeys
 
 JOURNAL_FILE = "journal.json"
 JOURNAL_FORMAT = "checkfree-swarm-journal-v1"
-REQUIRED = ("options", "state", "results", "processes", "address", "port", "status", "supervisor")
-"""Top-level keys every journal holds."""
+MAX_JOURNAL_BYTES = 64 << 20
+"""The largest journal a resume reads: 64 MiB (a run's journal grows by its results: about 1 kB per iteration)."""
+KEY_DIRS = ("keys", "join_tokens")
+"""The run directory's folders of secrets (node key files, join tokens): a resume refuses them readable by others."""
+OPTION_EXTRAS: dict[str, type] = {
+    "schedule_sha256": str,
+    "recovery_kills_sha256": str,
+    "config_sha256": str,
+    "started_files": dict,
+}
+"""Journaled options that are no flag of ``swarm run`` (digests of the files it started with), and their type."""
+
+
+class _File(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    path: Annotated[StrictStr, Field(min_length=1, max_length=4096)]
+    sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class StartedFiles(BaseModel):
+    """``options.started_files``: the swarm and model config files a run started with (:func:`started_files`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    config: _File
+    model_config_file: _File = Field(alias="model_config")
 
 
 class JournalError(ValueError):
@@ -117,10 +148,15 @@ class Journal:
 
 
 def read_journal(run_dir: Path) -> dict[str, Any]:
-    """The journal of the run in ``run_dir``, checked for its format and top-level keys.
+    """The journal of the run in ``run_dir``, trusted only once checked: a regular file owned by this user and
+    readable by nobody else (like every key file of the run: :func:`check_private`), at most
+    :data:`MAX_JOURNAL_BYTES` and :data:`~checkfree.schemas.limits.MAX_DEPTH` deep, and every field of the
+    schema (checkfree.swarm.supervisor.journal_schema) typed and bounded.
 
     Raises:
-        JournalError: no journal, unreadable, not JSON, another format or a key missing (one sentence).
+        JournalError: no journal, unreadable, readable by others or owned by another user, too large or deep, not
+            JSON, another format, or a field missing, unknown, of the wrong type or out of bounds (one sentence
+            naming the file, the field, the value and what was expected).
     """
     path = Path(run_dir) / JOURNAL_FILE
     if not Path(run_dir).is_dir():
@@ -133,17 +169,195 @@ def read_journal(run_dir: Path) -> dict[str, Any]:
             "supervisor journals its state (every swarm run does, unless it was started before journals existed)."
         )
     try:
-        data = jsonio.loads(path.read_text(encoding="utf-8"))
+        text = read_private(path, MAX_JOURNAL_BYTES, "the journal")
+        check_json_depth(text, str(path))
+        data = jsonio.loads(text)
+    except InputLimitError as exc:
+        raise JournalError(str(exc)) from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, JournalError):
+            raise
         raise JournalError(
             f"{path} cannot be read ({type(exc).__name__}); expected the swarm's journal."
         ) from None
     if not isinstance(data, dict) or data.get("format") != JOURNAL_FORMAT:
         raise JournalError(f"{path} is not a {JOURNAL_FORMAT} journal; expected one written by `swarm run`.")
-    missing = [k for k in REQUIRED if k not in data]
-    if missing:
-        raise JournalError(f"{path} lacks {missing}; expected a complete {JOURNAL_FORMAT} journal.")
+    validate(JournalRecord, data, str(path), JournalError)
+    for sub in KEY_DIRS:  # the run's other secrets: a resume (and its nodes) read them
+        folder = Path(run_dir) / sub
+        if folder.is_dir():
+            for key_file in sorted(folder.iterdir()):
+                check_private(key_file, "a key file")
     return data
+
+
+def check_private(path: Path, what: str, st: os.stat_result | None = None) -> None:
+    """Refuse ``path`` unless it is a regular file (no symbolic link) owned by this user that no one else may read
+    or write (mode 0600 or stricter): it holds the swarm's secret or a node's key.
+
+    Raises:
+        JournalError: one sentence with the command that fixes it (``chmod 600 PATH``), or naming the owner.
+    """
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise JournalError(f"{what} {path} cannot be read ({exc.strerror}).") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise JournalError(
+            f"{what} {path} is not a regular file (a symbolic link or a folder); expected the file the run wrote."
+        )
+    if st.st_uid != os.getuid():
+        raise JournalError(
+            f"{what} {path} is owned by uid {st.st_uid}, not by this user (uid {os.getuid()}); a resume trusts "
+            f"only files its own user wrote: resume as that user, or `chown {os.getuid()} {path}` if it is yours."
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        raise JournalError(
+            f"{what} {path} has mode {mode:04o}, readable or writable by others, and it holds the swarm's "
+            f"secret; expected mode 0600: run `chmod 600 {path}` (and start a new run if others may have read it)."
+        )
+
+
+def read_private(path: Path, limit: int, what: str) -> str:
+    """The UTF-8 text of ``path``, read only after :func:`check_private` of the very file opened (no symbolic
+    link followed) and only if it holds at most ``limit`` bytes.
+
+    Raises:
+        JournalError: :func:`check_private`'s refusals. InputLimitError: larger than ``limit`` bytes.
+        OSError, UnicodeDecodeError: unreadable, not UTF-8.
+    """
+    check_private(path, what)  # a symbolic link is refused here, with its sentence
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # and the file opened is the one checked
+    try:
+        check_private(path, what, os.fstat(fd))
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise InputLimitError(
+            f"{what} {path} is larger than {limit:,} bytes; expected the journal of a run (at most {limit:,} bytes)."
+        )
+    return data.decode("utf-8")
+
+
+# ------------------------------------------------------------------------------ what the run started with
+
+
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (hex).
+
+    Raises:
+        OSError: it cannot be read.
+    """
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """SHA-256 of a resolved swarm config (``SwarmConfig.to_json``, the model inline) as canonical JSON."""
+    return hashlib.sha256(jsonio.dumps(config, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def started_files(config_file: Path, model_file: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The options a journal keeps so that a resume trains on what the run started with: the swarm config file and
+    the model config file (absolute path and SHA-256 of their bytes) and the digest of the resolved config.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    files = {
+        "config": {"path": str(Path(config_file).resolve()), "sha256": file_digest(config_file)},
+        "model_config": {"path": str(Path(model_file).resolve()), "sha256": file_digest(model_file)},
+    }
+    return {"started_files": files, "config_sha256": config_digest(config)}
+
+
+def check_started_files(data: dict[str, Any], run_dir: Path) -> None:
+    """Refuse a journal whose config is not the one its run started with: the resolved config
+    (``state.config``) must have the digest journaled at the start, and the swarm config and model config files
+    it was made from must still hold the bytes they held then.
+
+    Raises:
+        JournalError: the journal predates these digests, names another config, or a file changed or is gone
+            (one sentence naming it).
+    """
+    options, path = data["options"], Path(run_dir) / JOURNAL_FILE
+    files, digest = options.get("started_files"), options.get("config_sha256")
+    try:
+        ok = validate(StartedFiles, files, f"{path} (options.started_files)", JournalError)
+    except JournalError:
+        if files is None:
+            raise JournalError(
+                f"{path} holds no digest of the config its run started with (a journal of an older checkfree); "
+                "expected one that does: a resume checks the config it trains on."
+            ) from None
+        raise
+    if digest != config_digest(data["state"]["config"]):
+        raise JournalError(
+            f"{path}: its config (state.config) is not the one the run started with (its SHA-256 differs from "
+            "options.config_sha256); expected the journal as the supervisor wrote it."
+        )
+    for name, entry in (("config", ok.config), ("model_config", ok.model_config_file)):
+        try:
+            now = file_digest(entry.path)
+        except OSError as exc:
+            raise JournalError(
+                f"the {name.replace('_', ' ')} {entry.path} the run in {run_dir} started with cannot be read "
+                f"({exc.strerror}); expected the file it started with."
+            ) from None
+        if now != entry.sha256:
+            raise JournalError(
+                f"the {name.replace('_', ' ')} {entry.path} changed since the run in {run_dir} started (SHA-256 "
+                f"{now[:12]}…, journaled {entry.sha256[:12]}…); expected the file it started with."
+            )
+
+
+def check_options(options: dict[str, Any], parser: argparse.ArgumentParser, source: str) -> None:
+    """Refuse journaled options (``options``) that ``swarm run``'s ``parser`` could not have produced: an unknown
+    key, or a value of another type than its option's (an int, a finite float, a string or path, a flag, a list
+    of strings, one of its choices), so that a resume reads them as a command line.
+
+    Raises:
+        JournalError: one sentence naming ``source``, the option and the value.
+    """
+    actions = {a.dest: a for a in parser._actions if a.dest != "help"}
+    for key, value in options.items():
+        if key in OPTION_EXTRAS:
+            if not (value is None or isinstance(value, OPTION_EXTRAS[key])):
+                raise JournalError(
+                    f"{source}: options.{key} is {short(value)}; expected {OPTION_EXTRAS[key].__name__}."
+                )
+            continue
+        action = actions.get(key)
+        if action is None:
+            raise JournalError(
+                f"{source}: options.{key} is no option of `swarm run`; expected only its options."
+            )
+        want = _option_fits(action, value)
+        if want is not None:
+            raise JournalError(f"{source}: options.{key} is {short(value)}; expected {want}.")
+
+
+def _option_fits(action: argparse.Action, value: Any) -> str | None:
+    """None if ``value`` is what ``action`` stores, else what it stores (for the error)."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return None if isinstance(value, bool) else "true or false"
+    if isinstance(action, argparse._AppendAction):
+        ok = isinstance(value, list) and len(value) <= 1000 and all(isinstance(v, str) for v in value)
+        return None if ok else "a list of strings"
+    if value is None or value == action.default:
+        return None
+    if action.choices is not None:
+        return None if value in action.choices else f"one of {sorted(map(str, action.choices))}"
+    if action.type is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and -1 <= value <= 1 << 31
+        return None if ok else "an integer in [-1, 2,147,483,648] or null"
+    if action.type is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return None if ok else "a finite number or null"
+    return None if isinstance(value, str) and len(value) <= 4096 else "a string or null"
 
 
 def keys_of(data: dict[str, Any]) -> SwarmKeys | None:

@@ -112,10 +112,10 @@ def test_a_missing_damaged_or_foreign_journal_is_one_sentence(tmp_path: Path) ->
         read_journal(tmp_path / "nope")
     with pytest.raises(JournalError, match="holds no journal.json"):
         read_journal(tmp_path)
-    (tmp_path / JOURNAL_FILE).write_text("{not json")
+    write_atomic(tmp_path / JOURNAL_FILE, "{not json")
     with pytest.raises(JournalError, match="cannot be read"):
         read_journal(tmp_path)
-    (tmp_path / JOURNAL_FILE).write_text('{"format": "something-else"}')
+    write_atomic(tmp_path / JOURNAL_FILE, '{"format": "something-else"}')
     with pytest.raises(JournalError, match="is not a checkfree-swarm-journal-v1 journal"):
         read_journal(tmp_path)
 
