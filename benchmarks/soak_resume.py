@@ -20,7 +20,8 @@ joined); nothing committed is lost (each iteration once, the run completed); the
 across restarts (the last incarnation's median against the first's: ``--fd-slack``, ``--rss-growth``); no stall
 beyond the target (the longest iteration without a resume in it − the median ≤ median crash → serving +
 ``--stall-slack-s``), and no resume beyond its target (kill → next commit ≤ ``--resume-slack-s`` + 2 × the median
-iteration: a restart, the adoption and the redone iteration).
+iteration: a restart, the adoption and the redone iteration). It exits 0 only when every verdict is met, 1 when
+one is missed, 2 for a bad argument.
 
     .venv/bin/python benchmarks/soak_resume.py --iterations 200 --kills 10 --out runs/soak-resume
     .venv/bin/python benchmarks/soak_resume.py --iterations 30 --kills 3 --time-scale 0.1 --out runs/soak-resume-smoke
@@ -360,7 +361,14 @@ def main(argv: list[str] | None = None) -> int:
     lines += report(out, done, incarnations, args)
     (out / "soak_report.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if all(line.endswith(": met") for line in lines if line.endswith(("met", "missed"))) else 1
+    return exit_code(lines)
+
+
+def exit_code(lines: list[str]) -> int:
+    """The soak's exit status: 0 when every verdict line of ``lines`` says met, 1 when one is missed (or there is
+    none)."""
+    verdicts = [line for line in lines if line.endswith((": met", ": missed"))]
+    return 0 if verdicts and all(v.endswith(": met") for v in verdicts) else 1
 
 
 if __name__ == "__main__":

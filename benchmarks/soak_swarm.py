@@ -16,6 +16,9 @@ throughput.json and supervisor.log, and prints:
   + ``--stall-slack-s``; fds flat (last-quarter median − first-quarter median ≤ ``--fd-slack``); RSS flat
   (last-quarter median ≤ first-quarter median × (1 + ``--rss-growth``)).
 
+It exits 0 only when the swarm run exited 0 and every verdict is met; 1 when a verdict is missed or the run
+failed; 2 for a bad argument.
+
 ``--checkpoint-storage-kill S`` runs the ``checkpoint`` setting instead and SIGKILLs the storage node every S
 seconds (by the pid supervisor.log gives for it, checked to be a grandchild of the supervisor).
 
@@ -377,6 +380,13 @@ def report(
 # ---------------------------------------------------------------------------------------------- main
 
 
+def exit_code(run_code: int, lines: list[str]) -> int:
+    """The soak's exit status: 0 when the swarm run exited 0 and every verdict line of ``lines`` says met, 1
+    when the run failed or a verdict is missed (or there is none)."""
+    verdicts = [line for line in lines if line.endswith((": met", ": missed"))]
+    return 0 if run_code == 0 and verdicts and all(v.endswith(": met") for v in verdicts) else 1
+
+
 def _fail(message: str) -> int:
     print(f"soak_swarm.py: error: {message}", file=sys.stderr)
     return 2
@@ -496,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += report(throughput, log_text, sampler.samples, args.stall_slack_s, args.fd_slack, args.rss_growth)
     (out / "soak_report.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    return 0 if code == 0 else 1
+    return exit_code(code, lines)
 
 
 if __name__ == "__main__":

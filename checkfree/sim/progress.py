@@ -2,12 +2,27 @@
 
 Under ``checkpoint`` every failure rolls every stage back to the last checkpoint, so a run needs more wall-clock
 iterations than ``max_iterations``. With q the probability that at least one stage fails in an iteration and K
-iterations between checkpoints, one segment of K iterations is finished after (1 − q)^−K − 1) / q wall-clock
-iterations on average (the expected number of Bernoulli trials until K successes in a row), so a whole run takes
+iterations between checkpoints, the expected cost depends on the checkpoint rule (checkfree.recovery.checkpoint):
 
-    E[wall-clock iterations] = max_iterations / K · ((1 − q)^−K − 1) / q
+* ``effective`` (a checkpoint every K effective iterations, before that iteration's failures; the failed
+  iteration trains from the checkpoint, so a failure at the segment's first iteration costs nothing): from a
+  checkpoint, a segment of L iterations takes 1 + ((1 − q)^−(L − 1) − 1) / q wall-clock iterations on average
+  (from position 1, each failure sends the run back to position 1: the trials until L − 1 successes in a row,
+  plus the first iteration), so
 
-which explodes when q·K ≳ 1 (e.g. 4 stages at p = 0.05 and K = 50: ≈ 150,000 iterations per segment).
+      E[wall-clock iterations] = ⌊N / K⌋ · (1 + ((1 − q)^−(K − 1) − 1) / q) + (the same for the N mod K left);
+
+* ``authors`` (checkpoints at wall-clock multiples of the paper's K_p iterations, a failure losing its position
+  in the interval and a failure on the boundary the whole interval; with q_p = 1 − (1 − q)^(K / K_p) per paper
+  iteration): an interval keeps K_p − L iterations, L the offset of its last failure (0 without one), unless the
+  next interval starts with a failure (probability q_p) that takes its checkpoint; E[L] = Σ_{m=1}^{K_p − 1}
+  (1 − (1 − q_p)^m), so
+
+      E[wall-clock iterations] = N · K_p / ((1 − q_p) · (K_p − E[L])).
+
+Both explode when q·K ≳ 1 (e.g. 4 stages at p = 0.05 and K = 50: ≈ 100,000 iterations per segment).
+tests/report/test_checkpoint_cost.py checks both against a Monte Carlo of the rules as the report replays them
+(checkfree.report.replay, which matches real runs exactly).
 :class:`WallClockGuard` warns about that at the start, shows the effective progress rate (training iterations
 gained per wall-clock iteration) and stops the run at a wall-clock limit.
 """
@@ -30,9 +45,33 @@ def any_failure_probability(probability: float, stages: int) -> float:
     return 1.0 - (1.0 - probability) ** stages
 
 
-def expected_wall_iterations(q: float, every: int, max_iterations: int) -> float:
+def _segment(q: float, length: int) -> float:
+    """Expected wall-clock iterations to train ``length`` ≥ 1 iterations from a checkpoint, ``effective`` rule."""
+    return 1.0 + math.expm1(-(length - 1) * math.log1p(-q)) / q
+
+
+def _authors_factor(q: float, every: int, paper_every: int) -> float:
+    """Wall-clock iterations per trained iteration under the ``authors`` rule (module docstring)."""
+    keep = math.exp(every / paper_every * math.log1p(-q))  # 1 − q_p
+    q_paper = -math.expm1(every / paper_every * math.log1p(-q))
+    n = paper_every - 1
+    mean_last = n - keep * -math.expm1(n * math.log(keep)) / q_paper  # Σ_{m=1}^{n} (1 − keep^m)
+    kept = keep * (paper_every - mean_last)
+    return math.inf if kept <= 0 else paper_every / kept
+
+
+def expected_wall_iterations(
+    q: float, every: int, max_iterations: int, rule: str = "effective", paper_every: int = 0
+) -> float:
     """Expected wall-clock iterations to train ``max_iterations`` with a rollback to a checkpoint taken every
-    ``every`` iterations, when an iteration fails with probability ``q`` (module docstring); inf when q ≥ 1."""
+    ``every`` iterations under ``rule`` ("effective" or "authors", with K_p = ``paper_every``, 0 = ``every``),
+    when an iteration fails with probability ``q`` (module docstring); inf when q ≥ 1 or it overflows.
+
+    Raises:
+        ValueError: an unknown ``rule``.
+    """
+    if rule not in ("effective", "authors"):
+        raise ValueError(f"checkpoint rule {rule!r} is unknown; expected 'effective' or 'authors'.")
     if max_iterations <= 0:
         return 0.0
     if q <= 0.0:
@@ -41,10 +80,12 @@ def expected_wall_iterations(q: float, every: int, max_iterations: int) -> float
         return math.inf
     segment = min(every, max_iterations) if every > 0 else max_iterations
     try:
-        per_segment = math.expm1(-segment * math.log1p(-q)) / q
+        if rule == "authors":
+            return max_iterations * _authors_factor(q, segment, max(paper_every, segment))
+        full, rest = divmod(max_iterations, segment)
+        return full * _segment(q, segment) + (_segment(q, rest) if rest else 0.0)
     except OverflowError:
         return math.inf
-    return max_iterations / segment * per_segment
 
 
 class WallClockGuard:
@@ -99,4 +140,5 @@ def expected_run_length(strategy: RecoveryStrategy, failures, max_iterations: in
     if not isinstance(strategy, CheckpointBaseline):
         raise TypeError(f"strategy {strategy.name!r} rolls back but keeps no checkpoint interval.")
     stages = n + bool(getattr(failures, "include_stage0", False))
-    return expected_wall_iterations(any_failure_probability(p, stages), strategy.every, max_iterations)
+    q = any_failure_probability(p, stages)
+    return expected_wall_iterations(q, strategy.every, max_iterations, strategy.rule, strategy.paper_every)

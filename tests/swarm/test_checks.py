@@ -267,7 +267,7 @@ def test_zap_refusals_are_logged_rate_limited_with_the_right_count(caplog, secon
     keys = SwarmKeys.new()
     ring = KeyRing({3: keys.public_key(3)})
     now = [0.0]
-    ring.refusals = RefusalLog(every=10.0, clock=lambda: now[0])
+    ring.refusals = RefusalLog(every=10.0, clock=lambda: now[0], schedule=lambda *_: None)
     strangers = [SwarmKeys.new().public_key(0).encode() for _ in range(n_keys)]
     caplog.set_level(logging.WARNING, logger="checkfree.swarm.wire.auth")
     assert ring.callback("checkfree-swarm", keys.public_key(3).encode())

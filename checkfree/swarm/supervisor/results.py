@@ -181,6 +181,9 @@ class Results:
         self.reports: dict[int, dict[str, Any]] = {}
         self.finals: dict[int, dict[str, Any]] = {}
         self.aborts = 0
+        self.redone: dict[int, int] = {}
+        """Iteration → its attempts aborted so far (a death, a stall, a timeout, a resume's attempt in flight);
+        its row's ``attempts`` is one more."""
         self.rollback_bytes = 0
         self.vocab_size: int | None = None
         self.node_devices: dict[int, str] = {}
@@ -262,11 +265,11 @@ class Results:
         ends: dict[int, dict],
         ready: dict[int, dict],
         members: dict[int, list[int]],
-        attempts: int = 1,
     ) -> None:
-        """Iteration ``it`` committed in attempt number ``attempt``, its ``attempts``-th try: ``ends`` (stage-0 node
-        → its ITERATION_END meta: loss, tokens), ``ready`` (node → its ``ready``: grad norm, replicas dropped),
-        ``members`` (stage → the nodes that served it)."""
+        """Iteration ``it`` committed in attempt number ``attempt``: ``ends`` (stage-0 node → its ITERATION_END
+        meta: loss, tokens), ``ready`` (node → its ``ready``: grad norm, replicas dropped), ``members`` (stage →
+        the nodes that served it). Its row's ``attempts`` counts the tries it took: the attempts at ``it``
+        :meth:`aborted` reported, plus this one."""
         t = self.now()
         prev = self.rows[-1]["t_commit"] if self.rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
@@ -305,7 +308,7 @@ class Results:
             {
                 "iteration": it,
                 "attempt": attempt,
-                "attempts": attempts,
+                "attempts": 1 + self.redone.pop(it, 0),
                 "t_commit": t,
                 "wall_s": wall,
                 "loss": sum(losses) / len(losses),
@@ -313,6 +316,12 @@ class Results:
                 "grad_norms": norms,
             }
         )
+
+    def aborted(self, it: int) -> None:
+        """An attempt at iteration ``it`` was aborted (it is redone): counted in ``aborted_attempts`` and in the
+        ``attempts`` of ``it``'s row once it commits."""
+        self.aborts += 1
+        self.redone[it] = self.redone.get(it, 0) + 1
 
     # ------------------------------------------------------------------ crash events, by slot
 

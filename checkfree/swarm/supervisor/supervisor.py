@@ -477,7 +477,7 @@ class Supervisor:
                     self._fire(it)
                 if self.processes.check_deaths() and current.phase != "commit":
                     self.attempts.abort("a node died")
-                    self.results.aborts += 1
+                    self.results.aborted(it)
                     return False
                 step = self.attempts.advance(now)
                 if step is None:
@@ -501,7 +501,7 @@ class Supervisor:
                     self._committed(it, current, step.ends, step.ready)
                     return True
                 self.attempts.retry(step.why)  # raises SwarmError at the limit
-                self.results.aborts += 1
+                self.results.aborted(it)
                 return False
         except KeyboardInterrupt:
             if current.phase == "commit":  # the commit went out: the nodes step whatever the supervisor does
@@ -546,7 +546,6 @@ class Supervisor:
             ends,
             ready,
             current.members,
-            attempts=1 + self.state.failed_attempts.get(it, 0),
         )
         self.attempts.committed()
         self.outages.committed()
@@ -898,7 +897,7 @@ class Supervisor:
                 if claim["attempt"] >= 0:
                     self.link.command(node, "abort", attempt=claim["attempt"])
             if verdict.in_flight:
-                self.results.aborts += 1
+                self.results.aborted(state.iteration)
         if not verdict.roll_forward:
             # the attempt begun last: the one in flight (aborted), else the last commit
             begun = state.iteration if verdict.in_flight else max(state.iteration - 1, 0)

@@ -1,0 +1,301 @@
+"""Defences of the swarm that no other test pinned (issue 37, "Defences no test pins"): each test here was seen
+failing with its defence planted away (removed, or shifted by one); docs/checks.md lists the plants.
+
+No processes and no sockets beyond the supervisor's own bound ones: each defence is driven through the handler,
+the task or the function that holds it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from checkfree.recovery import rules
+from checkfree.recovery.planner import RecoveryPlan
+from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.launcher import LAUNCHER_STAGE
+from checkfree.swarm.node.parts import REFUSALS_PER_WINDOW, WeightGrants
+from checkfree.swarm.node.recovering import Rollback
+from checkfree.swarm.supervisor.link import Link
+from checkfree.swarm.supervisor.supervisor import Supervisor
+from checkfree.swarm.wire import weights as W
+from checkfree.swarm.wire.auth import AuthError, MachineLayout, SwarmKeys, read_token
+from checkfree.swarm.wire.protocol import Message, MessageType
+
+from helpers.swarm import FakeNode, weights_answer
+
+LAUNCHER_2, LAUNCHER_4 = 1_000_002, 1_000_004
+
+
+@pytest.fixture
+def sup(tmp_path: Path) -> Iterator[Supervisor]:
+    """A supervisor of tiny_config's 5 nodes (1 replica) on three machines: here 0-1, machine 2 (nodes 2-3, its
+    launcher hosting them), machine 4 (node 4, likewise); every slot serving; no process is started."""
+    cfg = SwarmConfig(model_config="tiny_config.json", replicas=1)
+    sup = Supervisor(
+        cfg,
+        "ours",
+        {},
+        iterations=1,
+        run_dir=tmp_path,
+        vocab_size=300,
+        start=0,
+        end=2,
+        machines=[(2, 4), (4, 5)],
+    )
+    for slot in sup.roster.slots:
+        slot.serving, slot.address = True, f"tcp://127.0.0.1:{7000 + slot.slot}"
+        sup.roster.by_node[slot.occupant] = slot
+    for n, launcher in ((2, LAUNCHER_2), (3, LAUNCHER_2), (4, LAUNCHER_4)):
+        sup.roster.slots[n].launcher = launcher
+    sup.roster.launchers |= {LAUNCHER_2, LAUNCHER_4}
+    yield sup
+    sup.transport.close()
+
+
+def _revoke(sup: Supervisor, start: int) -> None:
+    layout = sup.state.keys.layout  # type: ignore[union-attr]
+    machine = layout.by_start(start)
+    assert machine is not None
+    sup.revocations.revoke(machine, iteration=3, now=1.0)
+
+
+def _join(sender: int, stage: int, **meta: object) -> Message:
+    return Message(MessageType.JOIN, sender, meta={"stage": stage, "address": "tcp://127.0.0.1:9", **meta})
+
+
+def _control(sender: int, command: str, **meta: object) -> Message:
+    return Message(MessageType.CONTROL, sender, meta={"command": command, **meta})
+
+
+# ---------------------------------------------------------------------- machines (supervisor/machines.py, inbox.py)
+
+
+def test_a_revoked_machines_launcher_may_not_join_again(sup: Supervisor) -> None:
+    """Checked by the handler itself, not only by the keyring: the transport here admits any dial, as one whose
+    keyring still held the launcher's key would."""
+    _revoke(sup, 2)
+    assert LAUNCHER_2 not in sup.roster.launchers
+    sup.peer_messages.outbox = _Outbox(sup.peer_messages.outbox)  # type: ignore[assignment]
+    sup.roster.slots[2].local = False  # a slot it could be handed
+    bad = sup.peer_messages.bad_messages
+    again = _join(LAUNCHER_2, LAUNCHER_STAGE, slots=[2, 3])
+    assert sup.peer_messages.handle(again) == [] and sup.peer_messages.bad_messages == bad + 1
+    assert LAUNCHER_2 not in sup.roster.launchers and LAUNCHER_2 not in sup.roster.launcher_addresses
+    assert sup.roster.slots[2].launcher is None
+    exited = _control(LAUNCHER_2, "exited", node=2, code=0)
+    assert sup.peer_messages.handle(exited) == []  # nor is it heard about a node it hosted
+
+
+class _Outbox:
+    """The supervisor's outbox, but dialling any id."""
+
+    def __init__(self, real: object) -> None:
+        self.real = real
+
+    def connect(self, node: int, address: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.real, name)
+
+
+def test_a_revocation_moves_only_the_revoked_machines_slots(sup: Supervisor) -> None:
+    _revoke(sup, 2)
+    moved, kept = sup.roster.slots[2:4], sup.roster.slots[4]
+    assert all(s.local and s.launcher is None and s.dead for s in moved)
+    assert not kept.local and kept.launcher == LAUNCHER_4 and not kept.dead  # the next machine's first slot
+    assert sup.results.machine_revocations[-1]["slots_moved"] == [2, 3]
+    first = sup.roster.slots[0]
+    _revoke(sup, 4)  # the last machine: its range ends at the swarm's last node
+    assert sup.roster.slots[4].local and sup.roster.slots[4].dead and not first.dead
+
+
+# ---------------------------------------------------------------------- a node's JOIN and reports (inbox.py)
+
+
+def test_a_join_from_the_occupant_of_a_dead_slot_is_refused(sup: Supervisor) -> None:
+    slot = sup.roster.slots[1]
+    slot.address, slot.serving = None, False
+    slot.dead = True
+    bad = sup.peer_messages.bad_messages
+    assert sup.peer_messages.handle(_join(slot.occupant, slot.stage)) == []
+    assert sup.peer_messages.bad_messages == bad + 1 and slot.address is None
+    slot.dead = False  # the same JOIN from a live slot's occupant is taken
+    assert sup.peer_messages.handle(_join(slot.occupant, slot.stage)) == []
+    assert sup.peer_messages.bad_messages == bad + 1 and slot.address == "tcp://127.0.0.1:9"
+
+
+def test_serving_is_taken_only_for_the_slots_own_stage(sup: Supervisor) -> None:
+    slot = sup.roster.slots[2]
+    slot.serving = False
+    bad = sup.peer_messages.bad_messages
+    other = _control(slot.occupant, "serving", stage=slot.stage + 1, version=0, record={"rule": "initial"})
+    assert sup.peer_messages.handle(other) == [] and not slot.serving
+    assert sup.peer_messages.bad_messages == bad + 1
+    own = _control(slot.occupant, "serving", stage=slot.stage, version=0, record={"rule": "initial"})
+    assert sup.peer_messages.handle(own) == [] and slot.serving and sup.peer_messages.bad_messages == bad + 1
+
+
+def test_a_replacement_gets_at_most_max_attempts_new_plans(sup: Supervisor) -> None:
+    slot = sup.roster.slots[2]
+    slot.serving, slot.plan_seq = False, 3
+    limit = sup.cfg.max_attempts
+    bad = sup.peer_messages.bad_messages
+    slot.replans = limit - 1
+    assert sup.peer_messages.handle(_control(slot.occupant, "replan", reason="gone", seq=3)) == []
+    assert slot.occupant in sup.state.inbox.get("replan", {}) and sup.peer_messages.bad_messages == bad
+    sup.state.inbox.pop("replan")
+    slot.replans = limit
+    assert sup.peer_messages.handle(_control(slot.occupant, "replan", reason="gone", seq=3)) == []
+    assert "replan" not in sup.state.inbox and sup.peer_messages.bad_messages == bad + 1
+
+
+# ---------------------------------------------------------------------- grants (supervisor/link.py)
+
+
+class _Wire:
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, dict]] = []
+        self.identity = None
+
+    def send(self, node: int, msg: Message) -> None:
+        self.sent.append((node, msg.meta))
+
+
+@pytest.mark.parametrize(
+    ("plan", "optimizer"),
+    [
+        (RecoveryPlan("replica", (2,), with_optimizer=True, fresh_lr_scale=False), True),
+        (RecoveryPlan("checkfree", (1, 3)), False),  # a neighbour's moments are not this stage's
+        (RecoveryPlan("copy", (1,)), False),
+        (RecoveryPlan("stage0_copy", (1, 4), parts=("embedding", "head")), False),
+    ],
+)
+def test_only_a_same_stage_copy_is_granted_the_adam_state(
+    sup: Supervisor, plan: RecoveryPlan, optimizer: bool
+) -> None:
+    wire = _Wire()
+    link = Link(wire, sup.roster)  # type: ignore[arg-type]
+    slot = sup.roster.slots[2]
+    slot.plan, slot.plan_seq = plan, 1
+    link.grant(slot)
+    assert wire.sent and all(meta["optimizer"] is optimizer for _, meta in wire.sent)
+    assert {node for node, _ in wire.sent} == {n for s in plan.sources for n in sup.roster.members()[s]}
+
+
+# ---------------------------------------------------------------------- join tokens (wire/auth.py)
+
+
+def test_a_join_token_whose_share_offset_reaches_its_stride_is_refused(tmp_path: Path) -> None:
+    keys = SwarmKeys.new()
+    keys.set_layout(MachineLayout(10, 11, (0, 4)))
+    machine = keys.layout.by_start(4)  # type: ignore[union-attr]
+    path = tmp_path / "t.json"
+    keys.write_token(path, "tcp://a:1", machine)
+    data = json.loads(path.read_text())
+    every = data["machine"]["every"]
+    for offset in (every - 1, every, every + 1):
+        data["machine"]["offset"] = offset
+        path.write_text(json.dumps(data))
+        if offset < every:
+            read_token(path)
+        else:
+            with pytest.raises(AuthError, match="is not a share of a swarm's ids"):
+                read_token(path)
+
+
+# ---------------------------------------------------------------------- a source's refusals (node/parts.py)
+
+
+def test_refusals_are_bounded_per_requester_per_request_timeout() -> None:
+    module = torch.nn.Linear(2, 2)
+    from checkfree.swarm.node.context import StageState
+
+    t = [0.0]
+    grants = WeightGrants(StageState(module, W.make_optimizer(module, 1e-3)), 60.0, clock=lambda: t[0])
+    assert all(grants.may_refuse(7) for _ in range(REFUSALS_PER_WINDOW))
+    assert not grants.may_refuse(7) and grants.refused["withheld"] == 1
+    assert grants.may_refuse(8)  # per requester: another one has its own budget
+    t[0] = 59.0
+    assert not grants.may_refuse(7)  # still within request_timeout of the first
+    t[0] = 60.5
+    assert grants.may_refuse(7)  # the window moved on
+    assert grants.refused["withheld"] == 2
+
+
+# ---------------------------------------------------------------------- fetches (node/recovering.py)
+
+
+def test_a_rollback_takes_only_the_checkpoint_version_it_asked_for() -> None:
+    for answered, taken in ((4, False), (2, False), (3, True)):
+        node = FakeNode()
+        node.clock.max_version = 5  # version 4 is plausible: only the checkpoint's version can refuse it
+        rollback = Rollback(node.fetch, 3, node.state, lambda *_: None, node.gave_up.append)
+        rollback.start()
+        ((to, request),) = node.sent
+        assert to == node.cfg.storage_id and request["version"] == 3
+        rollback._check_answer(rollback.requests[0], weights_answer(node, to, request["request"]))  # fits
+        answer = weights_answer(node, to, request["request"], meta={"version": answered})
+        if taken:
+            rollback._check_answer(rollback.requests[0], answer)
+        else:
+            with pytest.raises(Exception, match=f"checkpoint version {answered}; asked for 3"):
+                rollback._check_answer(rollback.requests[0], answer)
+            rollback.on_response(answer)
+            assert node.rejected and "asked for 3" in node.rejected[0]
+
+
+def test_a_fetch_gives_up_after_max_attempts_rounds_over_its_candidates() -> None:
+    node = FakeNode()  # max_attempts 2, candidates 3 and 5: four requests, then it gives up
+    rec = node.recovery(RecoveryPlan("replica", (1,), with_optimizer=True, fresh_lr_scale=False))
+    rec.start()
+    for n in range(1, 5):
+        assert len(node.sent) == n and not node.gave_up
+        to, meta = node.sent[-1]
+        rec.on_response(Message(MessageType.WEIGHTS_RESPONSE, to, meta={"stage": 1, "request": meta["request"],
+                                                                         "error": "busy"}))  # fmt: skip
+    assert len(node.sent) == 4 and len(node.gave_up) == 1 and "after 4 requests" in node.gave_up[0]
+
+
+def test_a_fetch_asks_for_a_new_plan_at_most_max_attempts_times() -> None:
+    node = FakeNode()  # max_attempts 2
+    rec = node.recovery(RecoveryPlan("replica", (1,)))
+    rec.start()
+    asked = 0
+    for seq in range(1, 5):
+        while node.sent[-1][0] != -1 and not node.gave_up:  # every source refuses this plan
+            to, meta = node.sent[-1]
+            refusal = {"stage": 1, "request": meta["request"], "refused": "no_grant"}
+            rec.on_response(Message(MessageType.WEIGHTS_RESPONSE, to, meta=refusal))
+        if node.gave_up:
+            break
+        assert node.sent[-1][0] == -1 and node.sent[-1][1]["command"] == "replan"
+        asked += 1
+        rec.replan(RecoveryPlan("replica", (1,)), {"1": [3, 5]}, seq=seq)
+    assert asked == node.cfg.max_attempts and len(node.gave_up) == 1
+    assert "asked for a new plan 2 times already" in node.gave_up[0]
+
+
+# ---------------------------------------------------------------------- the rule table (recovery/rules.py)
+
+
+def test_rebuild_refuses_a_stage0_copy_plan_whose_parts_do_not_match_its_sources() -> None:
+    template = {"embed_tokens.weight": torch.zeros(4, 2), "norm.weight": torch.zeros(2)}
+    cfg = SimpleNamespace(init_std=0.02)
+    one = {"embed_tokens.weight": torch.ones(4, 2)}
+
+    def inputs(n: int) -> rules.RuleInputs:
+        return rules.RuleInputs(template, [one] * n, stage=0, iteration=1, seed=0, cfg=cfg)  # type: ignore[arg-type]
+
+    good = RecoveryPlan("stage0_copy", (1,), parts=("embedding",))
+    assert torch.equal(rules.rebuild(good, inputs(1)).state["embed_tokens.weight"], torch.ones(4, 2))
+    for parts in ((), ("embedding", "head")):
+        with pytest.raises(ValueError, match="needs one part per source"):
+            rules.rebuild(RecoveryPlan("stage0_copy", (1,), parts=parts), inputs(1))
+    with pytest.raises(ValueError, match="needs one part per source"):
+        rules.rebuild(RecoveryPlan("stage0_copy", (1, 4), parts=("embedding",)), inputs(2))
