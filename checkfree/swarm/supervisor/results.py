@@ -1,10 +1,11 @@
 """What a swarm run measured, written to ``runs/<name>/throughput.json`` (docs/paper.md §8).
 
 * ``iterations``: one row per committed iteration in execution order — iteration index, ``attempt`` (the
-  number of the attempt that committed it; archived runs call it ``epoch``), ``attempts`` (how many it took),
-  ``t_commit`` (seconds since the first ``begin``; the aggregation timestamp: every node has averaged its
-  stage's gradients and stepped), ``wall_s`` (= t_commit − previous t_commit, recoveries included), mean
-  loss over pipelines (nats), tokens, per-stage gradient norms.
+  number of the attempt that committed it; archived runs call it ``epoch``), ``attempts`` (the tries it took:
+  1 + its attempts aborted by a death, a stall, a timeout or a resume), ``t_commit`` (seconds since the first
+  ``begin``; the aggregation timestamp: every node has averaged its stage's gradients and stepped), ``wall_s``
+  (= t_commit − previous t_commit, recoveries included), mean loss over pipelines (nats), tokens, per-stage
+  gradient norms.
 * ``validation``, ``first_eval``, ``final_eval``, ``validation_given_up``, ``model``, ``snapshots``: the trained
   model's records (checkfree.swarm.supervisor.model_records).
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
