@@ -64,6 +64,13 @@ done
 for s in $SEEDS_5 $SEEDS_10 $SEEDS_16; do
   case "$s" in *[!0-9]*) echo "a seed is '$s'; expected non-negative integers." >&2; exit 2;; esac
 done
+if [ -n "${ONLY:-}" ]; then  # grep's own error would only skip every run: exit 0 with nothing made
+  grep -Eq -- "$ONLY" <<< "" 2>/dev/null
+  if [ $? -gt 1 ]; then
+    echo "ONLY is '$ONLY', which is not an extended regular expression (grep -E); expected e.g. ONLY='r5-.*-s[01]'." >&2
+    exit 2
+  fi
+fi
 if [ $((N_T % EVAL)) -ne 0 ]; then echo "N_T $N_T is not a multiple of EVAL $EVAL; the target needs a validation at N_T." >&2; exit 2; fi
 dry=0; if [ -n "${DRY_RUN:-}" ] && [ "${DRY_RUN}" != 0 ]; then dry=1; fi
 [ "$dry" = 1 ] || mkdir -p "$OUT/runs" "$OUT/logs"

@@ -327,18 +327,31 @@ def config_from_dict(raw: dict[str, Any], source: str = "config") -> Config:
     return cfg
 
 
+MAX_SET_CHARS = 1 << 16
+"""Longest ``--set`` VALUE, in characters (a name, a number, a short list)."""
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items (simulator and swarm) → {key: the JSON value, or the raw string when VALUE is not
-    JSON}; the keys are checked where the overrides are applied.
+    JSON}; the keys and the values' types and ranges are checked where the overrides are applied.
 
     Raises:
-        ValueError: an item without ``=`` or with an empty key.
+        ValueError: an item without ``=`` or with an empty key, a VALUE longer than :data:`MAX_SET_CHARS` or nested
+            deeper than 32 lists and objects (checked before it is parsed).
     """
+    from checkfree.schemas.limits import check_json_depth
+
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--set {item!r} is malformed; expected KEY=VALUE.")
+            raise ValueError(f"--set {item[:60]!r} is malformed; expected KEY=VALUE.")
+        if len(value) > MAX_SET_CHARS:
+            raise ValueError(
+                f"--set {key[:60]}=… is {len(value):,} characters long; expected a value of at most "
+                f"{MAX_SET_CHARS:,}."
+            )
+        check_json_depth(value, f"--set {key[:60]}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -348,13 +361,23 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
 
 def resolve_config_path(name: str | Path, cwd: Path | None = None, notes: list[str] | None = None) -> Path:
     """CONFIG resolves against the working directory, then the repository's ``configs/``, then the names
-    checkfree shipped before (:data:`CONFIG_ALIASES`; ``notes`` receives a sentence naming the new file).
+    checkfree shipped before (:data:`CONFIG_ALIASES`; ``notes`` receives a sentence naming the new file). Only a
+    bare file name (or ``configs/NAME``) falls back to ``configs/``: a path into another directory is that file
+    or none, never a shipped config of the same name.
 
     Raises:
         FileNotFoundError: no location holds the file.
     """
     p = Path(name)
-    candidates = [p if p.is_absolute() else (cwd or Path.cwd()) / p, CONFIG_DIR / p.name]
+    candidates = [p if p.is_absolute() else (cwd or Path.cwd()) / p]
+    if not p.is_absolute() and p.parent in (Path("."), Path("configs")):
+        candidates.append(CONFIG_DIR / p.name)
+    else:
+        if not candidates[0].is_file():
+            raise FileNotFoundError(
+                f"config {str(name)!r} not found: the path does not exist; expected the path of a JSON or YAML file "
+                "(a bare name such as tiny_config.json is also looked for in configs/)."
+            )
     for c in candidates:
         if c.is_file():
             return c.resolve()

@@ -15,6 +15,11 @@ case "$start" in ''|*[!0-9]*) echo "START_ITER is '$start'; expected an integer 
 if ! [[ "$rate" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
   echo "P is '$rate'; expected a failure rate in %/h, a number >= 0 (e.g. 16)." >&2; exit 2
 fi
+# A path into a directory is that file or none (checkfree.config.resolve_config_path): said here, before python starts.
+if [[ "$config" == */* && "$config" != configs/* && ! -e "$config" ]]; then
+  echo "CONFIG '$config' does not exist; expected the path of a JSON or YAML config, or a bare name such as tiny_config.json (looked for in configs/)." >&2
+  exit 2
+fi
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 py="$root/.venv/bin/python"

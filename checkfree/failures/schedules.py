@@ -4,7 +4,6 @@ checkfree's stage schedules: read, validated, generated and written.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ from checkfree.failures.rates import (
     resolve_failure_probability,
 )
 from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule, parse_downtime
+from checkfree.schemas.limits import MAX_SCHEDULE_BYTES, load_json
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +36,9 @@ def _read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"failure schedule {str(path)!r} does not exist: expected a JSON file.")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"failure schedule {str(path)!r} is not valid JSON ({err}).") from None
+    return load_json(
+        path, "failure schedule", MAX_SCHEDULE_BYTES
+    )  # at most 16 MiB, 32 deep (checkfree.schemas.limits)
 
 
 def _parse_node_schedule(data: Any, path: str | Path) -> dict[int, list[int]]:

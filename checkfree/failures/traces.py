@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
+from checkfree.schemas.limits import MAX_SCHEDULE_BYTES, check_json_depth, load_json
 
 DOWNTIME_FORMAT = "checkfree-slot-downtime-v1"
 TRACE_FORMATS = ("bamboo", "parcae")
@@ -104,6 +105,7 @@ def _parcae_events(text: str, where: str) -> Iterable[TraceEvent]:
         if not line:
             continue
         try:
+            check_json_depth(line, f"{where} line {n}")
             item = json.loads(line)
         except json.JSONDecodeError:
             raise ValueError(f"{where} line {n} is not valid JSON: expected [ms, kind, {{...}}].") from None
@@ -519,10 +521,9 @@ def load_downtime(path: str | Path) -> DowntimeSchedule:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"schedule {str(path)!r} does not exist: expected a JSON file.")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"schedule {str(path)!r} is not valid JSON ({err}).") from None
+    data = load_json(
+        path, "schedule", MAX_SCHEDULE_BYTES
+    )  # at most 16 MiB, 32 deep (checkfree.schemas.limits)
     return parse_downtime(data, f"schedule {str(path)!r}")
 
 

@@ -12,7 +12,6 @@ mapping (:func:`checkfree.recovery.record.upgrade`), so every reader here sees `
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -23,6 +22,7 @@ from typing import Any
 from checkfree import jsonio
 from checkfree.recovery.record import LATENCY_KEY, upgrade
 from checkfree.report.timing import RunCosts
+from checkfree.schemas.run_files import Summary, ThroughputRow
 from checkfree.settings import canonical_name
 from checkfree.telemetry.metrics import read_metrics
 
@@ -40,13 +40,25 @@ def _num(value: Any) -> float:
         return math.nan
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, schema: Any = None) -> Any:
+    """The JSON in ``path`` (at most 64 MiB and 32 deep, checkfree.schemas.limits), checked against ``schema`` (a
+    pydantic model of checkfree.schemas.run_files) when given; a dict is returned as read.
+
+    Raises:
+        RunDirError: unreadable, too large or deep, not JSON, or not of the schema (one sentence).
+    """
+    from checkfree.schemas.errors import validate
+    from checkfree.schemas.limits import MAX_RESULT_BYTES, load_json
+
     try:
-        return jsonio.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise RunDirError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+        data = load_json(path, "run file", MAX_RESULT_BYTES, jsonio.loads)
     except OSError as e:
         raise RunDirError(f"{path} cannot be read ({e.strerror}).") from None
+    except ValueError as e:
+        raise RunDirError(str(e)) from None
+    if schema is not None:
+        validate(schema, data, str(path), RunDirError)
+    return data
 
 
 NOT_ENDED = "still running, killed, stopped or crashed"
@@ -58,7 +70,7 @@ def stopped_early(summary: dict[str, Any]) -> bool:
     ``ended_by``) stopped before its own end: like a run with no summary.json, it has no outcome to compare. A run
     the trainer ended at --max-wall-iterations is ``"failed"`` with ``ended_by`` and is an outcome (censored)."""
     status = summary.get("status")
-    return status == "interrupted" or (status == "failed" and "ended_by" not in summary)
+    return status == "interrupted" or status == "failed"
 
 
 @dataclass
@@ -346,9 +358,7 @@ def load_run(path: Path) -> Run | SwarmRun:
     if not path.is_dir():
         raise RunDirError(f"{path} is not a directory.")
     if (path / "throughput.json").is_file():
-        data = _read_json(path / "throughput.json")
-        if not isinstance(data, dict):
-            raise RunDirError(f"{path / 'throughput.json'} is not a JSON object.")
+        data = _read_json(path / "throughput.json", ThroughputRow)
         swarm = SwarmRun(path, data)
         swarm.check()
         return swarm
@@ -374,9 +384,7 @@ def load_run(path: Path) -> Run | SwarmRun:
             "no summary.json: partial run (still running or killed); counts come from metrics.jsonl"
         )
     else:
-        summary = _read_json(summary_path)
-        if not isinstance(summary, dict):
-            raise RunDirError(f"{summary_path} is not a JSON object.")
+        summary = _read_json(summary_path, Summary)
         if stopped_early(summary):
             partial = True
             warnings.append(

@@ -31,12 +31,18 @@ def _expected(error: dict[str, Any], descriptions: dict[str, str]) -> str:
     return message[0].lower() + message[1:] if message else "another value"
 
 
-def sentence(exc: ValidationError, source: str, descriptions: dict[str, str] | None = None) -> str:
+def sentence(
+    exc: ValidationError,
+    source: str,
+    descriptions: dict[str, str] | None = None,
+    known: list[str] | None = None,
+) -> str:
     """The first error of ``exc`` as one sentence beginning with ``source`` (the file as the user named it).
 
     Args:
         descriptions: field name → what a top-level field expects (its schema's ``description``), said instead
-            of pydantic's wording.
+            of pydantic's wording. known: the fields an unknown key is told apart from (default: those of
+            ``descriptions``).
     """
     error = exc.errors(include_url=False)[0]
     loc = error["loc"]
@@ -46,16 +52,16 @@ def sentence(exc: ValidationError, source: str, descriptions: dict[str, str] | N
         wants = (descriptions or {}).get(str(loc[0]), "a value")
         return f"{source}: the field {field!r} is missing; expected {wants}."
     if kind == "extra_forbidden":
-        known = sorted(descriptions) if descriptions else []
-        also = f"; expected some of {known}" if known else "; expected only the fields this file format has"
+        names = sorted(known if known is not None else (descriptions or {}))
+        also = f"; expected some of {names}" if names else "; expected only the fields this file format has"
         return f"{source}: unknown key {field!r}{also}."
     where = f"{field!r} is " if field else "the file holds "
     return f"{source}: {where}{short(error.get('input'))}; expected {_expected(error, descriptions or {})}."
 
 
 def descriptions_of(model: type[BaseModel]) -> dict[str, str]:
-    """Field name → its schema description (what the field expects)."""
-    return {name: f.description or "another value" for name, f in model.model_fields.items()}
+    """Field name → its schema description (what the field expects), for the fields that have one."""
+    return {name: f.description for name, f in model.model_fields.items() if f.description}
 
 
 def validate(model: type[_M], data: Any, source: str, error: type[Exception] = ValueError) -> _M:
@@ -67,7 +73,7 @@ def validate(model: type[_M], data: Any, source: str, error: type[Exception] = V
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise error(sentence(exc, source, descriptions_of(model))) from None
+        raise error(sentence(exc, source, descriptions_of(model), list(model.model_fields))) from None
 
 
 def validate_as(

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 MAX_FILE_BYTES = 1 << 20
 """Largest file read as a config, schedule, journal or run result: 1 MiB."""
+MAX_SCHEDULE_BYTES = 16 << 20
+"""Largest crash schedule or down-interval file read (a generated schedule of a long run): 16 MiB."""
+MAX_RESULT_BYTES = 64 << 20
+"""Largest run result read (throughput.json, summary.json of a long run): 64 MiB."""
 MAX_DEPTH = 32
 """Deepest nesting of objects and lists in such a file (the deepest checkfree writes is 6)."""
 
@@ -68,16 +73,31 @@ def check_json_depth(text: str, where: str, limit: int = MAX_DEPTH) -> None:
             )
 
 
-def load_json(path: str | Path, what: str) -> Any:
-    """The JSON value in ``path`` (at most :data:`MAX_FILE_BYTES`, nested at most :data:`MAX_DEPTH` deep).
+def parse_json(text: str, where: str, loads: Callable[[str], Any] = json.loads) -> Any:
+    """The JSON value of ``text`` (nested at most :data:`MAX_DEPTH` deep, checked first).
 
+    Args:
+        where: the text's name in messages ("trace t.jsonl line 3").
+        loads: the parser (checkfree.jsonio.loads for files checkfree wrote).
+    Raises:
+        InputLimitError: too deep. ValueError: not valid JSON (one sentence naming ``where`` and the line).
+    """
+    check_json_depth(text, where)
+    try:
+        return loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+
+
+def load_json(
+    path: str | Path, what: str, limit: int = MAX_FILE_BYTES, loads: Callable[[str], Any] = json.loads
+) -> Any:
+    """The JSON value in ``path`` (at most ``limit`` bytes, nested at most :data:`MAX_DEPTH` deep).
+
+    Args:
+        what: how the file is named in messages. loads: as :func:`parse_json`'s.
     Raises:
         FileNotFoundError: the file does not exist. InputLimitError: too large, too deep, or not UTF-8.
         ValueError: not valid JSON (one sentence naming the file and the line). OSError: unreadable.
     """
-    text = read_text(path, what)
-    check_json_depth(text, f"{what} {path}")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{what} {path} is not valid JSON ({e.msg} at line {e.lineno}).") from None
+    return parse_json(read_text(path, what, limit), f"{what} {path}", loads)

@@ -14,7 +14,6 @@ communication/run_throughput.sh START END SETTING RATE [options] is a thin launc
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -333,29 +332,46 @@ def _check_run(
         from checkfree.swarm.wire.auth import MachineLayout
 
         MachineLayout(
-            cfg.n_nodes, cfg.first_replacement_id, (args.start, end), machines_option(args.machines)
+            cfg.n_nodes,
+            cfg.first_replacement_id,
+            (args.start, end),
+            machines_option(args.machines, cfg.n_nodes),
         )
     return end
 
 
-def machines_option(text: str | None) -> list[tuple[int, int]] | None:
-    """``--machines START:END,...`` as ranges (None: not given).
+def machines_option(text: str | None, n_nodes: int | None = None) -> list[tuple[int, int]] | None:
+    """``--machines START:END,...`` as ranges (None: not given), each within the swarm's ``n_nodes`` initial nodes
+    (when given; else below checkfree.schemas.fields.MAX_NODES), checked before anything is sized by them.
 
     Raises:
-        ValueError: a range is not START:END with integers START < END (one sentence).
+        ValueError: a range is not START:END with integers START < END within those bounds (one sentence).
     """
+    from checkfree.schemas.fields import MAX_NODES, MAX_SWARM_NODES
+
     if text is None:
         return None
+    limit = MAX_NODES if n_nodes is None else n_nodes
+    parts = text.split(",")
+    if len(parts) > MAX_SWARM_NODES:
+        raise ValueError(
+            f"--machines names {len(parts):,} ranges; expected at most one per node ({MAX_SWARM_NODES:,})."
+        )
     out = []
-    for part in text.split(","):
-        bounds = part.strip().split(":")
-        if (
-            len(bounds) != 2
-            or not all(b.strip().isdigit() for b in bounds)
-            or int(bounds[0]) >= int(bounds[1])
-        ):
-            raise ValueError(f"--machines part {part!r} is not START:END; expected e.g. --machines 4:7,7:10.")
-        out.append((int(bounds[0]), int(bounds[1])))
+    for part in parts:
+        bounds = [b.strip() for b in part.strip().split(":")]
+        if len(bounds) != 2 or not all(b.isdigit() and len(b) <= len(str(limit)) for b in bounds):
+            raise ValueError(
+                f"--machines part {part[:40]!r} is not START:END; expected e.g. --machines 4:7,7:10."
+            )
+        start, end = int(bounds[0]), int(bounds[1])
+        if not start < end <= limit:
+            whose = " (the swarm's nodes)" if n_nodes is not None else ""
+            raise ValueError(
+                f"--machines part {part!r} is not a range START < END <= {limit:,}{whose}; expected e.g. "
+                "--machines 4:7,7:10."
+            )
+        out.append((start, end))
     return out
 
 
@@ -747,6 +763,16 @@ TABLE_KEYS = (
 
 
 def cmd_table(args: argparse.Namespace) -> int:
+    """``swarm table RUN_DIR...``: one row per run's throughput.json (checked: at most 64 MiB and 32 deep, and
+    each shown field of its type, checkfree.schemas.run_files.ThroughputRow).
+
+    Raises:
+        FileNotFoundError: a run directory holds no throughput.json. ValueError: one is unreadable or malformed
+            (one sentence naming the file, the field and the value).
+    """
+    from checkfree.schemas.errors import validate
+    from checkfree.schemas.limits import MAX_RESULT_BYTES, load_json
+    from checkfree.schemas.run_files import ThroughputRow
     from checkfree.swarm.supervisor.results import summary_table
 
     runs = []
@@ -754,15 +780,11 @@ def cmd_table(args: argparse.Namespace) -> int:
         path = d / "throughput.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist; expected a finished swarm run directory.")
-        try:
-            data = jsonio.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ValueError(
-                f"{path} is not valid JSON; expected the throughput.json of a swarm run."
-            ) from None
+        data = load_json(path, "throughput.json", MAX_RESULT_BYTES, jsonio.loads)
         missing = [k for k in TABLE_KEYS if k not in data] if isinstance(data, dict) else list(TABLE_KEYS)
         if missing:
             raise ValueError(f"{path} lacks {missing}; expected the throughput.json of a finished swarm run.")
+        validate(ThroughputRow, data, str(path))
         runs.append(data)
     print(summary_table(runs))
     return 0

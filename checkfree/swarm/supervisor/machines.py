@@ -26,7 +26,6 @@ evictions, only while training runs (not before it starts nor during a rollback)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -35,13 +34,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from checkfree import jsonio
+from checkfree.schemas.revocations import REVOCATIONS_FORMAT
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Slot, SupervisorState
 from checkfree.swarm.wire.auth import Machine
 
 log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
 
-REVOCATIONS_FORMAT = "checkfree-swarm-revocations-v1"
 LOOK_EVERY_S = 1.0
 """Seconds between two looks at the revocation requests."""
 
@@ -59,25 +58,23 @@ def read_revocations(run_dir: Path) -> list[int]:
     """The machines (STARTs) whose revocation was asked for in ``run_dir`` ([] when none was).
 
     Raises:
-        ValueError: the file is not what :func:`request_revocation` writes (one sentence).
+        ValueError: the file is not what :func:`request_revocation` writes (one sentence naming the field and the
+            value; checkfree.schemas.revocations).
     """
+    from checkfree.schemas.errors import validate
+    from checkfree.schemas.limits import load_json
+    from checkfree.schemas.revocations import Revocations
+
     path = revocations_path(run_dir)
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path, "revocation requests")
     except FileNotFoundError:
         return []
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise ValueError(
             f"{path} cannot be read ({type(exc).__name__}); expected the file swarm revoke writes."
         ) from None
-    machines = data.get("machines") if isinstance(data, dict) else None
-    if (
-        data.get("format") != REVOCATIONS_FORMAT
-        or not isinstance(machines, list)
-        or not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in machines)
-    ):
-        raise ValueError(f"{path} is not a {REVOCATIONS_FORMAT} file; expected the file swarm revoke writes.")
-    return machines
+    return validate(Revocations, data, f"revocation requests {path}").machines
 
 
 def revoked_before(run_dir: Path) -> set[int]:
