@@ -423,17 +423,36 @@ REFUSAL_KEYS_NAMED = 16
 """Distinct refused keys named in a line of their own; further keys only enter the summaries' counts."""
 
 
+def _timer(delay_s: float, fn: Callable[[], None]) -> None:
+    """Call ``fn`` in ``delay_s`` seconds on a daemon thread (it dies with the process)."""
+    timer = threading.Timer(delay_s, fn)
+    timer.daemon = True
+    timer.start()
+
+
 class RefusalLog:
-    """Rate-limited log of ZAP refusals: a peer retrying with an unknown key is refused on every attempt
-    (hundreds a second), so only each key's first refusal gets a line (for the first
-    :data:`REFUSAL_KEYS_NAMED` keys), and the rest at most one summary line per ``every`` seconds with their
-    count. ``refused``: every refusal so far; ``flush`` logs what no line counted yet.
+    """Rate-limited log of ZAP refusals, each logged when it happens or at most ``every`` seconds later: a peer
+    retrying with an unknown key is refused on every attempt (hundreds a second), so only each key's first refusal
+    gets a line at once (for the first :data:`REFUSAL_KEYS_NAMED` keys); any other refusal opens a summary window
+    of ``every`` seconds, and one line with the window's count is logged when it closes (a timer: the line never
+    waits for the next refusal or the transport's close). ``refused``: every refusal so far; ``flush`` logs what
+    no line counted yet.
+
+    Args:
+        every: seconds of a summary window. clock: seconds (monotonic). schedule: ``schedule(delay_s, fn)`` calls
+            ``fn`` in ``delay_s`` seconds (a daemon timer thread by default); tests replace both.
     """
 
-    def __init__(self, every: float = REFUSAL_SUMMARY_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.every, self.clock = every, clock
+    def __init__(
+        self,
+        every: float = REFUSAL_SUMMARY_S,
+        clock: Callable[[], float] = time.monotonic,
+        schedule: Callable[[float, Callable[[], None]], object] = _timer,
+    ) -> None:
+        self.every, self.clock, self.schedule = every, clock, schedule
         self.refused = 0
         """Connections refused so far."""
+        self._lock = threading.Lock()  # the ZAP thread refuses, the timer thread and the transport flush
         self._named: set[bytes] = set()
         self._pending = 0
         self._pending_keys: set[bytes] = set()
@@ -441,21 +460,32 @@ class RefusalLog:
 
     def refuse(self, key: bytes) -> None:
         """One refused connection from ``key`` (Z85 public key)."""
-        self.refused += 1
-        if key not in self._named and len(self._named) < REFUSAL_KEYS_NAMED:
-            self._named.add(key)
-            log.warning("auth: refused a connection from an unknown CURVE key %s", key[:12])
-            return
-        if not self._pending:
-            self._since = self.clock()  # a summary covers at least ``every`` seconds
-        self._pending += 1
-        if len(self._pending_keys) <= REFUSAL_KEYS_NAMED:
-            self._pending_keys.add(key)
-        if self.clock() - self._since >= self.every:
-            self.flush()
+        with self._lock:
+            self.refused += 1
+            if key not in self._named and len(self._named) < REFUSAL_KEYS_NAMED:
+                self._named.add(key)
+                log.warning("auth: refused a connection from an unknown CURVE key %s", key[:12])
+                return
+            now = self.clock()
+            if not self._pending:  # a new window: its line is due ``every`` seconds from now
+                self._since = now
+                self.schedule(self.every, self._window_closed)
+            self._pending += 1
+            if len(self._pending_keys) <= REFUSAL_KEYS_NAMED:
+                self._pending_keys.add(key)
+            if now - self._since >= self.every:  # the timer is late (a loaded machine)
+                self._flush()
+
+    def _window_closed(self) -> None:
+        with self._lock:
+            self._flush()
 
     def flush(self) -> None:
         """Log the refusals no line counted yet (one summary line), if any."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if self._pending:
             n_keys = len(self._pending_keys)
             log.warning(
