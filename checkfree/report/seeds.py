@@ -93,6 +93,8 @@ class StrategySeeds:
     """Paired difference of final validation loss, this − no_failure, over the seeds both have."""
     minus_checkfree: Interval | None = None
     """Paired difference of final validation loss, this − checkfree, over the seeds both have."""
+    nonfinite: list[Any] = field(default_factory=list)
+    """The seeds whose final validation loss is not finite (a diverged run): they void :attr:`loss`."""
 
 
 def _paired(mine: dict[Any, Row], ref: dict[Any, Row]) -> Interval | None:
@@ -120,6 +122,7 @@ def strategy_seeds(seed_set: SeedSet, no_failure: dict[Any, Row]) -> list[Strate
                 len(reached),
                 None if label == "no_failure" else _paired(rows, no_failure),
                 None if label == "checkfree" else _paired(rows, checkfree),
+                [seed for seed, r in rows.items() if not math.isfinite(_loss(r))],
             )
         )
     return out
@@ -235,7 +238,8 @@ def section(groups: list[Group], verdicts: list[Verdict]) -> list[str]:
             [
                 st.label,
                 str(len(st.seeds)),
-                _cell(st.loss),
+                _cell(st.loss)
+                + (f" (not finite in seeds {', '.join(map(str, st.nonfinite))})" if st.nonfinite else ""),
                 _cell(st.minus_no_failure, "+.4f"),
                 _cell(st.minus_checkfree, "+.4f"),
                 f"{st.reached} of {len(st.seeds)}",

@@ -57,8 +57,13 @@ PAPER_TABLE2_HOURS: dict[str, dict[float, float]] = {
 """Paper Table 2 (docs/paper.md §7): hours to validation loss 2.85 of the 500M model, by strategy and %/h."""
 TABLE2_RATES = (5.0, 10.0, 16.0)
 """The failure rates (%/h) of Table 2."""
-TABLE2_RATIOS = (("checkpoint", "checkfree_plus"), ("redundant", "checkfree_plus"))
-"""(numerator, denominator) of the headline ratios of hours to target (paper §5.3: "1.57× faster than …")."""
+TABLE2_RATIOS = (
+    ("checkpoint", "checkfree_plus"),
+    ("redundant", "checkfree_plus"),
+    ("checkfree", "checkfree_plus"),
+)
+"""(numerator, denominator) of the ratios of hours to target: the paper's headline two (paper §5.3: "1.57× faster
+than …") and what CheckFree+'s swaps gain over CheckFree (367.81 / 355.13 = 1.04 at 5 %/h in Table 2)."""
 RECOVERY_FACTORS = (0.5, 1.0, 2.0)
 """Multipliers of the recovery seconds per stage in the sensitivity table (1.0: the report's own model)."""
 
@@ -301,16 +306,26 @@ def _seed_cell(row: Row | None) -> str:
     return f"censored ({fe['val_loss']:.4f} at it. {row.run.iterations})"
 
 
+def _censored_seeds(seeds: list[Any]) -> str:
+    return f"; censored: {', '.join(f's{x}' for x in seeds)}" if seeds else ""
+
+
 def _hours_summary(st: StrategySeeds, rn: RateNumbers) -> str:
-    """Mean ± 95 % CI when every seed reached the target; otherwise the median and range of those that did."""
+    """Mean ± 95 % CI when every seed reached the target; otherwise the median and range of those that did. Either
+    way the seeds it rests on, and which were censored."""
     if st.hours is not None:
-        return _interval(st.hours)
+        return f"{_interval(st.hours)} ({_count(st.hours.n, 'seed')})"
     reached = sorted(h for s in st.seeds if isinstance(h := rn.hours(st.label, s), float))
+    censored = _censored_seeds([s for s in st.seeds if rn.hours(st.label, s) is None])
     if not reached:
-        return f"none of {len(st.seeds)} reached"
+        return f"none of {len(st.seeds)} reached{censored}"
     mid = statistics.median(reached)
     spread = f", {reached[0]:.4g}–{reached[-1]:.4g}" if len(reached) > 1 else ""
-    return f"median {mid:.4g} of the {len(reached)} that reached{spread}"
+    return f"median {mid:.4g} of the {len(reached)} that reached{spread}{censored}"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -322,7 +337,8 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 def _ratio_cell(r: PairedRatio, n: int) -> str:
     iv = r.interval
     mean = "—" if iv is None else (f"{iv.mean:.3g}" if iv.single else iv.format(".3g"))
-    return f"{mean} ({r.reached} of {n} seeds)"
+    censored = [seed for seed, v in r.per_seed.items() if isinstance(v, str) and "never reached" in v]
+    return f"{mean} ({r.reached} of {n} seeds{_censored_seeds(censored)})"
 
 
 def _by_reason(notes: dict[Any, str]) -> str:
@@ -360,6 +376,14 @@ def _not_judged(per_seed: dict[Any, Verdict], seeds: list[Any]) -> str:
     return _by_reason(notes) or "—"
 
 
+def _loss_cell(st: StrategySeeds) -> str:
+    """Final validation loss over the strategy's seeds; a seed whose loss is not finite voids the interval and is
+    named (its run diverged: a mean over the others would hide it)."""
+    if st.loss is None:
+        return "—" + (f" (not finite in {', '.join(f's{s}' for s in st.nonfinite)})" if st.nonfinite else "")
+    return f"{_interval(st.loss, '.4f')} ({_count(st.loss.n, 'seed')})"
+
+
 def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
     rows = []
     for rn in fam.rates:
@@ -383,7 +407,7 @@ def _strategy_rows(fam: FamilyNumbers) -> list[list[str]]:
                     f"{st.reached} of {len(st.seeds)}",
                     _hours_summary(st, rn),
                     per_seed,
-                    _interval(st.loss, ".4f"),
+                    _loss_cell(st),
                     paper_h,
                 ]
             )

@@ -4,9 +4,11 @@ test beside the sign test, and the pure cost of swapping paired by seed (paper F
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
+from checkfree import jsonio
 from checkfree.report.analysis import TimingOptions, fig4c_verdict, resolve_targets
 from checkfree.report.build import build_report
 from checkfree.report.runs import load_runs
@@ -156,3 +158,56 @@ def test_a_rate_run_with_fewer_seeds_expects_only_its_own(tmp_path):
     assert "| 16 %/h (p_iter 0.01) | CheckFree+ | 3 of 3 | 2 of 3 |" in table  # 16 %/h keeps its three seeds
     sensitivity = table.split("#### Sensitivity", 1)[1].split("###", 1)[0]
     assert "| 10 %/h (p_iter 0.006) | checkpointing ÷ CheckFree+ | 1.5 ± 0 (2 of 2 seeds) |" in sensitivity
+
+
+# ------------------------------------------------------------------ the rules the verdicts rest on, pinned (issue 40)
+def test_the_nofail_target_is_the_run_without_swaps_even_when_the_swap_run_sorts_first(tmp_path):
+    root = _study(tmp_path / "runs")
+    for seed in range(3):  # "a-…" sorts before "nf-…": the swap run comes first by name
+        (root / f"nfs-s{seed}").rename(root / f"a-nfs-s{seed}")
+    runs, _, _ = load_runs([root])
+    targets = resolve_targets(runs, "nofail@20")
+    assert [targets.of("tiny_config", s, 1) for s in range(3)] == [5.0, 5.5, 4.0]  # not 5.5, 6.0, 4.5
+
+
+def test_a_run_ended_at_max_wall_iterations_is_censored_not_left_out(tmp_path):
+    root = _study(tmp_path / "runs")
+    summary = root / "cfp-s2" / "summary.json"
+    ended = {"status": "failed", "ended_by": "max_wall_iterations", "stopped": "stopped at wall-clock 40"}
+    summary.write_text(json.dumps({**json.loads(summary.read_text()), **ended}))
+    text = build_report([root], "nofail@20", tmp_path / "out", TIMING, plots=False).report.read_text()
+    assert "s2 censored (4.4000 at it. 40)" in text and "Incomplete runs" not in text
+    assert (
+        "CheckFree+ < checkpointing | holds in 2 of 3 (p = 0.5)" in text
+    )  # seed 2 judged: CheckFree+ slower
+
+
+def test_a_seed_whose_loss_diverged_voids_the_loss_interval_and_is_named(tmp_path):
+    root = _study(tmp_path / "runs")
+    summary = root / "ckpt-s1" / "summary.json"
+    data = json.loads(summary.read_text())
+    data["final_eval"]["val_loss"] = math.nan
+    summary.write_text(jsonio.dumps(data))  # as the simulator writes a diverged run's loss
+    text = build_report([root], "nofail@20", tmp_path / "out", TIMING, plots=False).report.read_text()
+    row = next(ln for ln in text.splitlines() if ln.startswith("| 16 %/h (p_iter 0.01) | checkpointing |"))
+    assert "| — (not finite in s1) |" in row  # not the mean of seeds 0 and 2
+    assert "| checkpoint | 3 | — (not finite in seeds 1) |" in text  # the across-seeds table too
+
+
+def test_wilcoxon_drops_zero_differences_as_docs_reports_md_says():
+    pytest.importorskip("scipy.stats")
+    assert wilcoxon_p([0.0, 0.0, 1.0, 2.0, 3.0]) == pytest.approx(wilcoxon_p([1.0, 2.0, 3.0])) == 0.125
+    # past 50 differences scipy uses the normal approximation, where keeping the zeros (Pratt's or a split of
+    # their ranks) moves p: 1.2e-9 with them dropped, 1.0e-10 with them split, 9.9e-11 with Pratt's
+    ranks = [float(i) for i in range(1, 60)] + [-30.0, -40.0, -50.0]
+    assert wilcoxon_p([0.0] * 10 + ranks) == pytest.approx(wilcoxon_p(ranks), rel=1e-9)
+
+
+def test_ratios_and_orderings_pair_runs_by_seed(tmp_path):
+    text = build_report([_study(tmp_path / "runs")], "nofail@20", tmp_path / "out", TIMING, plots=False)
+    text = text.report.read_text()
+    # checkpointing 30, 35, 40 h against CheckFree+ 20, 30, censored: 1.5 and 1.17, never 30/30 or 35/20
+    assert (
+        "| checkpointing ÷ CheckFree+ | 1.33 ± 2.12 (2 of 3 seeds; censored: s2) | s0 1.5, s1 1.17; "
+        "s2: checkfree_plus never reached |" in text
+    )
