@@ -223,6 +223,15 @@ class LocalHost:
         cmd += ["--key-file", str(self.key_file(node))] if self.keys is not None else ["--insecure"]
         return cmd
 
+    def warm_up(self) -> None:
+        """Start the forkserver now (``fork`` mode; seconds: it imports torch and the node code), so that the next
+        :meth:`spawn` forks in milliseconds. A fresh run's first spawn does this; a resumed supervisor starts no node
+        until its first replacement, which would otherwise wait for the server (checkfree.swarm.supervisor)."""
+        if self.mode == "fork" and _FORKSERVER is None:
+            t0 = time.monotonic()
+            _forkserver()
+            log.info("host: forkserver ready in %.1f s", time.monotonic() - t0)
+
     def key_file(self, node: int) -> Path:
         return self.run_dir / "keys" / f"node{node}.json"
 

@@ -422,7 +422,7 @@ def decode_results(results: Results, data: dict[str, Any]) -> None:
         if elapsed is not None:
             gap = max(0.0, time.time() - float(data["written_wall"]))
             results.t0 = time.monotonic() - float(elapsed) - gap
-    except (KeyError, TypeError, ValueError) as exc:
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise JournalError(
             f"the journal's results cannot be read back ({exc}); the journal is damaged."
         ) from None

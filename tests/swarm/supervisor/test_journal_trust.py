@@ -220,6 +220,7 @@ def test_swarm_run_resume_refuses_each_in_one_sentence_exit_2(tmp_path: Path, jo
         ("ints", _edited(journal, "processes", {"3": 7}), "'processes.3' is 7"),
         ("empty", _edited(journal, "state", {}), "'state.setting' is missing"),
         ("config", _edited(journal, "state.config.lr", 1.0), "not the one the run started with"),
+        ("options", _edited(journal, "options.iterations", "many"), "options.iterations is 'many'"),
     ]:
         _write(tmp_path / name, data)
         rc, _, err = run_cli(["swarm", "run", "--resume", str(tmp_path / name)], capsys)
