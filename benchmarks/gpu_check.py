@@ -70,6 +70,7 @@ from gpu_check_sections import (  # noqa: E402
 
 from checkfree.data.sources import DataUnavailableError  # noqa: E402
 from checkfree.data.spec import default_cache_dir  # noqa: E402
+from checkfree.loss import resolve_loss_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SETUP_HINT = "run ./setup.sh (on a GPU machine: ./setup.sh --system-torch --wheelhouse .cache/device_bundle)"
@@ -429,6 +430,7 @@ def main() -> int:
             "validation": "configs'" if args.config_validation else "check's",
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
+            "loss": resolve_loss_path("auto", args.device).line,  # what --fused-loss auto trains on here
             "scratch_dir": str(root),
         },
     )

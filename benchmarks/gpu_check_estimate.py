@@ -12,7 +12,9 @@ the start and the end), forward only (F / 3). MFU is :data:`ASSUMED_MFU`: 30 % u
 40 % target, so the estimate errs long), 15 % in fp32 (TF32 matmuls: half the bf16 peak), 40 % compiled. A
 token cache built for the first time adds :data:`DATA_PREP_S`. Sections that are not FLOP-bound (the recovery
 comparison, the swarm) have a stated constant. Memory is checkfree/memory.py's estimate on CUDA under the run's
-autocast, the same number preflight checks against the GPU before a run starts.
+autocast and loss path (a run whose ``fused_loss`` is not "off" is estimated on the fused path: on the GPU
+machine ``./setup.sh --system-torch`` installs liger-kernel), the same number preflight checks against the GPU
+before a run starts.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ COMPILE_S = 60.0
 assumption, not measured (no GPU yet). Section 6 compiles both; it runs only when its expected time remains."""
 CHECK_STARTUP_S = 20.0
 """Before section 1: Python, the torch import, CUDA initialisation, the report's header."""
+COMPARE_S = 10.0
+"""Section 1's fused vs plain loss comparison: the 124M model built on the CPU (1.7 s), moved to the GPU, and one
+microbatch's forward and backward three times (fp32 reference, plain bf16, fused bf16: about 0.1 s each at 15 %
+MFU); an allowance, not FLOP-bound."""
 RECOVERY_S = 15.0
 """Section 4: 4 recoveries of the tiny model on the CPU and on the GPU (CUDA context warm already); the CPU
 smoke of the same section takes about 5 s here."""
@@ -67,12 +73,19 @@ class SimRun:
     autocast: str = "auto"
     compile: bool = False
     activation_checkpointing: bool = False
+    fused_loss: str = "auto"
+    """``--fused-loss``: "auto" trains on Liger's fused loss where CUDA and liger-kernel are (the GPU machine),
+    "off" on the plain loss (the baseline run of section 1)."""
     kw: dict = field(default_factory=dict)
     """Other SimulateOptions fields (e.g. failure_probability)."""
 
     def autocast_on(self, device: str) -> bool:
         """Whether bf16 autocast is on for this run on ``device`` (checkfree/devices.py's rule)."""
         return self.autocast == "bf16" or (self.autocast == "auto" and device == "cuda")
+
+    def loss_name(self) -> str:
+        """How the plan names its loss on the GPU: "fused loss" or "plain loss"."""
+        return "plain loss" if self.fused_loss == "off" else "fused loss"
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,10 @@ def estimate_run(run: SimRun, cfg: Config, vocab: int, strategy: str, steps: int
     compute = (train + val_tokens * f / 3) / (mfu * H100_PEAK_FLOPS) + iterations * ITERATION_OVERHEAD_S
     params = M.parameter_counts(cfg, vocab).total
     startup = params / INIT_PARAMS_PER_S + RUN_SETUP_S + (COMPILE_S if run.compile else 0.0)
-    mem = M.simulator_estimate(cfg, vocab, "cuda", autocast, run.activation_checkpointing, strategy)
+    fused = run.fused_loss != "off"
+    mem = M.simulator_estimate(
+        cfg, vocab, "cuda", autocast, run.activation_checkpointing, strategy, fused_loss=fused
+    )
     how = (
         f"{iterations} it. × {cfg.tokens_per_iteration * f * r / 1e12:,.1f} TFLOP"
         + (" (×4/3 recompute)" if r > 1 else "")

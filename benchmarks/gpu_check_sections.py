@@ -4,19 +4,28 @@ records, and how ``--plan`` builds its inputs on a CPU without training.
 Full size, on the default corpus (Shakespeare) with a byte-level BPE of 32,000 entries (the llama2 vocabulary's
 size, so the models have the paper's parameter counts: 83 M, 468 M, 1,742 M), W = 1, no failures unless said:
 
-  1. 124M throughput, bf16 on/off: 20 iterations under bf16 autocast (tokens/s, MFU, peak memory beside the
-     estimate), the staged Trainer step ÷ a plain transformers step on the same batches (1 warm-up and 3
-     interleaved timed blocks of 10 steps of each: the GPU twin of bench_staged.py; target ≤ 1.05), and 10
-     iterations with autocast off (fp32, TF32 matmuls): tokens/s, MFU, bf16 ÷ fp32.
-  2. the paper's Table 2 model (500M_config_6x4.json: 6 stages × 4 layers), 10 iterations: tokens/s, MFU, peak
-     memory beside the estimate.
-  3. 1_5B_config.json with activation checkpointing, 3 iterations: the measured peak memory beside
-     checkfree/memory.py's estimate (target: within 15 %), tokens/s, MFU.
+  1. 124M throughput, bf16 on/off: 20 iterations under bf16 autocast on the fused loss (tokens/s, MFU, target
+     ≥ 25 % eager, peak memory beside the estimate), the staged Trainer step ÷ a plain transformers step on the
+     same batches and the same loss (1 warm-up and 3 interleaved timed blocks of 10 steps of each: the GPU twin of
+     bench_staged.py; target ≤ 1.05), 10 iterations on the plain loss (the same machine's baseline: fused ÷
+     plain tokens/s), the fused loss and gradients against the plain ones on one batch (:func:`fused_vs_plain`),
+     and 10 iterations with autocast off (fp32, TF32 matmuls): tokens/s, MFU, bf16 ÷ fp32.
+  2. the paper's Table 2 model (500M_config_6x4.json: 6 stages × 4 layers), 10 iterations on the fused loss:
+     tokens/s, MFU, peak memory beside the estimate.
+  3. 1_5B_config.json with activation checkpointing on the fused loss, 3 iterations: the measured peak memory
+     beside checkfree/memory.py's estimate (targets: within 15 %, and below the plain loss's 45.58 GiB of
+     2026-11-27), tokens/s, MFU.
   4. CheckFree / CheckFree+ recovery on the device vs the CPU: same plans, max |diff| of the weights.
   5. the swarm (configs/swarm_tiny.json, setting ours, --time-scale 0) on the device, both replicas of stage 2
      killed mid-run: node devices, iteration seconds with and without the crash, crash → serving seconds.
-  6. section 1's bf16 run and comparison with --compile (each stage compiled, the plain model too): tokens/s,
-     MFU (target ≥ 40 %), staged ÷ plain; only when enough time remains before the deadline.
+  6. section 1's bf16 run and comparison with --compile (each stage compiled, the plain model too; the fused
+     loss's Liger kernels stay eager): tokens/s, MFU (target ≥ 40 %), staged ÷ plain; only when enough time
+     remains before the deadline.
+
+The loss: every simulator run but section 1's baseline trains with ``--fused-loss auto``, which on the GPU
+machine (liger-kernel installed by ``./setup.sh --system-torch``) is Liger's fused linear cross-entropy; each
+throughput title has a "loss" row saying which ran (a GPU without liger-kernel runs the plain loss, says so, and
+section 1's comparison fails). On a CPU (SMOKE) every run takes the plain loss.
   7. tiny and small configs, 200 iterations each under failures at 16 %/h (checkfree_plus): finished, finite,
      falling; only when enough time remains.
 
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import json
 import math
 import os
@@ -50,6 +60,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from gpu_check_estimate import (
+    COMPARE_S,
     DATA_PREP_S,
     H100_MEMORY,
     RECOVERY_S,
@@ -66,7 +77,9 @@ from checkfree.data.corpus import prepare_corpus
 from checkfree.data.spec import DataSpec
 from checkfree.devices import autocast_context, to_device
 from checkfree.failures.injection import StageFailureInjector
+from checkfree.loss import LIGER_MODULE, resolve_loss_path
 from checkfree.model import build_hf_model, build_stages, split_model
+from checkfree.pipeline import forward_loss
 from checkfree.recovery.registry import make_strategy
 from checkfree.sim.launch import SimulateOptions, data_spec, run_simulation
 from checkfree.sim.preflight import config_overrides, preflight
@@ -98,8 +111,23 @@ PACKAGES = {
 }
 """Module → the package that provides it, for the sentence naming what is missing."""
 MFU_TARGET_COMPILED = 0.40
+MFU_TARGET_EAGER = 0.25
 STAGED_TARGET = 1.05
 PEAK_TOLERANCE = 0.15
+PLAIN_LOSS_PEAK_1_5B = 45.58 * M.GIB
+"""The 1.5B config's peak (act. ckpt, plain loss) measured on one H100 on 2026-11-27
+(benchmarks/results/gpu/h100_2026-11-27): the fused loss's must be lower."""
+LOSS_TOLERANCE = 1e-3
+"""Fused vs plain loss on one batch, |difference| in nats. Both take fp32 log-sum-exps of the same bf16 logits
+(the head's matmul runs in bf16 on both paths); only the order of the reductions and a rare one-ulp difference of
+a bf16 logit (different matmul tiles) separate them, about 1e-5 nats over 32,768 tokens. A real fault (the final
+norm skipped, a sum instead of a mean, labels shifted) moves the loss by far more than 1e-3."""
+GRAD_TOLERANCE = 1e-2
+"""Fused vs plain gradients on one batch: ‖g_fused − g_plain‖ / ‖g_plain‖ of each stage at most this. The
+plain path rounds the head weight's gradient to bf16 (the matmul's output, unit roundoff 2^-9 ≈ 0.2 %), Liger
+accumulates it in fp32; both round the gradient of the hidden states to bf16 and every earlier stage inherits
+that. 1 % is about five bf16 roundoffs; a wrong scale (1/n twice, 1/mb_count missing) or a missing norm gradient
+is ≥ 50 %."""
 
 
 @dataclass
@@ -198,6 +226,7 @@ def sim_options(ctx: CheckContext, run: SimRun, run_dir: Path, device: str | Non
         compile=run.compile,
         compile_backend="eager" if ctx.device == "cpu" else "inductor",
         activation_checkpointing=run.activation_checkpointing,
+        fused_loss=run.fused_loss,
         extra=dict(run.extra),
         **run.kw,
     )
@@ -221,10 +250,12 @@ def throughput_rows(ctx: CheckContext, title: str, run: SimRun, s: dict) -> floa
     ctx.row(title, "MFU", "n/a" if mfu is None else f"{100 * mfu:.1f} %  (peak: {s['peak_flops_source']})")
     on = run.autocast_on(ctx.device)
     ctx.row(title, "autocast", "bf16 on (fp32 master weights)" if on else "off: fp32 (TF32 matmuls on CUDA)")
+    fused = bool(s["fused_loss"])  # what the run trained on (summary.json)
+    ctx.row(title, "loss", loss_path(ctx, run.fused_loss).line.removeprefix("loss: "))
     opts = sim_options(ctx, run, ctx.root / "runs" / run.name)
     cfg = load_config(run.config, config_overrides(opts))
     est = M.simulator_estimate(
-        cfg, s["vocab_size"], ctx.device, on, run.activation_checkpointing, s["strategy"]
+        cfg, s["vocab_size"], ctx.device, on, run.activation_checkpointing, s["strategy"], fused_loss=fused
     )
     measured = s["peak_memory_bytes"]
     if ctx.device == "cuda":
@@ -239,15 +270,23 @@ def throughput_rows(ctx: CheckContext, title: str, run: SimRun, s: dict) -> floa
     return ratio
 
 
+def loss_path(ctx: CheckContext, choice: str = "auto"):
+    """The loss a run with ``--fused-loss choice`` trains on here (checkfree.loss.resolve_loss_path)."""
+    return resolve_loss_path(choice, ctx.device)
+
+
 def staged_vs_plain(ctx: CheckContext, run: SimRun) -> float:
-    """Median time of checkfree's staged Trainer step ÷ a plain transformers step, same batches, same autocast."""
+    """Median time of checkfree's staged Trainer step ÷ a plain transformers step, same batches, same autocast,
+    same loss (on the fused path the plain model's body gives the normalised hidden states and Liger's loss takes
+    them with the LM head's weight, as stage 0 does)."""
     opts = sim_options(ctx, run, ctx.root / "runs" / f"{run.name}_plain")
     cfg = load_config(run.config, config_overrides(opts))
     device = torch.device(ctx.device)
     backend = opts.compile_backend if run.compile else None
     corpus = prepare_corpus(data_spec(cfg, 1, ctx.cache_dir))
     batches = BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, seed=cfg.data_seed)
-    rc = RunContext(sink=MetricsSink(None), device=device, autocast=run.autocast)
+    fused = loss_path(ctx, run.fused_loss).fused
+    rc = RunContext(sink=MetricsSink(None), device=device, autocast=run.autocast, fused_loss=fused)
     rc.compile, rc.compile_backend = backend is not None, backend or "inductor"
     stages = split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed), cfg)
     trainer = Trainer(
@@ -261,8 +300,10 @@ def staged_vs_plain(ctx: CheckContext, run: SimRun) -> float:
         False,
     )
     model = build_hf_model(cfg, corpus.vocab_size, cfg.seed).to(device)
+    body, head = model.base_model, model.get_output_embeddings()  # the final norm is the body's last module
     if backend is not None:
-        model.compile(backend=backend)
+        (body if fused else model).compile(backend=backend)
+    liger = importlib.import_module(LIGER_MODULE).LigerFusedLinearCrossEntropyLoss() if fused else None
     opt = make_adam(model, cfg.lr)
     autocast = autocast_context(device, run.autocast)
     step = [0]
@@ -271,9 +312,14 @@ def staged_vs_plain(ctx: CheckContext, run: SimRun) -> float:
         opt.zero_grad(set_to_none=True)
         for mb in range(cfg.mb_count):
             batch = to_device(batches.batch(step[0] * cfg.mb_count + mb), device)
+            labels = batch[:, 1:].reshape(-1)
             with autocast:
-                logits = model(input_ids=batch[:, :-1]).logits
-                loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+                if liger is not None:
+                    h = body(input_ids=batch[:, :-1]).last_hidden_state  # (B, T, d), normalised
+                    loss = liger(head.weight, h.reshape(-1, h.shape[-1]), labels, head.bias)
+                else:
+                    logits = model(input_ids=batch[:, :-1]).logits
+                    loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels)
             (loss / cfg.mb_count).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -315,18 +361,26 @@ def big(ctx: CheckContext, name: str, config: str, **kw) -> SimRun:
 
 
 def throughput_runs(ctx: CheckContext) -> list[SimRun]:
+    """Section 1's runs: bf16 on the fused loss (where it is), bf16 on the plain loss (the baseline), fp32."""
     return [
         big(ctx, "124M_bf16", "124M_config.json", iterations=20, autocast="bf16"),
+        big(
+            ctx, "124M_bf16_plain_loss", "124M_config.json", iterations=10, autocast="bf16", fused_loss="off"
+        ),
         big(ctx, "124M_fp32", "124M_config.json", iterations=10, autocast="off"),
     ]
 
 
 def section_throughput(ctx: CheckContext) -> bool:
-    on, off = throughput_runs(ctx)
+    on, baseline, off = throughput_runs(ctx)
     name = Path(on.config).stem.replace("_config", "")
     title = f"{name} W=1, bf16 autocast"
     s = simulate(ctx, on)
     throughput_rows(ctx, title, on, s)
+    ok = True
+    if ctx.device == "cuda":
+        met = s["mfu"] is not None and s["mfu"] >= MFU_TARGET_EAGER
+        ctx.row(title, f"target MFU ≥ {MFU_TARGET_EAGER:.0%} eager", "met" if met else "missed")
     free_memory(torch.device(ctx.device))
     ratio = staged_vs_plain(ctx, on)
     ctx.row(title, "staged ÷ plain step", f"{ratio:.3f}")
@@ -335,6 +389,17 @@ def section_throughput(ctx: CheckContext) -> bool:
             title, f"target staged ÷ plain ≤ {STAGED_TARGET}", "met" if ratio <= STAGED_TARGET else "missed"
         )
     free_memory(torch.device(ctx.device))
+    title_base = f"{name} W=1, bf16 autocast, plain loss"
+    s_base = simulate(ctx, baseline)
+    throughput_rows(ctx, title_base, baseline, s_base)
+    if s["fused_loss"] and s_base["tokens_per_second"]:
+        ratio = s["tokens_per_second"] / s_base["tokens_per_second"]
+        ctx.row(title_base, "tokens/s fused ÷ plain loss", f"{ratio:.2f}")
+    elif not s["fused_loss"]:
+        ctx.row(title_base, "tokens/s fused ÷ plain loss", f"n/a: {loss_path(ctx).line}")
+    free_memory(torch.device(ctx.device))
+    ok &= fused_vs_plain(ctx, on)
+    free_memory(torch.device(ctx.device))
     title_off = f"{name} W=1, autocast off"
     s_off = simulate(ctx, off)
     throughput_rows(ctx, title_off, off, s_off)
@@ -342,7 +407,77 @@ def section_throughput(ctx: CheckContext) -> bool:
         ctx.row(
             title_off, "tokens/s bf16 ÷ fp32", f"{s['tokens_per_second'] / s_off['tokens_per_second']:.2f}"
         )
-    return True
+    return ok
+
+
+def _grads(stages: list) -> list[torch.Tensor]:
+    """Each stage's gradients as one fp32 vector (on the device)."""
+    return [torch.cat([p.grad.float().flatten() for p in s.parameters()]) for s in stages]
+
+
+def fused_vs_plain(ctx: CheckContext, run: SimRun) -> bool:
+    """The fused loss against the plain one on the same microbatch of ``run``'s config and the same weights: the
+    loss (|difference| ≤ :data:`LOSS_TOLERANCE` nats) and every stage's gradient (relative difference ≤
+    :data:`GRAD_TOLERANCE`), both under bf16 autocast; each also against an fp32 reference (autocast off, TF32
+    off), to show which is closer. Skipped where the fused path cannot run: passed on a CPU, failed on CUDA (the
+    point of the check there). Returns whether both are within tolerance."""
+    title = f"{Path(run.config).stem.replace('_config', '')}: fused vs plain loss"
+    path = loss_path(ctx)
+    if not path.fused:
+        ctx.row(title, "compared", f"skipped: {path.line}")
+        return ctx.device != "cuda"
+    device = torch.device(ctx.device)
+    opts = sim_options(ctx, run, ctx.root / "runs" / f"{run.name}_compare")
+    cfg = load_config(run.config, config_overrides(opts))
+    corpus = prepare_corpus(data_spec(cfg, 1, ctx.cache_dir))
+    batch = to_device(
+        BatchSource(corpus.train, cfg.seq_l, cfg.batch_size, seed=cfg.data_seed).batch(0), device
+    )
+    stages = [s.to(device) for s in split_model(build_hf_model(cfg, corpus.vocab_size, cfg.seed), cfg)]
+    order = range(1, cfg.n_stages + 1)
+
+    def once(fused: bool, autocast: str) -> tuple[float, list[torch.Tensor]]:
+        for s in stages:
+            s.zero_grad(set_to_none=True)
+        with autocast_context(device, autocast):
+            loss = forward_loss(stages, batch, order, fused=fused)
+        loss.backward()
+        return float(loss.detach()), _grads(stages)
+
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # the reference in full fp32, not TF32
+    try:
+        ref_loss, ref = once(False, "off")
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    plain_loss, plain = once(False, "bf16")
+    fused_loss, fused = once(True, "bf16")
+
+    def rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+        return max(
+            float(torch.linalg.vector_norm(x - y) / torch.linalg.vector_norm(y))
+            for x, y in zip(a, b, strict=True)
+        )
+
+    d_loss, d_grad = abs(fused_loss - plain_loss), rel(fused, plain)
+    tokens = cfg.batch_size * cfg.seq_l
+    ctx.row(
+        title, "loss fused / plain / fp32 (nats)", f"{fused_loss:.6f} / {plain_loss:.6f} / {ref_loss:.6f}"
+    )
+    ctx.row(title, "|loss fused − plain|", f"{d_loss:.2e} nats (one microbatch, {tokens:,} tokens)")
+    ctx.row(title, "gradients ‖fused − plain‖ ÷ ‖plain‖", f"{d_grad:.2e}")
+    ctx.row(
+        title,
+        "gradients vs fp32: fused / plain",
+        f"{rel(fused, ref):.2e} / {rel(plain, ref):.2e}",
+    )
+    met = d_loss <= LOSS_TOLERANCE and d_grad <= GRAD_TOLERANCE
+    ctx.row(
+        title,
+        f"target |Δloss| ≤ {LOSS_TOLERANCE:g} nats, gradients within {GRAD_TOLERANCE:.0%}",
+        "met" if met else "missed",
+    )
+    return met
 
 
 def compile_runs(ctx: CheckContext) -> list[SimRun]:
@@ -392,6 +527,12 @@ def section_big_model(ctx: CheckContext) -> bool:
     if ctx.device == "cuda":
         met = abs(ratio - 1) <= PEAK_TOLERANCE
         ctx.row(title, f"target peak within {PEAK_TOLERANCE:.0%} of estimate", "met" if met else "missed")
+        lower = s["peak_memory_bytes"] < PLAIN_LOSS_PEAK_1_5B
+        ctx.row(
+            title,
+            f"target peak < {gib(PLAIN_LOSS_PEAK_1_5B)} (plain loss, H100, 2026-11-27)",
+            "met" if lower else "missed",
+        )
     return True
 
 
@@ -737,7 +878,7 @@ def plan_runs(ctx: CheckContext, seen: set, runs: list[SimRun], staged: SimRun |
         new_cache = corpus.path not in seen
         seen.add(corpus.path)
         params = M.parameter_counts(cfg, corpus.vocab_size).total
-        options = [run.setting, f"autocast {'bf16' if run.autocast_on('cuda') else 'off'}"]
+        options = [run.setting, f"autocast {'bf16' if run.autocast_on('cuda') else 'off'}", run.loss_name()]
         options += ["--compile"] * run.compile + ["act. ckpt"] * run.activation_checkpointing
         plan.lines.append(
             f"{run.config}: {params / 1e6:,.1f} M params, {cfg.mb_count} × {cfg.batch_size} × {cfg.seq_l} tokens/it., "
@@ -753,8 +894,26 @@ def plan_runs(ctx: CheckContext, seen: set, runs: list[SimRun], staged: SimRun |
 
 
 def plan_throughput(ctx: CheckContext, seen: set) -> SectionPlan:
-    on, off = throughput_runs(ctx)
-    return plan_runs(ctx, seen, [on, off], staged=on)
+    on, baseline, off = throughput_runs(ctx)
+    plan = plan_runs(ctx, seen, [on, baseline, off], staged=on)
+    # the comparison's largest moment: the fp32 reference's backward (no Adam state) + 3 kept gradient copies
+    cfg = load_config(on.config, config_overrides(sim_options(ctx, on, ctx.root / "plan" / "compare", "cpu")))
+    vocab = M.model_vocab_size(cfg)
+    ref = M.simulator_estimate(cfg, vocab, "cuda", False, False, "no_failure")
+    need = ref.total - ref.optimizer + 3 * 4 * M.parameter_counts(cfg, vocab).total
+    if not M.fits(need, H100_MEMORY):
+        raise ValueError(
+            f"the fused vs plain comparison needs about {gib(need)} on the GPU, more than 90 % of an H100's "
+            f"{gib(H100_MEMORY)}; expected a comparison that fits."
+        )
+    plan.lines.append(
+        f"fused vs plain loss: one microbatch of {on.config} ({cfg.batch_size} × {cfg.seq_l}), fp32 reference + "
+        "plain bf16 + fused bf16, the gradients of each kept"
+    )
+    plan.memory.append(f"{gib(need)} (the fp32 reference + 3 gradient copies): fits")
+    plan.seconds += COMPARE_S
+    plan.how.append(f"fused vs plain: constant {COMPARE_S:.0f} s (model built once, 3 microbatches)")
+    return plan
 
 
 def plan_compile(ctx: CheckContext, seen: set) -> SectionPlan:

@@ -168,6 +168,17 @@ def test_system_torch_over_an_image_names_what_it_lacks_then_installs_nothing_it
     assert torch_file.startswith(str(tmp_path / "links" / "site-packages")), torch_file  # the image's torch
     assert not any(Path(own).glob("torch*")), sorted(p.name for p in Path(own).iterdir())
     assert checkfree_file == str(tree / "checkfree" / "__init__.py")
+    assert "liger-kernel" not in r.stdout  # no triton (a CPU torch): the cuda extra is not installed
+
+    # torch brought triton (a CUDA build, as on the GPU image): the cuda extra goes in, --no-deps, from the wheels
+    triton = tmp_path / "links" / "site-packages" / "triton"
+    triton.mkdir()
+    (triton / "__init__.py").write_text("")
+    _wheel(wheels, "liger_kernel", "0.8.5", ["torch>=2.1.2", "triton>=2.3.1"])
+    r = _setup(tree, "--system-torch", "--wheelhouse", str(wheels), timeout=200, PYTHON=str(image_py))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[setup] installing liger-kernel>=0.8.5 (the cuda extra; --no-deps" in r.stdout
+    assert r.stdout.rstrip().endswith(", liger-kernel 0.8.5")
     again = _setup(tree, "--system-torch", "--wheelhouse", str(wheels), timeout=200, PYTHON=str(image_py))
     assert again.returncode == 0 and "installing" not in again.stdout, again.stdout + again.stderr
 

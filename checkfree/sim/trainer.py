@@ -506,6 +506,7 @@ class Trainer:
             **dict(
                 zip(("peak_memory_bytes", "peak_memory_source"), peak_memory(self.ctx.device), strict=True)
             ),
+            "fused_loss": self.ctx.fused_loss,
             "recovery_accounting_seconds": (
                 None if self.accounting is None else round(self.accounting.seconds, 6)
             ),

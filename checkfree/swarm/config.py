@@ -28,6 +28,7 @@ from typing import Any
 
 from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
 from checkfree.config_files import ConfigFileError, read_mapping
+from checkfree.loss import FUSED_LOSS_CHOICES
 from checkfree.schemas import fields as F
 from checkfree.swarm.topology import LocationTable, load_locations, location_of
 
@@ -90,6 +91,9 @@ class SwarmConfig:
     for a resumed supervisor (``swarm run --resume``) before it exits (docs/swarm.md)."""
     data: str = field(default="corpus", metadata=NAME)
     """Stage-0 batches: "corpus" (checkfree.data, the model config's dataset) or "synthetic" (tests)."""
+    fused_loss: str = field(default="auto", metadata=_bounds(F.name("'auto', 'on' or 'off'")))
+    """Stage 0's loss through Liger-Kernel's fused linear cross-entropy: "auto" (on a CUDA node where liger-kernel
+    is), "on" (or a refusal before anything starts) or "off"; the simulator's ``--fused-loss`` (checkfree/loss.py)."""
     seed: int | None = field(
         default=None, metadata=_bounds(F.count(0, 2**63 - 1, "an integer in [0, 2^63)") | None)
     )
@@ -182,6 +186,10 @@ class SwarmConfig:
             )
         if self.data not in DATA_SOURCES:
             raise ConfigError(f"swarm config: 'data' is {self.data!r}; expected one of {list(DATA_SOURCES)}.")
+        if self.fused_loss not in FUSED_LOSS_CHOICES:
+            raise ConfigError(
+                f"swarm config: 'fused_loss' is {self.fused_loss!r}; expected one of {list(FUSED_LOSS_CHOICES)}."
+            )
         table = self.location_table()
         for name in [*(self.locations or []), self.storage_location]:
             if name not in table.names:

@@ -464,6 +464,13 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     assert "autocast                           | bf16 on (fp32 master weights)" in table
     assert "autocast                           | off: fp32 (TF32 matmuls on CUDA)" in table
     assert "tokens/s bf16 ÷ fp32" in table and table.count("staged ÷ plain step") == 2
+    # a CPU: every run on the plain loss, the baseline too, and the comparison skipped (not failed) here
+    assert (
+        table.count("| loss                               | plain cross-entropy over fp32 logits (no CUDA)")
+        == 5
+    )
+    assert "| plain cross-entropy over fp32 logits (--fused-loss off)" in table
+    assert "| skipped: loss: plain cross-entropy over fp32 logits (no CUDA)" in table
     assert "micro_config W=1 (Table 2)" in table and "peak memory, act. ckpt" in table
     assert "finished, finite, falling          | yes" in table
     assert table.count("cpu vs cpu max |diff|              | 0.00e+00") == 4
@@ -491,7 +498,7 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     ]
     scratch = Path(re.search(r"runs in (\S+);", text)[1])
     simulator_runs = [d for d in (scratch / "runs").iterdir() if d.name != "swarm"]
-    assert len(simulator_runs) == 6 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
+    assert len(simulator_runs) == 7 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
     with tarfile.open(out / "gpu_check_logs.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("swarm/supervisor.log") for n in names)
@@ -520,3 +527,59 @@ def test_the_logs_archive_leaves_out_the_swarms_secrets_checkpoints_and_caches(t
     report = report_module.Report(tmp_path / "out", {"started": "now"})
     with tarfile.open(report.archive_logs(scratch)) as tar:
         assert sorted(tar.getnames()) == sorted(f"scratch/{n}" for n in kept)
+
+
+# ------------------------------------------------------------------------------------------------ the fused loss
+
+
+@pytest.mark.timeout(120)
+def test_the_fused_vs_plain_comparison_passes_the_same_loss_and_fails_a_wrong_one(tmp_path, monkeypatch):
+    """Section 1's comparison on the micro config, on this CPU, with a stand-in for Liger's loss (exact torch
+    math): within tolerance; then with a fused loss 10 % too large: missed (the loss and the gradients)."""
+    from checkfree.loss import LossPath
+
+    from helpers.liger import install_fake_liger
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sections = importlib.import_module("gpu_check_sections")
+    fake = install_fake_liger(monkeypatch)
+    monkeypatch.setattr(sections, "loss_path", lambda ctx, choice="auto": LossPath(True, "a stand-in"))
+    rows: list[tuple[str, str, str]] = []
+    ctx = sections.CheckContext(
+        "cpu", True, tmp_path, tmp_path / "cache", 1, 1, False, lambda *row: rows.append(row)
+    )
+    ctx.micro_config = sections.smoke_setup(tmp_path)
+    run = sections.throughput_runs(ctx)[0]
+    assert sections.fused_vs_plain(ctx, run) is True
+    assert len(fake.calls) == 1
+    got = {metric: value for _, metric, value in rows}
+    assert got["target |Δloss| ≤ 0.001 nats, gradients within 1%"] == "met", rows
+    assert float(got["|loss fused − plain|"].split()[0]) <= 1e-3
+
+    wrong = fake.module.LigerFusedLinearCrossEntropyLoss
+
+    class TooLarge(wrong):
+        def __call__(self, *args, **kwargs):
+            return 1.1 * super().__call__(*args, **kwargs)
+
+    monkeypatch.setattr(fake.module, "LigerFusedLinearCrossEntropyLoss", TooLarge)
+    rows.clear()
+    assert sections.fused_vs_plain(ctx, run) is False
+    got = {metric: value for _, metric, value in rows}
+    assert got["target |Δloss| ≤ 0.001 nats, gradients within 1%"] == "missed"
+    assert float(got["gradients ‖fused − plain‖ ÷ ‖plain‖"]) > 0.05
+
+
+def test_the_comparison_is_skipped_on_a_cpu_and_fails_on_cuda_without_the_fused_path(tmp_path, monkeypatch):
+    from checkfree.loss import LossPath
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sections = importlib.import_module("gpu_check_sections")
+    rows: list[tuple[str, str, str]] = []
+    for device, passed in (("cpu", True), ("cuda", False)):
+        why = "no CUDA" if device == "cpu" else "liger-kernel not installed"
+        monkeypatch.setattr(sections, "loss_path", lambda ctx, choice="auto", w=why: LossPath(False, w))
+        ctx = sections.CheckContext(device, False, tmp_path, None, 1, 1, False, lambda *row: rows.append(row))
+        run = sections.throughput_runs(ctx)[0]
+        assert sections.fused_vs_plain(ctx, run) is passed
+        assert rows[-1][2] == f"skipped: loss: plain cross-entropy over fp32 logits ({why})"

@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 
+from checkfree.loss import resolve_loss_path
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.compute import StageWorker, build_stage
 from checkfree.swarm.node.context import NodeContext, StageState
@@ -259,7 +260,12 @@ def build_parts(
     vocab_size, stage = int(welcome["vocab_size"]), ctx.stage
     module = build_stage(cfg.model, stage, vocab_size, cfg.init_seed, device)
     state = StageState(module, W.make_optimizer(module, cfg.model.lr))
-    worker = StageWorker(module, stage)
+    fused = False
+    if stage == 0:  # the head and the loss: the swarm config's fused_loss on this node's device
+        path = resolve_loss_path(cfg.fused_loss, (device or torch.device("cpu")).type, option="fused_loss")
+        log.info("node %d: %s", ctx.node_id, path.line)
+        fused = path.fused
+    worker = StageWorker(module, stage, fused)
     keeps = policy.keeps_stage0_copy
     holder = keeps and stage in (1, cfg.n_stages)
     shapes = stage0_part_shapes(cfg.model, vocab_size, cfg.init_seed) if holder else None
