@@ -118,3 +118,66 @@ def test_a_config_without_n_stages_is_refused_unless_set(tmp_path):
         load_config(path)
     assert "'n_stages'" in str(e.value) and '"n_stages": 4' in str(e.value) and "\n" not in str(e.value)
     assert load_config(path, {"n_stages": 6}).n_stages == 6
+
+
+# --- issue 37: every key typed and bounded by the schema (checkfree.schemas), before anything is sized by it ---
+
+
+@pytest.mark.parametrize(
+    "key, good, bad, says",
+    [
+        ("n_stages", 1024, 1025, "'n_stages' is 1025; expected a positive integer ≤ 1,024"),
+        ("mb_count", 4096, 4097, "'mb_count' is 4097; expected a positive integer ≤ 4,096"),
+        ("dmodel", 65_536, 65_537, "'dmodel' is 65537; expected a positive integer ≤ 65,536"),
+        ("max_iterations", 0, -1, "'max_iterations' is -1; expected an integer in [0, 100,000,000]"),
+        ("max_iterations", 100_000_000, 100_000_001, "'max_iterations' is 100000001"),
+        ("seed", 2**63 - 1, 2**63, "'seed' is 9223372036854775808; expected an integer in [0, 2^63)"),
+        ("seed", 0, -1, "'seed' is -1; expected an integer in [0, 2^63)"),
+        ("lr", 1e6, 1.5e6, "'lr' is 1500000.0; expected a positive number ≤ 1e+06"),
+        ("dataset", "x" * 4096, "x" * 4097, "'dataset' is 'xxxxxxxx"),
+        ("max_train_tokens", 1, 0, "'max_train_tokens' is 0; expected a positive integer"),
+    ],
+)
+def test_each_key_is_bounded_at_its_edge(key, good, bad, says):
+    base = {"dmodel": 128, "num_heads": 4} if key != "dmodel" else {"num_heads": 1}
+    assert getattr(config_from_dict(base | {key: good}), key) == good
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(base | {key: bad}, "config c.json")
+    assert str(e.value).startswith("config c.json: ") and says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value", [1e29, 10**30, True, "4", [4], None])
+def test_n_stages_must_be_a_real_integer_in_range(value):
+    """1e29 once reached an OverflowError; a bool, a string or a list is not a count."""
+    with pytest.raises(ConfigError, match="'n_stages' is "):
+        config_from_dict({"n_stages": value})
+
+
+def test_a_config_path_into_a_directory_is_that_file_or_none(tmp_path, monkeypatch):
+    """A path into another directory never falls back to the shipped config of the same name (run.sh once trained
+    configs/tiny_config.json when handed /nonexistent/dir/tiny_config.json); a bare name and configs/NAME do."""
+    from checkfree.config import resolve_config_path
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="the path does not exist"):
+        resolve_config_path("/nonexistent/dir/tiny_config.json")
+    with pytest.raises(FileNotFoundError, match="the path does not exist"):
+        resolve_config_path("elsewhere/tiny_config.json")
+    assert resolve_config_path("tiny_config.json") == CONFIG_DIR / "tiny_config.json"
+    assert resolve_config_path("configs/tiny_config.json") == CONFIG_DIR / "tiny_config.json"
+
+
+@pytest.mark.parametrize(
+    "item, says",
+    [
+        ("dmodel=" + "[" * 33 + "]" * 33, "--set dmodel is nested deeper than 32"),
+        ("dmodel=" + "[" * 30_000 + "]" * 30_000, "--set dmodel is nested deeper than 32"),
+        ("dataset=" + "x" * 65_537, "is 65,537 characters long; expected a value of at most 65,536"),
+    ],
+)
+def test_a_set_value_is_bounded_before_it_is_parsed(item, says):
+    from checkfree.config import parse_sets
+
+    with pytest.raises(ValueError, match=says):
+        parse_sets([item])
+    assert parse_sets(["dataset=" + "x" * 65_536, "dmodel=" + "[" * 32 + "]" * 32])["dataset"] == "x" * 65_536

@@ -22,6 +22,8 @@ def _expected(error: dict[str, Any], descriptions: dict[str, str]) -> str:
     loc = error["loc"]
     if len(loc) == 1 and isinstance(loc[0], str) and loc[0] in descriptions:
         return descriptions[loc[0]]
+    if error["type"] in ("model_type", "model_attributes_type", "dict_type", "typed_dict_type"):
+        return "a JSON object"
     message = error["msg"]
     for prefix in ("Input should be ", "Value error, "):
         if message.startswith(prefix):

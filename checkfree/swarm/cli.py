@@ -722,20 +722,27 @@ def cmd_revoke(args: argparse.Namespace) -> int:
     (checkfree.swarm.supervisor.machines).
 
     Raises:
-        ValueError: RUN_DIR holds no run with such a machine, or the run ended (one sentence).
+        ValueError: RUN_DIR holds no run with such a machine, the run ended, its journal cannot be trusted, or its
+            supervisor is not running (one sentence).
     """
-    from checkfree.swarm.supervisor.journal import JournalError, read_journal
+    from checkfree.swarm.process_identity import running
+    from checkfree.swarm.supervisor.journal import JOURNAL_FILE, read_journal
     from checkfree.swarm.supervisor.machines import request_revocation, token_path
 
     run_dir = Path(args.run_dir)
-    try:
-        status = read_journal(run_dir)["status"]
-    except JournalError:
-        status = None  # a run without a journal: the request is still read by its supervisor
-    if status not in (None, "running"):
-        raise ValueError(
-            f"the run in {run_dir} ended ({status}); expected the run directory of a running swarm."
-        )
+    if (run_dir / JOURNAL_FILE).exists():  # else a run started before journals: its supervisor still reads it
+        data = read_journal(run_dir)  # checked (mode, owner, schema): JournalError, one sentence
+        if data["status"] != "running":
+            raise ValueError(
+                f"the run in {run_dir} ended ({data['status']}); expected the run directory of a running swarm."
+            )
+        sup = data["supervisor"]
+        if sup.get("started") is None or not running(sup["pid"], sup["started"]):
+            raise ValueError(
+                f"the supervisor of the run in {run_dir} (pid {sup.get('pid')}) is not running, so nothing would "
+                f"read the revocation; expected a running swarm (resume it first: python -m checkfree swarm run "
+                f"--resume {run_dir})."
+            )
     if request_revocation(run_dir, args.machine):
         print(
             f"machine {args.machine}: revocation asked; its supervisor shuts it out within about a second while "
