@@ -2,10 +2,12 @@
 # Paper Table 2 in the paper's geometry (configs/tiny_6x2_config.json: 6 transformer stages × 2 layers), with runs
 # that train until they reach the target: the no-failure run without and with CheckFree+'s swaps, CheckFree and
 # CheckFree+, checkpointing and redundant computation, paired on identical failure draws per seed; 5 seeds at
-# 5 %/h (the paper's headline), 3 seeds at 10 and 16 %/h. Then the report (python -m checkfree report …
+# 5 %/h (the paper's headline), 6 seeds at 10 and 16 %/h. Then the report (python -m checkfree report …
 # --target-loss nofail@N_T --replay-baselines, with the archived 4 × 1 study for the pure swap cost).
 #
-# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 11 core-hours on this 2-core CPU machine, measured)
+# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 19 core-hours on this 2-core CPU machine: 11 measured
+#                                               # for 3 seeds at 10 and 16 %/h, ≈ 8 more for seeds 3–5; the archived
+#                                               # set resumes with those 8 left)
 #        DRY_RUN=1 benchmarks/table2_6x2.sh     # print every command; run and write nothing
 #        SMOKE=1 benchmarks/table2_6x2.sh       # minutes: N_T=10, 2 seeds at 5 %/h, every kind of run once
 #
@@ -28,9 +30,12 @@
 # bit for bit by tests/report/test_replay.py), so the report computes their times from the no-failure run, the
 # failure draws and the timing model (checkfree/report/replay.py). One real run per rate (seed 0) of each is
 # kept as the check; a redundant run whose draws put a stage and its predecessor down together before N_T (its
-# fallback leaves the no-failure trajectory) is run for real too.
+# fallback leaves the no-failure trajectory) is run for real too. Checkpointing follows the authors' rule
+# (checkpoint_simulation.py: checkpoints at wall-clock multiples of K, each failure placed at one of the
+# 10,000 / N_T paper iterations its iteration stands for; checkfree/recovery/checkpoint.py), in its real runs
+# (checkpoint_paper_interval = K × 10,000 / N_T) and in the report's replays (--checkpoint-rule authors).
 #
-# Environment: SEEDS_5 ["0 1 2 3 4"], SEEDS_10 ["0 1 2"], SEEDS_16 ["0 1 2"], OUT [runs/table2_6x2],
+# Environment: SEEDS_5 ["0 1 2 3 4"], SEEDS_10 ["0 1 2 3 4 5"], SEEDS_16 ["0 1 2 3 4 5"], OUT [runs/table2_6x2],
 #   JOBS [1] runs at a time (each OMP_NUM_THREADS=1), SKIP_EXISTING [1]: a run whose summary.json says completed is
 #   not run again (an interrupted set resumes; a run killed or stopped mid-way is moved to OUT/incomplete/ and starts
 #   again), ONLY [all]: an extended regular
@@ -51,8 +56,8 @@ N_T=${N_T:-300}
 EVAL=${EVAL:-25}
 CAP=${CAP:-$((N_T * 5 / 2))}
 SEEDS_5=${SEEDS_5-"0 1 2 3 4"}
-SEEDS_10=${SEEDS_10-"0 1 2"}
-SEEDS_16=${SEEDS_16-"0 1 2"}
+SEEDS_10=${SEEDS_10-"0 1 2 3 4 5"}
+SEEDS_16=${SEEDS_16-"0 1 2 3 4 5"}
 OUT=${OUT:-runs/table2_6x2}
 JOBS=${JOBS:-1}
 SKIP_EXISTING=${SKIP_EXISTING:-1}
@@ -78,6 +83,8 @@ progress="$OUT/progress.log"
 note() { if [ "$dry" = 1 ]; then echo "# $*"; else echo "$(date '+%F %T') $*" | tee -a "$progress"; fi; }
 all_seeds=$(printf '%s\n' $SEEDS_5 $SEEDS_10 $SEEDS_16 | sort -nu | tr '\n' ' ')
 iteration_seconds=$("$py" -c "print(f'{91.32 * $PAPER_ITERATIONS / $N_T:.6g}')")
+# the authors' checkpoint rule: the paper iterations that the config's K stand for (3 × 10,000 / 300 = 100)
+k_paper=$("$py" -c "import json; print(round(json.load(open('$root/configs/$CONFIG'))['checkpoint_every'] * $PAPER_ITERATIONS / $N_T))")
 note "table2_6x2: N_T $N_T, cap $CAP, eval every $EVAL; seeds 5 %/h: $SEEDS_5; 10 %/h: $SEEDS_10; 16 %/h: $SEEDS_16"
 
 # completed DIR: exit 0 when DIR's run has ended, by the report's own rule (checkfree.report.runs.stopped_early: a
@@ -158,7 +165,8 @@ for rate in 5 10 16; do
     t=$(target "$seed") || continue
     stop=(--stop-at-loss "$t" --max-iterations "$CAP" --max-wall-iterations "$CAP")
     first=${!seeds_var%% *}
-    [ "$seed" = "$first" ] && run "tiny_6x2-r$rate-checkpoint-s$seed" run_2.sh checkpoint "$rate" "$seed" "${stop[@]}"
+    [ "$seed" = "$first" ] && run "tiny_6x2-r$rate-checkpoint-s$seed" run_2.sh checkpoint "$rate" "$seed" "${stop[@]}" \
+      --set checkpoint_rule=authors --set "checkpoint_paper_interval=$k_paper"
     if [ "$seed" = "$first" ] || { [ "$dry" = 0 ] && needs_real_redundant "$rate" "$seed"; }; then
       run "tiny_6x2-r$rate-redundant-s$seed" run_2.sh redundant "$rate" "$seed" "${stop[@]}"
     fi
@@ -169,7 +177,8 @@ wait
 archive="$root/benchmarks/results/paper_tiny/runs"   # the 4 × 1 study: its pure swap cost beside this one's
 [ -d "$archive" ] || archive=
 report=(-m checkfree report "$OUT/runs" ${archive:+"$archive"} --target-loss "nofail@$N_T" --replay-baselines
-  --out "$OUT/report" --iteration-seconds "$iteration_seconds" --recovery-seconds 30 --redundant-ratio paper)
+  --out "$OUT/report" --iteration-seconds "$iteration_seconds" --recovery-seconds 30 --redundant-ratio paper
+  --checkpoint-rule authors)
 if [ "$dry" = 1 ]; then echo "python ${report[*]}"; exit 0; fi
 note "report → $OUT/report"
 "$py" "${report[@]}" 2>&1 | tee -a "$progress"

@@ -116,7 +116,7 @@ def build_report(
     replays = (
         replay_baselines(runs, targets, checkpoint_rule, timing.iteration_seconds) if replay else Replays()
     )
-    runs = runs + replays.runs
+    runs = [r for r in runs if not any(r is x for x in replays.superseded)] + replays.runs
     groups = analyse(runs, models, targets)
     verdicts = fig2_verdict(groups) + table2_verdicts(groups) + fig4c_verdict(runs)
     table2 = summarise(groups, runs, models, targets)

@@ -240,6 +240,9 @@ class Replays:
     checks: list[ReplayCheck] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     """One sentence per group that could not be replayed, and why."""
+    superseded: list[Any] = field(default_factory=list)
+    """Real checkpoint runs of another rule than the report's: checked against their replay, and left out of the
+    comparisons, where a replay under the report's rule takes their place."""
 
 
 def _eval_records(run: Any) -> list[tuple[int, int, float]]:
@@ -430,9 +433,12 @@ def replay_baselines(
         forward = statistics.median(forwards[config]) if forwards.get(config) else None
         real = {r.strategy: r for r in members if r.strategy in REPLAYED_STRATEGIES and not r.swaps}
         for strategy in REPLAYED_STRATEGIES:
-            like = real.get(strategy, member)
-            if strategy in real:  # the check: replay exactly what the real run was told
-                stop = like.options.get("stop_at_loss")
+            in_place = (target, int(_option(member, "max_iterations")), None)
+            ours = (every, rule, paper_checkpoint_interval(every, iteration_seconds))
+            if strategy not in real:  # a replay in its place: the group's target, the CheckFree runs' cap
+                jobs = [("place", member, in_place, ours)]
+            else:  # the check: replay exactly what the real run was told
+                like = real[strategy]
                 max_its = int(_option(like, "max_iterations"))
                 wall_cap = like.options.get("max_wall_iterations") or DEFAULT_LIMIT_FACTOR * max_its
                 told = like.summary.get("strategy_stats") or {}
@@ -440,57 +446,45 @@ def replay_baselines(
                 how = str(
                     told.get("checkpoint_rule") or "effective"
                 )  # runs before the rule existed: effective
-                k_paper = int(told.get("checkpoint_paper_interval") or k)
-            else:  # a replay in its place: the group's target, the CheckFree runs' cap on wall-clock iterations
-                stop, max_its, k = target, int(_option(member, "max_iterations")), every
-                how, k_paper = rule, paper_checkpoint_interval(every, iteration_seconds)
-                wall_cap = max_its
-            eval_interval = int(_option(like, "eval_interval"))
-            try:
-                if strategy == "checkpoint":
-                    rep = replay_checkpoint(
-                        curve,
-                        source,
-                        k,
-                        eval_interval,
-                        stop,
-                        int(wall_cap),
-                        max_its,
-                        how,
-                        k_paper,
-                        model_seed,
+                rule_told = (k, how, int(told.get("checkpoint_paper_interval") or k))
+                jobs = [
+                    ("check", like, (like.options.get("stop_at_loss"), max_its, int(wall_cap)), rule_told)
+                ]
+                if strategy == "checkpoint" and rule_told != ours and not like.partial:
+                    jobs.append(("place", member, in_place, ours))  # the table follows the report's rule
+                    out.superseded.append(like)
+                    out.notes.append(
+                        f"{like.name} ({how} rule) is checked against its replay; the table holds the "
+                        f"{rule} rule's replay in its place (K {every}, K_p {ours[2]})."
                     )
+            for job, like, (stop, max_its, wall_cap), (k, how, k_paper) in jobs:
+                eval_interval = int(_option(like, "eval_interval"))
+                try:
+                    if strategy == "checkpoint":
+                        cap = max_its if wall_cap is None else wall_cap
+                        rep = replay_checkpoint(
+                            curve, source, k, eval_interval, stop, cap, max_its, how, k_paper, model_seed
+                        )
+                    else:
+                        rep = replay_redundant(curve, source, n_stages, eval_interval, stop, max_its)
+                except ReplayError as e:
+                    out.notes.append(f"{like.name}: {strategy} not replayed: {e}")
+                    continue
+                rule_of = (k, how, k_paper) if strategy == "checkpoint" else None
+                as_run = None if rep is None else _as_run(rep, member, base, stop, rule_of, stall, forward)
+                if job == "check" and like.partial:  # it has not ended
+                    out.notes.append(
+                        f"{like.name}: has not ended ({NOT_ENDED}): not compared with its replay."
+                    )
+                elif job == "check":
+                    out.checks.append(_check(like, as_run))
+                elif as_run is not None:
+                    out.runs.append(as_run)
                 else:
-                    rep = replay_redundant(curve, source, n_stages, eval_interval, stop, max_its)
-            except ReplayError as e:
-                out.notes.append(f"{like.name}: {strategy} not replayed: {e}")
-                continue
-            as_run = (
-                None
-                if rep is None
-                else _as_run(
-                    rep,
-                    member,
-                    base,
-                    stop,
-                    (k, how, k_paper) if strategy == "checkpoint" else None,
-                    stall,
-                    forward,
-                )
-            )
-            if strategy in real and real[strategy].partial:  # it has not ended
-                out.notes.append(
-                    f"{real[strategy].name}: has not ended ({NOT_ENDED}): not compared with its replay."
-                )
-            elif strategy in real:
-                out.checks.append(_check(real[strategy], as_run))
-            elif as_run is not None:
-                out.runs.append(as_run)
-            else:
-                out.notes.append(
-                    f"{member.name}: redundant computation falls back (a stage fails with its predecessor) "
-                    "before the target, so it cannot be replayed; run it."
-                )
+                    out.notes.append(
+                        f"{member.name}: redundant computation falls back (a stage fails with its predecessor) "
+                        "before the target, so it cannot be replayed; run it."
+                    )
     return out
 
 

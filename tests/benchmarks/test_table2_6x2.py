@@ -34,11 +34,11 @@ def test_the_plan_is_the_promised_set():
     plan = _plan()
     runs = [line for line in plan if line.startswith("simulate_training/")]
     names = [re.search(r"--run-dir \S+/(\S+)", line).group(1) for line in runs]
-    assert len(names) == len(set(names)) == 5 + 5 + 2 * (5 + 3 + 3) + 3 + 3
+    assert len(names) == len(set(names)) == 6 + 5 + 2 * (5 + 6 + 6) + 3 + 3
     assert sorted(n for n in names if "nofail-noswap" in n) == [
-        f"tiny_6x2-nofail-noswap-s{s}" for s in range(5)
+        f"tiny_6x2-nofail-noswap-s{s}" for s in range(6)
     ]
-    for rate, seeds in (("5", range(5)), ("10", range(3)), ("16", range(3))):
+    for rate, seeds in (("5", range(5)), ("10", range(6)), ("16", range(6))):
         for s in seeds:
             assert (
                 f"tiny_6x2-r{rate}-checkfree_plus-s{s}" in names
@@ -56,6 +56,8 @@ def test_the_plan_is_the_promised_set():
             assert f"--stop-at-loss TARGET_s{seed}" in line and "--max-iterations 750" in line
         if "checkpoint" in name or "redundant" in name:
             assert "--max-wall-iterations 750" in line
+        if "checkpoint" in name:  # the authors' rule at the paper's granularity: K = 3 stands for 100
+            assert "--set checkpoint_rule=authors --set checkpoint_paper_interval=100" in line
         assert "--eval-interval 25" in line and "--no-final-checkpoint" in line
     report = plan[-1]
     assert report.startswith("python -m checkfree report runs/table2_6x2/runs")
@@ -65,6 +67,7 @@ def test_the_plan_is_the_promised_set():
         "--iteration-seconds 3044",
         "--recovery-seconds 30",
         "--redundant-ratio paper",
+        "--checkpoint-rule authors",
     ):
         assert part in report
 

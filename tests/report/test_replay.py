@@ -141,12 +141,28 @@ def test_report_replays_into_groups_without_a_real_run_and_checks_the_real_ones(
     )
     assert {c.real.strategy for c in res.replays.checks} == {"checkpoint", "redundant"}
     assert all(c.evals_equal and c.recoveries_equal for c in res.replays.checks)
-    assert res.replays.runs == []  # both have real runs here
+    # the real checkpoint run follows the effective rule, the report the authors' (its default): the real run
+    # is still checked against its own rule's replay, and the table holds the authors' rule's replay instead
+    assert [r.strategy for r in res.replays.runs] == ["checkpoint"]
+    assert res.replays.runs[0].summary["strategy_stats"]["checkpoint_rule"] == "authors"
+    assert [r.name for r in res.replays.superseded] == ["checkpoint"]
+    rows = [r.run for g in res.groups for r in g.rows if r.run.strategy == "checkpoint"]
+    assert [r.summary.get("replayed") for r in rows] == [True]
+    same = build_report(
+        [runs["root"]],
+        "nofail@12",
+        tmp_path / "report-effective",
+        TimingOptions(iteration_seconds=10.0, recovery_seconds=1.0),
+        plots=False,
+        replay=True,
+        checkpoint_rule="effective",
+    )
+    assert same.replays.runs == [] and same.replays.superseded == []  # both have real runs of the rule here
     text = res.report.read_text()
     assert "## Exact baselines by replay" in text and "DIFFER" not in text
     # without the real runs, the report puts replayed ones in their place: the same crossing, the same hours but
     # for the save stalls (a replay charges the median stall per save, the real run what each save measured)
-    rows = {r.run.strategy: r for g in res.groups for r in g.rows}
+    rows = {r.run.strategy: r for g in same.groups for r in g.rows}
     stalls = sum(r.get("stall_seconds", 0.0) for r in rows["checkpoint"].run.kind("checkpoint"))
     res2 = build_report(
         [runs["nofail"], runs["checkfree"]],
