@@ -21,6 +21,7 @@ counted apart: ``--strict`` counts them as misses too.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import io
 import json
@@ -367,7 +368,7 @@ def run_file_cases() -> list[Case]:
         ("a list", [GOOD_ROW]),
         ("not JSON", "{"),
         ("nested 100,000 deep", _json(GOOD_ROW)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
-        ("2 MiB", _json(GOOD_ROW | {"pad": "x" * (2 << 20)})),
+        ("nested 33 deep", _json(GOOD_ROW | {"x": json.loads("[" * 32 + "]" * 32)})),
     ):
         out.append(
             Case(
@@ -497,51 +498,116 @@ def launcher_cases() -> list[Case]:
     return out
 
 
+@functools.cache
+def _journal() -> dict:
+    """A journal as a real supervisor writes it (a 2-replica tiny swarm, nothing started), built once; its
+    supervisor (this process) is then marked gone, so that a resume reaches the checks of each case."""
+    from checkfree import jsonio
+    from checkfree.swarm.config import SwarmConfig
+    from checkfree.swarm.supervisor.journal import JOURNAL_FILE
+    from checkfree.swarm.supervisor.supervisor import Supervisor
+
+    with tempfile.TemporaryDirectory(prefix="checkfree-bad-inputs-journal-") as tmp:
+        cfg = SwarmConfig(model_config="tiny_config.json", replicas=2)
+        sup = Supervisor(cfg, "ours", {}, iterations=9, run_dir=Path(tmp) / "run", vocab_size=300, options={})
+        try:
+            sup.journal.write("bad_inputs")
+        finally:
+            sup.transport.close()
+        data = jsonio.loads((Path(tmp) / "run" / JOURNAL_FILE).read_text())
+    data["supervisor"]["started"] += 1  # another process than this one: gone
+    return data
+
+
+def _journal_run(d: Path, edit: Callable[[dict, Path], object] | None = None, mode: int = 0o600) -> None:
+    """``d/run`` with the journal of :func:`_journal` naming the config files in ``d`` (their digests as at the
+    start), then ``edit(journal, d)`` (its return value, when not None, is written instead: text or an object)."""
+    import copy
+
+    from checkfree import jsonio
+    from checkfree.swarm.supervisor.journal import JOURNAL_FILE, started_files
+
+    data = copy.deepcopy(_journal())
+    (d / "swarm.json").write_text(_json(SWARM))
+    (d / "tiny.json").write_text(_json(TINY))
+    data["options"].update(started_files(d / "swarm.json", d / "tiny.json", data["state"]["config"]))
+    out = edit(data, d) if edit is not None else None
+    run = d / "run"
+    run.mkdir()
+    text = out if isinstance(out, str) else jsonio.dumps(data if out is None else out)
+    fd = os.open(run / JOURNAL_FILE, os.O_WRONLY | os.O_CREAT, mode)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(run / JOURNAL_FILE, mode)
+
+
+def _set(path: str, value: object) -> Callable[[dict, Path], None]:
+    def edit(data: dict, d: Path) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for key in parents:
+            node = node[key]
+        node[last] = value
+
+    return edit
+
+
 def journal_cases() -> list[Case]:
-    """``swarm run --resume`` over a journal edited by hand (R1's checks)."""
+    """``swarm run --resume`` over a journal edited by hand, made readable by others, or naming other configs
+    (the journal's checks: checkfree.swarm.supervisor.journal)."""
+    resume = ["swarm", "run", "--resume", "run"]
     out = []
-    for label, edit in (
-        ("supervisor a list", '{"supervisor": []}'),
-        ("processes mapping to ints", '{"processes": {"0": 5}}'),
-        ("state {}", '{"state": {}}'),
-        ("a list", "[]"),
-        ("nested 100,000 deep", "[" * 100_000 + "]" * 100_000),
-        ("not JSON", "{"),
-    ):
 
-        def prepare(d: Path, edit: str = edit) -> None:
-            (d / "run").mkdir()
-            path = d / "run" / "journal.json"
-            path.write_text(edit)
-            path.chmod(0o600)
-
+    def add(name: str, edit: Callable[[dict, Path], object] | None = None, mode: int = 0o600) -> None:
         out.append(
             Case(
-                f"resume journal {label}",
-                "journal",
-                {},
-                ["swarm", "run", "--resume", "run"],
-                prepare=prepare,
-                needs="R1: journal schema",
+                f"resume journal {name}", "journal", {}, resume, prepare=lambda d: _journal_run(d, edit, mode)
             )
         )
 
-    def readable(d: Path) -> None:
-        (d / "run").mkdir()
-        path = d / "run" / "journal.json"
-        path.write_text('{"status": "running"}')
-        path.chmod(0o644)
+    add("supervisor a list", _set("supervisor", []))
+    add("processes mapping to ints", _set("processes", {"0": 5}))
+    add("state {}", _set("state", {}))
+    add("status a number", _set("status", 5))
+    add("another format", _set("format", "checkfree-swarm-journal-v0"))
+    add("an unknown key", _set("extra", 1))
+    add("iterations -1", _set("options.iterations", -1))
+    add("replicas 1e29 in its config", _set("state.config.replicas", 1e29))
+    add("a list", lambda data, d: [])
+    add("not JSON", lambda data, d: "{")
+    add("nested 100,000 deep", lambda data, d: "[" * 100_000 + "]" * 100_000)
+    add("world-readable (0644)", mode=0o644)
+    add("group-writable (0620)", mode=0o620)
+    add("the run ended", _set("status", "completed"))
+    add("with no node alive")
+    add(
+        "naming a swarm config edited since",
+        lambda data, d: (d / "swarm.json").write_text(_json(SWARM | {"replicas": 3})) and None,
+    )
+    add(
+        "naming a model config edited since",
+        lambda data, d: (d / "tiny.json").write_text(_json(TINY | {"lr": 0.1})) and None,
+    )
+    add("naming a swarm config that is gone", lambda data, d: (d / "swarm.json").unlink())
+    add("whose resolved config was edited", _set("state.config.crash_point", 0.9))
+    add("of an older checkfree (no digests)", lambda data, d: data["options"].pop("started_files") and None)
+
+    def key_readable(d: Path) -> None:
+        _journal_run(d)
+        (d / "run" / "join_tokens").mkdir()
+        (d / "run" / "join_tokens" / "machine4.json").write_text("{}")
+        (d / "run" / "join_tokens" / "machine4.json").chmod(0o644)
 
     out.append(
-        Case(
-            "resume journal world-readable",
-            "journal",
-            {},
-            ["swarm", "run", "--resume", "run"],
-            prepare=readable,
-            needs="R1: journal mode",
-        )
+        Case("resume journal beside a world-readable key file", "journal", {}, resume, prepare=key_readable)
     )
+
+    def linked(d: Path) -> None:
+        _journal_run(d)
+        (d / "run" / "journal.json").rename(d / "elsewhere.json")
+        (d / "run" / "journal.json").symlink_to(d / "elsewhere.json")
+
+    out.append(Case("resume journal a symbolic link", "journal", {}, resume, prepare=linked))
     return out
 
 
@@ -657,6 +723,23 @@ def run_case(case: Case, base: Path) -> Result:
     return Result(case, code, seconds, peak, last, misses)
 
 
+def _warm() -> None:
+    """Import and build once, in this process, what every case needs (the parser, the schemas): each forked case
+    then starts from it instead of building it again."""
+    import checkfree.config as model_config
+    import checkfree.schemas.revocations  # noqa: F401
+    import checkfree.schemas.run_files  # noqa: F401
+    import checkfree.sim.launch  # noqa: F401
+    import checkfree.swarm.config as swarm_config
+    import checkfree.swarm.supervisor.journal  # noqa: F401
+    import checkfree.swarm.supervisor.supervisor  # noqa: F401
+    from checkfree.cli import build_parser
+
+    build_parser()
+    model_config._schema()
+    swarm_config._schema()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="only the cases whose name holds this text")
@@ -671,9 +754,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.what:18} {c.name}")
         print(f"{len(cases)} cases")
         return 0
-    import checkfree.cli  # noqa: F401 (imported once here; every forked case shares it)
-    import checkfree.sim.launch  # noqa: F401
-    import checkfree.swarm.cli  # noqa: F401
+    _warm()
 
     results = []
     with tempfile.TemporaryDirectory(prefix="checkfree-bad-inputs-") as tmp:
