@@ -111,8 +111,8 @@ def build_report(
         reasons = "; ".join(f"{p}: {why}" for p, why in skipped) or "no directories given"
         raise ValueError(f"no usable run directory among the {len(run_dirs)} given ({reasons}).")
     targets = resolve_targets(runs, target_loss)
-    models = timing_models(runs, swarms, timing)
     timing = timing or TimingOptions()
+    models = timing_models(runs, swarms, timing)
     replays = (
         replay_baselines(runs, targets, checkpoint_rule, timing.iteration_seconds) if replay else Replays()
     )
