@@ -23,7 +23,14 @@ from checkfree.swarm.node.recovering import Rollback
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
-from checkfree.swarm.wire.auth import AuthError, MachineLayout, SwarmKeys, read_token
+from checkfree.swarm.wire.auth import (
+    AuthError,
+    MachineKeys,
+    MachineLayout,
+    SwarmKeys,
+    read_key_file,
+    read_token,
+)
 from checkfree.swarm.wire.protocol import Message, MessageType
 
 from helpers.swarm import FakeNode, weights_answer
@@ -299,3 +306,57 @@ def test_rebuild_refuses_a_stage0_copy_plan_whose_parts_do_not_match_its_sources
             rules.rebuild(RecoveryPlan("stage0_copy", (1,), parts=parts), inputs(1))
     with pytest.raises(ValueError, match="needs one part per source"):
         rules.rebuild(RecoveryPlan("stage0_copy", (1, 4), parts=("embedding",)), inputs(2))
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        {"offset": -1},  # negative
+        {"every": True},  # a bool is no count
+        {"start": "4"},
+        {"end": 4},  # start < end
+        {"first": 9},  # end <= first: replacement ids above the initial ones
+        {"extra": 1},  # keys other than the share's
+        {"start": None},  # a key missing (popped below)
+    ],
+)
+def test_a_join_token_with_a_damaged_share_is_refused(tmp_path: Path, damage: dict) -> None:
+    keys = SwarmKeys.new()
+    keys.set_layout(MachineLayout(10, 11, (0, 4)))
+    path = tmp_path / "t.json"
+    keys.write_token(path, "tcp://a:1", keys.layout.by_start(4))  # type: ignore[union-attr]
+    data = json.loads(path.read_text())
+    data["machine"].update(damage)
+    if damage == {"start": None}:
+        del data["machine"]["start"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(AuthError):
+        read_token(path)
+
+
+@pytest.mark.parametrize("keys_field", [["3"], {"x3": "k"}, {"-1": "k"}, "3"])
+def test_a_key_file_whose_keys_are_not_ids_to_keys_is_refused(tmp_path: Path, keys_field: object) -> None:
+    keys = SwarmKeys.new()
+    path = tmp_path / "k.json"
+    keys.write_key_file(path, 5, keys.admitted(range(6), 7))
+    read_key_file(path, 5)
+    data = json.loads(path.read_text())
+    data["keys"] = keys_field
+    path.write_text(json.dumps(data))
+    with pytest.raises(AuthError):
+        read_key_file(path, 5)
+    data["keys"], data["secret_key"] = {}, "not a key"
+    path.write_text(json.dumps(data))
+    with pytest.raises(AuthError):
+        read_key_file(path, 5)
+
+
+@pytest.mark.parametrize("n", [0, 31, 33])
+def test_a_secret_of_other_than_32_bytes_is_refused(n: int) -> None:
+    machine = MachineLayout(10, 11, (0, 4)).by_start(4)
+    assert machine is not None
+    SwarmKeys(bytes(32)), MachineKeys(bytes(32), machine, "k")
+    with pytest.raises(AuthError, match=f"is {n} bytes; expected 32"):
+        SwarmKeys(bytes(n))
+    with pytest.raises(AuthError, match=f"is {n} bytes; expected 32"):
+        MachineKeys(bytes(n), machine, "k")
