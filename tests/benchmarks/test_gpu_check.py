@@ -535,7 +535,8 @@ def test_the_logs_archive_leaves_out_the_swarms_secrets_checkpoints_and_caches(t
 @pytest.mark.timeout(120)
 def test_the_fused_vs_plain_comparison_passes_the_same_loss_and_fails_a_wrong_one(tmp_path, monkeypatch):
     """Section 1's comparison on the micro config, on this CPU, with a stand-in for Liger's loss (exact torch
-    math): within tolerance; then with a fused loss 10 % too large: missed (the loss and the gradients)."""
+    math): within tolerance; then with a fused loss 10 % too large: missed (the loss and the gradients); then
+    0.01 nats too large (the same gradients), and with gradients 10 % too large (the same loss): missed."""
     from checkfree.loss import LossPath
 
     from helpers.liger import install_fake_liger
@@ -568,6 +569,27 @@ def test_the_fused_vs_plain_comparison_passes_the_same_loss_and_fails_a_wrong_on
     got = {metric: value for _, metric, value in rows}
     assert got["target |Δloss| ≤ 0.001 nats, gradients within 1%"] == "missed"
     assert float(got["gradients ‖fused − plain‖ ÷ ‖plain‖"]) > 0.05
+
+    class Shifted(wrong):  # the same gradients, a loss 0.01 nats off: missed on the loss alone
+        def __call__(self, *args, **kwargs):
+            return super().__call__(*args, **kwargs) + 0.01
+
+    monkeypatch.setattr(fake.module, "LigerFusedLinearCrossEntropyLoss", Shifted)
+    rows.clear()
+    assert sections.fused_vs_plain(ctx, run) is False
+    got = {metric: value for _, metric, value in rows}
+    assert float(got["gradients ‖fused − plain‖ ÷ ‖plain‖"]) < 1e-5
+
+    class Steeper(wrong):  # the same loss, gradients 10 % too large: missed on the gradients alone
+        def __call__(self, *args, **kwargs):
+            loss = super().__call__(*args, **kwargs)
+            return loss + 0.1 * (loss - loss.detach())
+
+    monkeypatch.setattr(fake.module, "LigerFusedLinearCrossEntropyLoss", Steeper)
+    rows.clear()
+    assert sections.fused_vs_plain(ctx, run) is False
+    got = {metric: value for _, metric, value in rows}
+    assert float(got["|loss fused − plain|"].split()[0]) < 1e-5
 
 
 def test_the_comparison_is_skipped_on_a_cpu_and_fails_on_cuda_without_the_fused_path(tmp_path, monkeypatch):
