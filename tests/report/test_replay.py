@@ -270,3 +270,24 @@ def test_authors_rule_at_a_granularity_places_each_failure_inside_its_span():
     )
     assert authors_placement(7, w, [1, 2], 3, 100).iteration_lost
     assert not authors_placement(7, w, [1], 3, 100).iteration_lost
+
+
+def test_an_unknown_rule_or_a_paper_interval_below_k_is_refused(tmp_path, capsys):
+    from checkfree.recovery.checkpoint import check_rule
+
+    with pytest.raises(
+        ValueError, match=r"'checkpoint_rule' is 'weekly'; expected one of \['effective', 'authors'\]"
+    ):
+        check_rule("weekly", 3, 0)
+    with pytest.raises(ValueError, match="'checkpoint_paper_interval' is 2; expected 0 or at least"):
+        check_rule("authors", 3, 2)
+    check_rule("authors", 3, 3)  # one paper iteration per iteration: the rule literally
+    with pytest.raises(ValueError, match="'checkpoint_paper_interval' is 2"):
+        replay_checkpoint({0: 1.0}, ScriptedFailures(), 3, 1, None, 5, rule="authors", paper_every=2)
+    rc, _, err = run_cli(
+        simulate_argv(tmp_path / "run", "--dry-run", "--set", "checkpoint_rule=weekly", setting="checkpoint"),
+        capsys,
+    )
+    assert rc == 2 and "'checkpoint_rule' is 'weekly'" in err and "Traceback" not in err
+    with pytest.raises(ValueError, match="--checkpoint-rule is 'weekly'"):
+        build_report([tmp_path], "auto", tmp_path / "out", checkpoint_rule="weekly")
