@@ -47,3 +47,14 @@ def test_unknown_setting_is_one_sentence():
     assert r.returncode == 2
     assert r.stderr.strip().startswith("checkfree simulate: error: unknown setting 'ours-magic'")
     assert "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("script", ["run.sh", "run_2.sh"])
+def test_a_config_path_that_does_not_exist_is_said_so(script):
+    """A path into a directory is that file or none: the launcher once trained configs/tiny_config.json when handed
+    /nonexistent/dir/tiny_config.json (issue 37)."""
+    r = launch(script, "checkfree", "1", "16", "/nonexistent/dir/tiny_config.json", "0")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("CONFIG '/nonexistent/dir/tiny_config.json' does not exist;")
+    assert r.stdout == ""  # refused before the command line is printed or python starts

@@ -101,6 +101,11 @@ def test_each_kind_of_run_passes_the_simulator_checks(tmp_path, capsys):
         ({"N_T": "310"}, "not a multiple of EVAL"),
         ({"JOBS": "0"}, "JOBS is '0'"),
         ({"SEEDS_5": "0 x"}, "a seed is 'x'"),
+        (
+            {"ONLY": "["},
+            "ONLY is '[', which is not an extended regular expression",
+        ),  # grep's error: exit 0 before
+        ({"ONLY": "a{99999999999}"}, "which is not an extended regular expression"),
     ],
 )
 def test_bad_settings_are_refused_before_anything_runs(tmp_path, env, fragment):
