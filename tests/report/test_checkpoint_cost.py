@@ -6,6 +6,8 @@ compressed scale (6 stages, K = 3 standing for the paper's 100, 300 iterations) 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from checkfree.failures.injection import StageFailureInjector
@@ -54,6 +56,10 @@ def test_the_numbers_configs_readme_quotes():
     assert [round(cost(TINY_6X2[r], 3, 300, "effective"), 2) for r in (5, 10, 16)] == [1.21, 1.57, 2.73]
     assert [round(cost(TINY_6X2[r], 3, 300, "authors", 100), 2) for r in (5, 10, 16)] == [1.30, 1.73, 2.68]
     assert [round(cost(PAPER_500M[r], 100, 10_000, "authors"), 2) for r in (5, 10, 16)] == [1.30, 1.73, 2.68]
+    readme = " ".join((Path(__file__).parents[2] / "configs" / "README.md").read_text().split())
+    assert (
+        "is 1.21, 1.57 and 2.73 at 5, 10 and 16 %/h" in readme and "and 1.30, 1.73 and 2.68 under" in readme
+    )
     assert expected_wall_iterations(0.0, 3, 300, "authors", 100) == 300
     with pytest.raises(ValueError, match="'weekly' is unknown"):
         expected_wall_iterations(0.1, 3, 300, "weekly")
