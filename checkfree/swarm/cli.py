@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -429,13 +430,27 @@ def _memory(args: argparse.Namespace, cfg, policy, end: int, devices):
     if here.fits:
         return here, ""
     ways = []
-    fewer = next((k for k in range(cfg.in_flight - 1, 0, -1) if machine(k, end).fits), None)
+    fewer = _largest(1, cfg.in_flight - 1, lambda k: machine(k, end).fits)
     if fewer is not None:
         ways.append(f"--set in_flight={fewer}")
-    last = next((e for e in range(end - 1, args.start, -1) if machine(cfg.in_flight, e).fits), None)
+    last = _largest(args.start + 1, end - 1, lambda e: machine(cfg.in_flight, e).fits)
     if last is not None:
         ways.append(f"--end {last} here (nodes {last}..{end - 1} on other machines, docs/swarm.md)")
     return here, ", or with ".join(ways)
+
+
+def _largest(low: int, high: int, fits: Callable[[int], bool]) -> int | None:
+    """The largest n in low..high with ``fits(n)``, for a ``fits`` that holds for every n below one that fits
+    (memory grows with the nodes and the microbatches in flight): a bisection, log2(high − low) calls, so a swarm
+    of thousands of nodes is planned in seconds (None: none fits)."""
+    best = None
+    while low <= high:
+        mid = (low + high) // 2
+        if fits(mid):
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best
 
 
 def _default_run_dir(args: argparse.Namespace) -> Path:
@@ -616,10 +631,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     """
     import hashlib
 
-    import zmq
-
-    from checkfree.swarm.config import node_range, swarm_config_from_dict
-    from checkfree.swarm.devices import resolve_devices
+    from checkfree.swarm.forkserver import warm_forkserver
     from checkfree.swarm.process_identity import running
     from checkfree.swarm.supervisor.journal import (
         check_options,
@@ -627,7 +639,6 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         keys_of,
         read_journal,
     )
-    from checkfree.swarm.supervisor.supervisor import Supervisor
 
     assert _RUN_PARSER is not None
     defaults = vars(_RUN_PARSER.parse_args([]))
@@ -661,6 +672,13 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             "supervisor): every stage has no live replica and no snapshot to restore it from, so the run cannot "
             "be resumed; its results so far are in its journal.json."
         )
+    warm_forkserver()  # its imports (torch: seconds) beside this process's, which begin here
+    import zmq
+
+    from checkfree.swarm.config import node_range, swarm_config_from_dict
+    from checkfree.swarm.devices import resolve_devices
+    from checkfree.swarm.supervisor.supervisor import Supervisor
+
     opts = argparse.Namespace(**(defaults | data["options"]))
     for key in PATH_OPTIONS:
         if getattr(opts, key, None) is not None:
