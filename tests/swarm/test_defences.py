@@ -18,6 +18,7 @@ from checkfree.recovery import rules
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.launcher import LAUNCHER_STAGE
+from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.parts import REFUSALS_PER_WINDOW, WeightGrants
 from checkfree.swarm.node.recovering import Rollback
 from checkfree.swarm.supervisor.link import Link
@@ -221,8 +222,6 @@ def test_a_join_token_whose_share_offset_reaches_its_stride_is_refused(tmp_path:
 
 def test_refusals_are_bounded_per_requester_per_request_timeout() -> None:
     module = torch.nn.Linear(2, 2)
-    from checkfree.swarm.node.context import StageState
-
     t = [0.0]
     grants = WeightGrants(StageState(module, W.make_optimizer(module, 1e-3)), 60.0, clock=lambda: t[0])
     assert all(grants.may_refuse(7) for _ in range(REFUSALS_PER_WINDOW))
@@ -360,3 +359,76 @@ def test_a_secret_of_other_than_32_bytes_is_refused(n: int) -> None:
         SwarmKeys(bytes(n))
     with pytest.raises(AuthError, match=f"is {n} bytes; expected 32"):
         MachineKeys(bytes(n), machine, "k")
+
+
+def _answered(node: FakeNode, plan: RecoveryPlan, edit) -> None:
+    """Start ``plan``'s fetch on ``node`` and answer its first request with a fitting answer that ``edit`` spoils."""
+    rec = node.recovery(plan)
+    rec.start()
+    to, request = node.sent[0]
+    answer = weights_answer(node, to, request["request"])
+    edit(answer)
+    rec.on_response(answer)
+
+
+def test_a_fetched_answer_lacking_what_its_rule_needs_is_rejected() -> None:
+    def drop(*keys: str):
+        return lambda msg: [msg.meta.pop(k) for k in keys]
+
+    checkfree = RecoveryPlan("checkfree", (1, 1))
+    for plan, edit, why in (
+        (checkfree, drop("grad_norm"), "sent no grad_norm, which the CheckFree rule needs"),
+        (
+            RecoveryPlan("replica", (1,), with_optimizer=True, fresh_lr_scale=False),
+            drop("step"),
+            "no Adam step",
+        ),
+        (
+            RecoveryPlan("replica", (1,), with_optimizer=True, fresh_lr_scale=False),
+            drop("lr"),
+            "no Adam step",
+        ),
+    ):
+        node = FakeNode()
+        _answered(node, plan, edit)
+        assert len(node.rejected) == 1 and why in node.rejected[0] and not node.done
+    node = FakeNode()  # the same answers, unspoilt, are taken
+    _answered(
+        node, RecoveryPlan("replica", (1,), with_optimizer=True, fresh_lr_scale=False), lambda msg: None
+    )
+    assert node.rejected == [] and len(node.done) == 1
+
+
+def test_a_stage0_copy_answer_of_other_keys_or_shapes_is_rejected() -> None:
+    def node_of_stage0() -> FakeNode:
+        node = FakeNode()
+        module = torch.nn.ModuleDict(
+            {"embed_tokens": torch.nn.Embedding(4, 2), "norm": torch.nn.LayerNorm(2)}
+        )
+        node.module, node.state = module, StageState(module, W.make_optimizer(module, 1e-3))
+        return node
+
+    def copy_of(tensors: dict[str, torch.Tensor]):
+        def edit(msg: Message) -> None:
+            msg.meta.update(stage=0, part="embedding")
+            msg.tensors = {f"w.{k}": v for k, v in tensors.items()}
+
+        return edit
+
+    plan = RecoveryPlan("stage0_copy", (1,), parts=("embedding",))
+    emb = torch.ones(4, 2)
+    for tensors, why in (
+        (
+            {"embed_tokens.weight": emb, "norm.weight": torch.ones(2)},
+            "copy from node 3 has keys",
+        ),  # the head's too
+        ({"embed_tokens.weight": torch.ones(5, 2)}, "has the wrong shape or dtype"),
+        ({"embed_tokens.weight": emb.double()}, "has the wrong shape or dtype"),
+    ):
+        node = node_of_stage0()
+        _answered(node, plan, copy_of(tensors))
+        assert len(node.rejected) == 1 and why in node.rejected[0] and not node.done, why
+    node = node_of_stage0()
+    _answered(node, plan, copy_of({"embed_tokens.weight": emb}))
+    assert node.rejected == [] and len(node.done) == 1
+    assert torch.equal(node.done[0][0].module.state_dict()["embed_tokens.weight"], emb)
