@@ -384,7 +384,9 @@ def run_file_cases() -> list[Case]:
         ("not JSON", "{"),
         ("nested 100,000 deep", "[" * 100_000 + "]" * 100_000),
         ("status a number", '{"status": 5, "setting": "checkfree"}'),
-        ("final a string", '{"status": "completed", "final": "good"}'),
+        ("final_eval a string", '{"status": "completed", "final_eval": "good"}'),
+        ("iterations -1", '{"status": "completed", "iterations": -1}'),
+        ("world_size 0", '{"status": "completed", "world_size": 0}'),
     ):
 
         def prepare(d: Path, text: str = text) -> None:

@@ -36,9 +36,8 @@ def _read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"failure schedule {str(path)!r} does not exist: expected a JSON file.")
-    return load_json(
-        path, "failure schedule", MAX_SCHEDULE_BYTES
-    )  # at most 16 MiB, 32 deep (checkfree.schemas.limits)
+    # at most 16 MiB and 32 deep (checkfree.schemas.limits): one sentence, never a RecursionError
+    return load_json(path, "failure schedule", MAX_SCHEDULE_BYTES)
 
 
 def _parse_node_schedule(data: Any, path: str | Path) -> dict[int, list[int]]:

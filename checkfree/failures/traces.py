@@ -521,9 +521,8 @@ def load_downtime(path: str | Path) -> DowntimeSchedule:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"schedule {str(path)!r} does not exist: expected a JSON file.")
-    data = load_json(
-        path, "schedule", MAX_SCHEDULE_BYTES
-    )  # at most 16 MiB, 32 deep (checkfree.schemas.limits)
+    # at most 16 MiB and 32 deep (checkfree.schemas.limits): one sentence, never a RecursionError
+    data = load_json(path, "schedule", MAX_SCHEDULE_BYTES)
     return parse_downtime(data, f"schedule {str(path)!r}")
 
 

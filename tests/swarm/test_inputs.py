@@ -204,3 +204,16 @@ def test_the_memory_advice_bisects_to_the_same_answer_as_a_scan():
             scan = next((n for n in range(high, low - 1, -1) if n <= edge), None)
             assert _largest(low, high, fits) == scan, (low, high, edge)
             assert len(calls) <= max(1, (high - low + 1).bit_length())
+
+
+def test_a_join_token_too_deep_or_too_large_is_one_sentence(tmp_path: Path):
+    from checkfree.swarm.wire.auth import AuthError, read_token
+
+    path = tmp_path / "token.json"
+    for text, says in (
+        ("[" * 100_000 + "]" * 100_000, "is nested deeper than 32"),
+        ('{"pad": "' + "x" * (1 << 20) + '"}', "is larger than 1,048,576 bytes"),
+    ):
+        path.write_text(text)
+        with pytest.raises(AuthError, match=f"join token {re.escape(str(path))} cannot be read; .*{says}"):
+            read_token(path)
