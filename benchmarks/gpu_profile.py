@@ -13,8 +13,13 @@ plain loop (bf16 autocast, fp32 master weights, Adam, clipping, ``mb_count`` mic
    by kind (matrix multiplies, attention, optimizer and clipping, everything else: element-wise and reductions),
    with the device's busy time ÷ the wall time (below 1: the host cannot launch kernels fast enough).
 
+``--fused-loss`` computes the loss of every step as checkfree's fused path does (the model's body, then
+Liger-Kernel's fused linear cross-entropy on the final norm's output and the head's weight; checkfree/loss.py):
+what the profile shows once the logits are gone (issue 41). It needs CUDA and liger-kernel (one sentence, exit
+code 2, otherwise).
+
 Usage: ``python benchmarks/gpu_profile.py [--config 124M_config.json] [--widths 512,768,1024,1536]
-[--compile-widths 512,1536]``;
+[--compile-widths 512,1536] [--fused-loss]``;
 ``--device cpu --smoke`` runs the same code at micro sizes (what tests/benchmarks/test_gpu_profile.py runs).
 Output: a table on stdout and ``--out FILE`` (JSON), nothing else.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import sys
 import time
@@ -35,11 +41,13 @@ from torch.profiler import ProfilerActivity, profile
 
 from checkfree.config import load_config
 from checkfree.devices import autocast_context
+from checkfree.loss import LIGER_MODULE, resolve_loss_path
 from checkfree.model import build_hf_model
 from checkfree.telemetry.throughput import device_peak, model_flops_per_token
 from checkfree.training_state import make_adam
 
 KINDS = (  # (kind, substrings of a kernel's name); the first that matches wins
+    ("fused loss (Liger)", ("liger", "element_mul_kernel")),
     ("matrix multiply", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "addmm", "linear")),
     ("attention", ("flash", "fmha", "attention", "efficient_attention")),
     ("optimizer and clipping", ("multi_tensor", "adam", "foreach")),
@@ -59,16 +67,21 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def make_step(cfg, vocab: int, device: torch.device, autocast: str, compile: bool = False):
+def make_step(
+    cfg, vocab: int, device: torch.device, autocast: str, compile: bool = False, fused: bool = False
+):
     """One plain training step of ``cfg``'s unsplit model (as gpu_check's plain loop), its flops per token and its
-    parameter count. ``compile``: ``torch.compile`` the model first (inductor), as gpu_check's plain model."""
+    parameter count. ``compile``: ``torch.compile`` the model first (inductor), as gpu_check's plain model;
+    ``fused``: the loss through Liger's fused linear cross-entropy (the body compiled, not the loss)."""
     model = build_hf_model(cfg, vocab, cfg.seed).to(device)
     params = sum(p.numel() for p in model.parameters())
     flops = model_flops_per_token(
         params - model.get_input_embeddings().weight.numel(), cfg.n_layers, cfg.dmodel, cfg.seq_l
     )
+    body, head = model.base_model, model.get_output_embeddings()
+    liger = importlib.import_module(LIGER_MODULE).LigerFusedLinearCrossEntropyLoss() if fused else None
     if compile:
-        model.compile()
+        (body if fused else model).compile()
     opt = make_adam(model, cfg.lr)
     ctx = autocast_context(device, autocast)
     gen = torch.Generator().manual_seed(0)
@@ -81,8 +94,12 @@ def make_step(cfg, vocab: int, device: torch.device, autocast: str, compile: boo
         opt.zero_grad(set_to_none=True)
         for batch in batches:
             with ctx:
-                logits = model(input_ids=batch[:, :-1]).logits
-                loss = F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
+                if liger is not None:
+                    h = body(input_ids=batch[:, :-1]).last_hidden_state  # (B, T, d), normalised
+                    loss = liger(head.weight, h.reshape(-1, h.shape[-1]), batch[:, 1:].reshape(-1), head.bias)
+                else:
+                    logits = model(input_ids=batch[:, :-1]).logits
+                    loss = F.cross_entropy(logits.float().reshape(-1, vocab), batch[:, 1:].reshape(-1))
             (loss / cfg.mb_count).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
@@ -145,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="timed steps per width, after 2 warm-up steps")
     ap.add_argument("--smoke", action="store_true", help="micro sizes (a CPU check of the code)")
     ap.add_argument("--out", type=Path, help="JSON file for the numbers")
+    ap.add_argument(
+        "--fused-loss", action="store_true", help="the loss through Liger's fused linear cross-entropy (CUDA)"
+    )
     args = ap.parse_args(argv)
     try:
         widths = [int(w) for w in args.widths.split(",")]
@@ -169,6 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.fused_loss:
+        try:
+            resolve_loss_path("on", torch.device(args.device).type)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     if args.out is not None and args.out.exists():
         print(f"error: --out {args.out} exists; give a new file", file=sys.stderr)
         return 2
@@ -179,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     peak = device_peak(device)
     print(
         f"device {device} ({peak.source}); {args.config}: d {cfg.dmodel}, {cfg.n_layers} layers, vocabulary {vocab}, "
-        f"{cfg.mb_count} × {cfg.batch_size} × {cfg.seq_l} tokens per step, autocast {args.autocast}",
+        f"{cfg.mb_count} × {cfg.batch_size} × {cfg.seq_l} tokens per step, autocast {args.autocast}, "
+        f"{'fused' if args.fused_loss else 'plain'} loss",
         flush=True,
     )
 
@@ -191,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         wcfg = load_config(args.config, {**small, "dmodel": width, "num_heads": width // 64})
         row = {"d_model": width, "compiled": compiled}
         try:
-            step, fpt, params = make_step(wcfg, vocab, device, args.autocast, compiled)
+            step, fpt, params = make_step(wcfg, vocab, device, args.autocast, compiled, args.fused_loss)
             timed(step, device, 2)  # warm-up (and compilation)
             seconds = timed(step, device, args.steps)
         except (
@@ -213,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         del step
         free(device)
 
-    step, _, _ = make_step(cfg, vocab, device, args.autocast)
+    step, _, _ = make_step(cfg, vocab, device, args.autocast, fused=args.fused_loss)
     timed(step, device, 2)  # warm-up
     per_kind, busy, top = kernel_table(step, device, args.profile_steps)
     total = sum(per_kind.values())
@@ -232,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak": peak.source,
             "config": args.config,
             "autocast": args.autocast,
+            "fused_loss": args.fused_loss,
             "busy_over_wall": busy,
             "ms_per_step_by_kind": {k: v / args.profile_steps * 1e3 for k, v in per_kind.items()},
             "top_kernels_ms_per_step": [[n, s / args.profile_steps * 1e3] for n, s in top],

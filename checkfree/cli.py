@@ -203,6 +203,13 @@ def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
         "--compile", action="store_true", help="torch.compile each stage (off by default; see docs/gpu.md)"
     )
     p.add_argument(
+        "--compile-mode",
+        choices=["default", "reduce-overhead"],
+        default="default",
+        help="torch.compile's mode with --compile: reduce-overhead replays CUDA graphs, fewer kernel launches "
+        "(docs/gpu.md)",
+    )
+    p.add_argument(
         "--fused-loss",
         choices=["auto", "on", "off"],
         default="auto",

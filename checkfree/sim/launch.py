@@ -349,6 +349,7 @@ def run_simulation(opts: SimulateOptions, argv: list[str] | None = None) -> dict
             autocast=opts.autocast,
             compile=opts.compile,
             compile_backend=opts.compile_backend,
+            compile_mode=opts.compile_mode,
             activation_checkpointing=opts.activation_checkpointing,
             fused_loss=pre.loss_path.fused,
             peak=peak,

@@ -42,6 +42,8 @@ class SimulateOptions:
     peak_tflops: float | None = None
     compile: bool = False
     compile_backend: str = "inductor"
+    compile_mode: str = "default"
+    """torch.compile's mode with ``--compile``: "default", or "reduce-overhead" (CUDA graphs: fewer kernel launches)."""
     fused_loss: str = "auto"
     """The head and loss through Liger-Kernel's fused linear cross-entropy: "auto" (where CUDA and liger-kernel
     are), "on" (or a refusal) or "off" (checkfree/loss.py; docs/gpu.md)."""

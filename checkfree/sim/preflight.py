@@ -394,10 +394,17 @@ def _failure_source(opts: SimulateOptions, cfg: Config, probability: float) -> S
 
 
 def _check_throughput_options(opts: SimulateOptions) -> None:
-    """--autocast, --peak-tflops and --tensorboard (docs/simulator.md: Throughput and MFU, Live monitoring; docs/gpu.md)."""
+    """--autocast, --peak-tflops, --compile-mode and --tensorboard (docs/simulator.md: Throughput and MFU, Live
+    monitoring; docs/gpu.md)."""
     autocast_context(torch.device("cpu"), opts.autocast)  # raises ValueError for an unknown mode
     if opts.peak_tflops is not None and not (math.isfinite(opts.peak_tflops) and opts.peak_tflops > 0):
         raise ValueError(f"--peak-tflops is {opts.peak_tflops}; expected a positive number of TFLOP/s.")
+    if opts.compile_mode not in ("default", "reduce-overhead"):
+        raise ValueError(f"--compile-mode is {opts.compile_mode!r}; expected default or reduce-overhead.")
+    if opts.compile_mode != "default" and not opts.compile:
+        raise ValueError(
+            f"--compile-mode {opts.compile_mode} was given without --compile; expected both, or neither."
+        )
     if opts.tensorboard and importlib.util.find_spec("tensorboard") is None:
         raise ValueError(
             "--tensorboard needs the tensorboard package (pinned in requirements.txt); run ./setup.sh."

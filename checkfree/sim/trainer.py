@@ -116,6 +116,8 @@ class RunContext:
     """torch.compile each stage in place (``nn.Module.compile``: parameter names and state dicts unchanged)."""
     compile_backend: str = "inductor"
     """torch.compile backend ("eager" traces without code generation: gpu_check's CPU smoke run)."""
+    compile_mode: str = "default"
+    """torch.compile mode of the inductor backend: "default" or "reduce-overhead" (CUDA graphs)."""
     activation_checkpointing: bool = False
     """Recompute each transformer block in the backward pass instead of keeping its activations
     (:class:`checkfree.model.TransformerStage`; ``--activation-checkpointing``)."""
@@ -174,8 +176,11 @@ class Trainer:
             for s in stages[1:]:
                 s.activation_checkpointing = True  # a plain attribute: names and state dicts unchanged
         if ctx.compile:
+            # a mode is inductor's: another backend (gpu_check's CPU smoke: "eager") gets none
+            mode = ctx.compile_mode if ctx.compile_backend == "inductor" else "default"
+            options = {"mode": mode} if mode != "default" else {}
             for s in stages:  # stage 0 too: EmbeddingStage.compile compiles its embedding and head
-                s.compile(backend=ctx.compile_backend)  # in place: recovery and checkpoints keep their names
+                s.compile(backend=ctx.compile_backend, **options)  # in place: names and state dicts unchanged
         self.last_rate: dict[str, float | None] = {"tokens_per_second": 0.0, "mfu": None}
         self.meter = ThroughputMeter(
             stages_flops_per_token(stages, cfg.n_layers, cfg.dmodel, cfg.seq_l),

@@ -50,6 +50,7 @@ def test_the_sweep_and_the_profile_report_every_width_and_where_the_time_went(tm
         (("--widths", "500"), "every width must be a positive multiple of 64"),
         (("--compile-widths", "0"), "every width must be a positive multiple of 64"),
         ((), "--device cpu at full size: the sweep is for a CUDA device"),
+        (("--smoke", "--fused-loss"), "--fused-loss on needs CUDA, but this run computes on the cpu"),
     ],
 )
 def test_a_wrong_width_is_one_sentence_and_exit_2(args, message):
@@ -63,3 +64,14 @@ def test_an_existing_out_file_is_refused_and_left_as_it_was(tmp_path):
     out.write_text("mine")
     r = _run("--device", "cpu", "--smoke", "--out", str(out), timeout=50)
     assert r.returncode == 2 and "exists" in r.stderr and out.read_text() == "mine"
+
+
+def test_a_liger_kernel_is_counted_as_the_fused_loss():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_profile
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert gpu_profile.kind_of("_liger_cross_entropy_kernel_0d1d2d") == "fused loss (Liger)"
+    assert gpu_profile.kind_of("element_mul_kernel") == "fused loss (Liger)"
+    assert gpu_profile.kind_of("sm90_xmma_gemm_bf16bf16_bf16f32") == "matrix multiply"

@@ -40,3 +40,24 @@ def test_fused_loss_on_without_cuda_is_one_sentence_and_nothing_is_written(tmp_p
     rc, _, err = run_cli(argv, capsys)
     assert_user_error(rc, err, "--fused-loss on needs CUDA, but this run computes on the cpu")
     assert not (tmp_path / "run").exists()
+
+
+def test_compile_mode_reaches_every_stage_and_needs_compile(tmp_path, capsys, monkeypatch):
+    from torch import nn
+
+    from checkfree.model import EmbeddingStage
+
+    seen: list[dict] = []
+    monkeypatch.setattr(
+        nn.Module, "compile", lambda self, *a, **kw: seen.append(kw)
+    )  # recorded, not compiled
+    monkeypatch.setattr(EmbeddingStage, "compile", lambda self, *a, **kw: seen.append(kw))
+    argv = simulate_argv(tmp_path / "run", "--compile", "--compile-mode", "reduce-overhead", iterations=2)
+    rc, _, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    assert (
+        seen == [{"backend": "inductor", "mode": "reduce-overhead"}] * 5
+    )  # stage 0 and 4 transformer stages
+    rc, _, err = run_cli(simulate_argv(tmp_path / "run2", "--compile-mode", "reduce-overhead"), capsys)
+    assert_user_error(rc, err, "--compile-mode reduce-overhead was given without --compile")
+    assert not (tmp_path / "run2").exists()
