@@ -10,7 +10,8 @@ Each trial runs the tiny test swarm (4 transformer stages + stage 0, 2 replicas,
   takes over at once, so the scheduled crash is the first replacement the resumed supervisor starts.
 
 The crash's row of throughput.json gives crash → serving (``latency_s``), crash → spawn, spawn → join and join →
-serving. The median of ``--trials`` of each is printed and written to ``--out``/bench.json::
+serving; its ``coordinator_outages`` the resume's re-adoption (``t_resumed`` → ``t_adopted``), which the forkserver's
+start must not lengthen. The median of ``--trials`` of each is printed and written to ``--out``/bench.json::
 
     .venv/bin/python benchmarks/bench_resume_replacement.py --trials 5 --out runs/bench-resume-replacement
 """
@@ -90,6 +91,8 @@ def crash_row(run: Path, node: int) -> dict[str, Any]:
         "crash_to_spawn_s": row["t_spawn"] - row["t_crash"],
         "spawn_to_join_s": row["t_join"] - row["t_spawn"],
         "join_to_serving_s": row["t_serving"] - row["t_join"],
+        # the resume's own re-adoption (its outage's t_resumed → t_adopted); 0 without a resume
+        "adoption_s": sum(o["t_adopted"] - o["t_resumed"] for o in out.get("coordinator_outages", [])),
         "resumes": out.get("resumes", 0),
     }
 

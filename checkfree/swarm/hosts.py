@@ -41,13 +41,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from checkfree.swarm.devices import DeviceMap
+from checkfree.swarm.forkserver import forkserver_context as _forkserver
+from checkfree.swarm.forkserver import forkserver_ready, warm_forkserver
 from checkfree.swarm.process_identity import AdoptedProcess, running, start_time
 from checkfree.swarm.wire.auth import MachineKeys, SwarmKeys
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_FORKSERVER: mp.context.BaseContext | None = None
 
 
 HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -79,30 +80,6 @@ def held_signals() -> Iterator[None]:
                 handler(signum, frame)
             elif handler == signal.SIG_DFL:
                 os.kill(os.getpid(), signum)
-
-
-def _forkserver() -> mp.context.BaseContext:
-    """The forkserver context every forked node starts from (the server itself starts with the first node)."""
-    global _FORKSERVER
-    if _FORKSERVER is None:
-        # Before the server starts, whatever the first node's device: the server keeps this environment for
-        # every node it forks, and a CUDA availability check at import (NVML-based with this variable) must not
-        # initialise CUDA in the server, which would poison its CUDA children.
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["checkfree.swarm.node.node", "checkfree.swarm.storage"])
-        # The server's imports (seconds) happen here, where a stop signal may interrupt them: a process that
-        # does nothing is forked and waited for (interrupted, it ends by itself, and so does the server then).
-        warm_up = ctx.Process(target=_nothing, name="forkserver-warm-up")
-        warm_up.start()
-        warm_up.join()
-        warm_up.close()
-        _FORKSERVER = ctx
-    return _FORKSERVER
-
-
-def _nothing() -> None:
-    """The forkserver's warm-up process (:func:`_forkserver`)."""
 
 
 def _node_entry(argv: list[str], log_path: str) -> None:
@@ -223,14 +200,14 @@ class LocalHost:
         cmd += ["--key-file", str(self.key_file(node))] if self.keys is not None else ["--insecure"]
         return cmd
 
-    def warm_up(self) -> None:
-        """Start the forkserver now (``fork`` mode; seconds: it imports torch and the node code), so that the next
-        :meth:`spawn` forks in milliseconds. A fresh run's first spawn does this; a resumed supervisor starts no node
-        until its first replacement, which would otherwise wait for the server (checkfree.swarm.supervisor)."""
-        if self.mode == "fork" and _FORKSERVER is None:
-            t0 = time.monotonic()
-            _forkserver()
-            log.info("host: forkserver ready in %.1f s", time.monotonic() - t0)
+    def warm_up(self, wait: bool = False) -> None:
+        """Start the forkserver in the background (``fork`` mode: :func:`warm_forkserver`); ``wait``: until it is
+        ready."""
+        if self.mode == "fork":
+            warm_forkserver()
+            if wait:
+                forkserver_ready()
+                log.info("host: the forkserver is ready: a node starts in milliseconds")
 
     def key_file(self, node: int) -> Path:
         return self.run_dir / "keys" / f"node{node}.json"
@@ -249,6 +226,7 @@ class LocalHost:
         cmd = self.command(node, stage, location, replacement, device)
         log_path = self.run_dir / f"node{node}.log"
         if self.mode == "fork":
+            forkserver_ready()  # a start warm_forkserver began (one that failed is retried, and raises, below)
             _forkserver()  # started and warm before the signals are held: only the fork itself waits
         with held_signals():  # from the fork to the record of its pid: a stop signal waits (module docstring)
             proc = self._start(cmd, log_path)

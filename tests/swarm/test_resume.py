@@ -149,6 +149,8 @@ def test_killed_at_a_committed_iteration_it_resumes_where_it_was(tmp_path: Path,
     assert outage["adopted"] == list(range(8)) and outage["replaced"] == {}  # every live node re-adopted
     assert out["aborted_attempts"] == 0 and out["crashes_count"] == 0
     assert "resumed: 8 nodes adopted, 0 replaced" in log
+    resumed = log[log.index("resuming the run") :]  # its forkserver is ready before any replacement is due
+    assert resumed.index("the forkserver is ready") < resumed.index("resumed: 8 nodes adopted")
     again = _swarm(["--resume", str(tmp_path / "run")])
     assert (
         again.returncode == 2 and "ended (completed)" in again.stderr and len(again.stderr.splitlines()) == 1

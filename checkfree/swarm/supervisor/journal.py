@@ -39,7 +39,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
@@ -49,8 +49,12 @@ from checkfree.recovery.record import RecoveryRecord
 from checkfree.schemas.errors import short, validate
 from checkfree.schemas.limits import InputLimitError, check_json_depth
 from checkfree.swarm.supervisor.journal_schema import JournalRecord
-from checkfree.swarm.supervisor.results import CrashRecord, Results
 from checkfree.swarm.wire.auth import SwarmKeys
+
+# the results (and torch, which they import) only where they are encoded or decoded: a resume checks its journal
+# before anything imports torch, and starts the forkserver's imports beside its own (checkfree.swarm.forkserver)
+if TYPE_CHECKING:
+    from checkfree.swarm.supervisor.results import Results
 
 JOURNAL_FILE = "journal.json"
 JOURNAL_FORMAT = "checkfree-swarm-journal-v1"
@@ -429,6 +433,8 @@ def decode_results(results: Results, data: dict[str, Any]) -> None:
 
 
 def _encode(value: Any, where: str) -> Any:
+    from checkfree.swarm.supervisor.results import CrashRecord
+
     if isinstance(value, CrashRecord):
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         fields["recovery"] = value.recovery.to_json() if value.recovery is not None else None
@@ -472,6 +478,8 @@ def _decode(value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     if set(value) == {"__crash__"}:
+        from checkfree.swarm.supervisor.results import CrashRecord
+
         fields = dict(value["__crash__"])
         record = fields.pop("recovery")
         return CrashRecord(

@@ -876,8 +876,8 @@ class Supervisor:
             else:
                 self.link.command(node, "resume")
                 asked.append(node)
-        # the forkserver's imports (seconds) now, while the answers queue: not at the first replacement's spawn
-        self.host.warm_up()
+        # the forkserver ready (swarm run --resume began its imports) before training goes on, as in a fresh run
+        self.host.warm_up(wait=True)
         wait = max(RESUME_WAIT_S, 2 * self.cfg.peer_timeout)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and not set(asked) <= set(state.reported("resumed")):
