@@ -465,6 +465,7 @@ def _default_run_dir(args: argparse.Namespace) -> Path:
 def cmd_run(args: argparse.Namespace) -> int:
     import zmq
 
+    from checkfree.loss import resolve_loss_path
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
@@ -496,6 +497,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         recovery_kills = load_recovery_kills(args.recovery_kills)
     devices = resolve_devices(args.device, args.gpus, args.start)  # before anything is written or started
+    resolve_loss_path(cfg.fused_loss, devices.kind, option="fused_loss")  # "on" without CUDA or Liger: refused
     memory, advice = _memory(args, cfg, policy, end, devices)
     if not memory.fits and not args.dry_run:
         raise ValueError(memory.sentence(advice))
@@ -675,6 +677,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     warm_forkserver()  # its imports (torch: seconds) beside this process's, which begin here
     import zmq
 
+    from checkfree.loss import resolve_loss_path
     from checkfree.swarm.config import node_range, swarm_config_from_dict
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.supervisor.supervisor import Supervisor
@@ -698,6 +701,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
         recovery_kills = load_recovery_kills(opts.recovery_kills)
     end = node_range(cfg.n_nodes, opts.start, opts.end, opts.config)
     devices = resolve_devices(opts.device, opts.gpus, opts.start)
+    resolve_loss_path(cfg.fused_loss, devices.kind, option="fused_loss")
     try:  # the same address as before: every node and launcher dials it
         sup = Supervisor(
             cfg,

@@ -13,6 +13,7 @@ from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.node.compute import StageWorker
 
 from helpers import VOCAB, tiny_config
+from helpers.cli import assert_user_error, run_cli, swarm_argv
 from helpers.liger import install_fake_liger
 
 
@@ -47,3 +48,10 @@ def test_the_swarm_config_takes_fused_loss_and_refuses_another_value():
         ConfigError, match=r"'fused_loss' is 'yes'; expected one of \['auto', 'on', 'off'\]\.$"
     ):
         swarm_config_from_dict({"model_config": "tiny_config.json", "fused_loss": "yes"})
+
+
+def test_swarm_run_with_fused_loss_on_and_no_cuda_is_one_sentence_before_anything_starts(tmp_path, capsys):
+    argv = swarm_argv(tmp_path, "--set", "fused_loss=on", "--device", "cpu")
+    rc, _, err = run_cli(argv, capsys)
+    assert_user_error(rc, err, "fused_loss on needs CUDA, but this run computes on the cpu")
+    assert not (tmp_path / "run").exists()
