@@ -22,7 +22,7 @@ from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.parts import REFUSALS_PER_WINDOW, WeightGrants
 from checkfree.swarm.node.recovering import Rollback
 from checkfree.swarm.supervisor.link import Link
-from checkfree.swarm.supervisor.supervisor import Supervisor
+from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import (
     AuthError,
@@ -432,3 +432,31 @@ def test_a_stage0_copy_answer_of_other_keys_or_shapes_is_rejected() -> None:
     _answered(node, plan, copy_of({"embed_tokens.weight": emb}))
     assert node.rejected == [] and len(node.done) == 1
     assert torch.equal(node.done[0][0].module.state_dict()["embed_tokens.weight"], emb)
+
+
+# ---------------------------------------------------------------------- the retry limit (supervisor/attempts.py)
+
+
+class _Commands:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict]] = []
+
+    def broadcast(self, command: str, **meta: object) -> None:
+        self.sent.append((command, meta))
+
+
+def test_an_iteration_is_given_up_after_max_attempts_failed_attempts(sup: Supervisor) -> None:
+    """Each stalled or timed-out attempt is aborted and redone, the max_attempts-th stops the run (every node told
+    ``abort`` first)."""
+    commands = _Commands()
+    sup.attempts.link = commands  # type: ignore[assignment]
+    limit = sup.cfg.max_attempts
+    for n in range(1, limit):
+        sup.attempts.begin(6, [], 1.0)
+        sup.attempts.retry("stalled")  # aborted, to be redone
+        assert sup.state.failed_attempts[6] == n and commands.sent[-1][0] == "abort"
+    sup.attempts.begin(6, [], 1.0)
+    with pytest.raises(SwarmError, match=f"iteration 6 failed {limit} attempts; last: no commit"):
+        sup.attempts.retry("no commit within 60 s")
+    assert commands.sent[-1] == ("abort", {"attempt": sup.state.attempt})
+    assert sup.state.current is not None and sup.state.current.phase == "over"
