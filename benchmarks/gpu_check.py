@@ -6,9 +6,9 @@
     SMOKE=1 DEVICE=cpu benchmarks/gpu_check.sh     # every section's logic on the CPU, micro sizes, in a minute
 
 The sections and what they measure: gpu_check_sections.py. Each has a budget in seconds on one H100; the default
-set (all seven) ends within :data:`DEADLINE_S` (8 min) of the check's start: sections 1–5 have budgets that sum,
-with the start-up, to at most that, and sections 6 (``--compile``) and 7 (convergence under failures) run only
-when enough time remains. A section stops itself at its budget (or at the deadline, whichever comes first;
+set (all eight) ends within :data:`DEADLINE_S` (8 min) of the check's start: sections 1–5 have budgets that sum,
+with the start-up, to at most that, and sections 6 (``--compile``), 7 (convergence under failures) and 8
+(``--compile-mode reduce-overhead``) run only when enough time remains. A section stops itself at its budget (or at the deadline, whichever comes first;
 SIGALRM) and records a row saying so, then the next one runs; ``--budgets 5=200`` changes a budget,
 ``--deadline`` the deadline. ``--plan`` prints each section's expected seconds and how they were estimated
 (gpu_check_estimate.py).
@@ -351,7 +351,7 @@ def main() -> int:
     ap.add_argument(
         "--plan", action="store_true", help="full-size inputs of every section on this CPU; no training"
     )
-    ap.add_argument("--sections", help="comma-separated section numbers (default: all, 1..7)")
+    ap.add_argument("--sections", help="comma-separated section numbers (default: all, 1..8)")
     ap.add_argument("--budgets", help="SECTION=SECONDS,... replacing those sections' budgets")
     ap.add_argument(
         "--deadline",

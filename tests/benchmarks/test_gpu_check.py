@@ -31,6 +31,7 @@ TITLES = {
     5: "swarm on the device",
     6: "124M with --compile",
     7: "convergence under failures",
+    8: "124M compiled with CUDA graphs",
 }
 no_cuda = pytest.mark.skipif(
     torch.cuda.is_available(), reason="this machine has CUDA: the check would run for real"
@@ -211,17 +212,17 @@ def test_a_gpu_that_torch_cannot_see_fails_with_torchs_version_and_cuda_build(tm
         (
             ["--sections", "1,9"],
             {},
-            "--sections is '1,9'; expected distinct section numbers from 1 to 7, comma-separated, e.g. 1,3,5.",
+            "--sections is '1,9'; expected distinct section numbers from 1 to 8, comma-separated, e.g. 1,3,5.",
         ),
         (
             [],
             {"SECTIONS": "3,3"},
-            "--sections is '3,3'; expected distinct section numbers from 1 to 7, comma-separated, e.g. 1,3,5.",
+            "--sections is '3,3'; expected distinct section numbers from 1 to 8, comma-separated, e.g. 1,3,5.",
         ),
         (
             ["--budgets", "5=0"],
             {},
-            "--budgets is '5=0'; expected SECTION=SECONDS pairs, comma-separated, with sections from 1 to 7 and "
+            "--budgets is '5=0'; expected SECTION=SECONDS pairs, comma-separated, with sections from 1 to 8 and "
             "positive seconds, e.g. 1=60,5=200.",
         ),
         (
@@ -304,7 +305,7 @@ def test_plan_builds_every_section_at_full_size_within_the_deadline_and_names_wh
     total = next(line for line in r.stdout.splitlines() if line.startswith("| total |"))
     expected, budget = re.search(r"\| (\d+) \| (\d+) of the 480 s deadline", total).groups()
     assert int(expected) <= 480 and int(budget) <= 480, total
-    assert r.stdout.rstrip().splitlines()[-1].startswith("plan passed: 7 section(s) planned")
+    assert r.stdout.rstrip().splitlines()[-1].startswith("plan passed: 8 section(s) planned")
     assert (
         len(list((tmp_path / "cache").glob("shakespeare-*/meta.json"))) >= 5
     )  # the caches really were built
@@ -467,7 +468,7 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     # a CPU: every run on the plain loss, the baseline too, and the comparison skipped (not failed) here
     assert (
         table.count("| loss                               | plain cross-entropy over fp32 logits (no CUDA)")
-        == 5
+        == 6
     )
     assert "| plain cross-entropy over fp32 logits (--fused-loss off)" in table
     assert "| skipped: loss: plain cross-entropy over fp32 logits (no CUDA)" in table
@@ -498,7 +499,7 @@ def test_smoke_runs_every_section_on_the_cpu_and_writes_its_report(tmp_path):
     ]
     scratch = Path(re.search(r"runs in (\S+);", text)[1])
     simulator_runs = [d for d in (scratch / "runs").iterdir() if d.name != "swarm"]
-    assert len(simulator_runs) == 7 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
+    assert len(simulator_runs) == 8 and not any(any(d.glob("checkpoints/*")) for d in simulator_runs)  # none
     with tarfile.open(out / "gpu_check_logs.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("swarm/supervisor.log") for n in names)
