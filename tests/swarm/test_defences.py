@@ -34,7 +34,7 @@ from checkfree.swarm.wire.auth import (
 )
 from checkfree.swarm.wire.protocol import Message, MessageType
 
-from helpers.swarm import FakeNode, weights_answer
+from helpers.swarm import FakeNode, stage0_copies_of, weights_answer
 
 LAUNCHER_2, LAUNCHER_4 = 1_000_002, 1_000_004
 
@@ -460,3 +460,26 @@ def test_an_iteration_is_given_up_after_max_attempts_failed_attempts(sup: Superv
         sup.attempts.retry("no commit within 60 s")
     assert commands.sent[-1] == ("abort", {"attempt": sup.state.attempt})
     assert sup.state.current is not None and sup.state.current.phase == "over"
+
+
+# ---------------------------------------------------------------------- stage-0 copies (node/stage0_copies.py)
+
+
+def test_a_held_stage0_copy_must_have_the_parts_keys_shapes_and_dtypes() -> None:
+    holder = stage0_copies_of(1)
+    holder.shapes = {"embedding": {"embed_tokens.weight": (torch.Size([4, 2]), torch.float32)}, "head": {}}
+
+    def copy(tensors: dict[str, torch.Tensor]) -> Message:
+        meta = {"stage": 0, "part": "embedding", "version": 3}
+        return Message(MessageType.STAGE0_COPY, 0, 0, -1, meta, {f"w.{k}": v for k, v in tensors.items()})
+
+    for tensors in (
+        {"embed_tokens.weight": torch.ones(5, 2)},
+        {"embed_tokens.weight": torch.ones(4, 2, dtype=torch.float64)},
+        {"embed_tokens.weight": torch.ones(4, 2), "embed_tokens.extra": torch.ones(1)},
+    ):
+        with pytest.raises(ValueError, match="has other keys or shapes"):
+            holder.on_copy(copy(tensors))
+        assert "embedding" not in holder.held
+    holder.on_copy(copy({"embed_tokens.weight": torch.ones(4, 2)}))
+    assert holder.held["embedding"][0] == 3
