@@ -212,11 +212,26 @@ EOF
   # train on where CUDA is (checkfree/loss.py). Its requirements are torch and triton, which a CUDA torch brings:
   # installed with --no-deps, and only where triton imports (never on a CPU build of torch, e.g. CI's stand-in).
   liger=$(sed -nE 's/^cuda = \["(liger-kernel>=[0-9.]+)"\]$/\1/p' pyproject.toml)
-  if "$VPY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('triton') is None or u.find_spec('liger_kernel') is not None)"; then
+  liger_state=$("$VPY" - <<'EOF'
+import importlib.util as u
+
+if u.find_spec("liger_kernel") is not None:
+    print("installed")
+elif u.find_spec("triton") is not None:
+    print("install")
+else:  # a CUDA build of torch without triton is worth a line, a CPU build is not
+    import torch
+
+    print("no-triton" if torch.version.cuda else "cpu")
+EOF
+  ) || liger_state=cpu
+  if [ "$liger_state" = install ]; then
     echo "[setup] installing $liger (the cuda extra; --no-deps: triton comes with $PY's CUDA torch)"
     if ! "$VPY" -m pip install -q ${pip_src[@]+"${pip_src[@]}"} --no-deps "$liger"; then
       echo "[setup] $liger was not installed (pip's message is above): the simulator trains on the plain loss here${wheelhouse:+; add its wheel with benchmarks/device_bundle.sh}"
     fi
+  elif [ "$liger_state" = no-triton ]; then
+    echo "[setup] $PY's CUDA torch has no triton: $liger (the fused loss) is not installed, the plain loss runs"
   fi
 fi
 
