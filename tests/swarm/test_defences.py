@@ -22,6 +22,7 @@ from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.parts import REFUSALS_PER_WINDOW, WeightGrants
 from checkfree.swarm.node.recovering import Rollback
 from checkfree.swarm.supervisor.link import Link
+from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import (
@@ -483,3 +484,58 @@ def test_a_held_stage0_copy_must_have_the_parts_keys_shapes_and_dtypes() -> None
         assert "embedding" not in holder.held
     holder.on_copy(copy({"embed_tokens.weight": torch.ones(4, 2)}))
     assert holder.held["embedding"][0] == 3
+
+
+# ---------------------------------------------------------------------- the supervisor's other claims (inbox.py)
+
+
+def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -> None:
+    """One message per check of the supervisor's handlers, each dropped and counted as a bad message (and an
+    offence of its sender), the state unchanged; the fitting twin of each is taken."""
+    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    t = [100.0]
+    sup.peer_messages.clock = lambda: t[0]
+    sup.state.attempt = 7
+    sup.state.current = Attempt(7, 3, sup.roster.members(), t_begin=100.0)
+    tokens = sup.cfg.mb_count * sup.cfg.model.batch_size * sup.cfg.model.seq_l
+    end = Message(
+        MessageType.ITERATION_END, 0, meta={"stage": 0, "attempt": 7, "loss": 2.0, "tokens": tokens}
+    )
+
+    def refused(msg: Message) -> None:
+        bad = sup.peer_messages.bad_messages
+        assert handle(msg) == [] and sup.peer_messages.bad_messages == bad + 1, msg.meta
+
+    sup.state.current.phase = "sync"
+    refused(end)  # ITERATION_END after the forward phase
+    sup.state.current.phase = "forward"
+    handle(end)
+    assert set(inbox["iteration_end"]) == {0}
+    t[0] = 100.0 + sup.cfg.microbatch_timeout
+    refused(_control(0, "stalled", attempt=7, reason="stuck"))  # its pipeline ended in this attempt
+    refused(_control(99, "stalled", attempt=7, reason="stuck"))  # no member of this swarm
+    refused(_control(1, "stored", stage=1, version=3))  # not the storage node (this setting has none)
+    assert sup.state.checkpoints.newest_complete() == 0
+    begun = sup.state.begun_iteration
+    slot = sup.roster.slots[1]
+    refused(_control(slot.occupant, "restored", version=begun + 2, bytes=0, record={}))  # ahead of the swarm
+    handle(_control(slot.occupant, "restored", version=begun + 1, bytes=0, record={}))
+    assert slot.version == begun + 1
+    resumed = {"stage": 1, "version": 3, "attempt": 7}
+    handle(_control(slot.occupant, "resumed", **resumed))
+    refused(_control(slot.occupant, "resumed", **resumed))  # a second one
+    refused(_control(LAUNCHER_2, "serving", stage=2, version=0, record={}))  # a launcher sends only 'exited'
+    refused(_control(LAUNCHER_4, "exited", node=2, code=0))  # node 2 is machine 2's
+    (dead,) = handle(_control(LAUNCHER_2, "exited", node=2, code=-9))
+    assert dead.kind == "dead" and dead.slot is sup.roster.slots[2]
+    refused(_join(LAUNCHER_2, LAUNCHER_STAGE, slots=[2]))  # a launcher joined already
+    refused(_join(7, LAUNCHER_STAGE, slots=[2]))  # no launcher id
+    refused(_join(sup.roster.slots[3].occupant, sup.roster.slots[3].stage))  # it joined already
+    refused(_control(sup.roster.slots[3].occupant, "serving", stage=3, version=0, record={"rule": "initial"}))
+    remote = sup.roster.slots[3]
+    del sup.roster.by_node[remote.occupant]
+    remote.address, remote.launcher = None, None
+    refused(_join(remote.occupant, remote.stage))  # a remote node no launcher hosts
+    remote.launcher = LAUNCHER_2
+    handle(_join(remote.occupant, remote.stage))
+    assert remote.address == "tcp://127.0.0.1:9"
