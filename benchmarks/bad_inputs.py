@@ -313,6 +313,23 @@ def schedule_cases() -> list[Case]:
                 [*swarm, "--schedule", "sched.json"],
             )
         )
+    kills = [*SWARM_RUN, str(ROOT / "configs" / "swarm_tiny.json"), "--recovery-kills", "kills.json"]
+    for label, text in (
+        ("a list", "[]"),
+        (
+            "nested 100,000 deep",
+            '{"format": "checkfree-recovery-kills-v1", "kills": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        ),
+        (
+            "a kind that is not one",
+            '{"format": "checkfree-recovery-kills-v1", "kills": [{"iteration": 1, "kind": "all"}]}',
+        ),
+        (
+            "after_s NaN",
+            '{"format": "checkfree-recovery-kills-v1", "kills": [{"iteration": 1, "kind": "source", "after_s": NaN}]}',
+        ),
+    ):
+        out.append(Case(f"recovery kills {label}", "schedule", {"kills.json": text}, kills))
     sim = [*SIMULATE, str(ROOT / "configs" / "tiny_config.json"), "--failure-schedule"]
     for label, text in (
         ("a list", "[1]"),

@@ -217,3 +217,14 @@ def test_a_join_token_too_deep_or_too_large_is_one_sentence(tmp_path: Path):
         path.write_text(text)
         with pytest.raises(AuthError, match=f"join token {re.escape(str(path))} cannot be read; .*{says}"):
             read_token(path)
+
+
+def test_a_recovery_kill_schedule_too_deep_is_one_sentence(tmp_path: Path):
+    from checkfree.swarm.supervisor.recovery_kills import load_recovery_kills
+
+    path = tmp_path / "kills.json"
+    path.write_text(
+        '{"format": "checkfree-recovery-kills-v1", "kills": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    with pytest.raises(ValueError, match="recovery-kill schedule .* is nested deeper than 32"):
+        load_recovery_kills(path)

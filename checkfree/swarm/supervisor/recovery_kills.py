@@ -24,7 +24,6 @@ event before any replacement of it starts.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -67,10 +66,9 @@ def load_recovery_kills(path: str | Path) -> list[RecoveryKill]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"recovery-kill schedule {str(path)!r} does not exist: expected a JSON file.")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(path, f"is not valid JSON ({exc})") from None
+    from checkfree.schemas.limits import MAX_SCHEDULE_BYTES, load_json
+
+    data = load_json(path, "recovery-kill schedule", MAX_SCHEDULE_BYTES)  # 16 MiB, 32 deep: one sentence
     if (
         not isinstance(data, dict)
         or data.get("format") != KILLS_FORMAT
