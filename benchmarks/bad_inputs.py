@@ -456,11 +456,28 @@ def run_file_cases() -> list[Case]:
             prepare=no_tokens,
         )
     )
+
+    def supervisor_gone(d: Path) -> None:
+        _journal_run(d)
+        (d / "run" / "join_tokens").mkdir(mode=0o700)
+        (d / "run" / "join_tokens" / "machine4.json").write_text("{}")
+        (d / "run" / "join_tokens" / "machine4.json").chmod(0o600)
+
+    revoke = ["swarm", "revoke", "run", "4"]
+    out.append(
+        Case("revoke a run whose supervisor is gone", "revocations.json", {}, revoke, prepare=supervisor_gone)
+    )
+
+    def ended(d: Path) -> None:
+        supervisor_gone(d)
+        _journal_run_edit(d, _set("status", "completed"))
+
+    out.append(Case("revoke a run that ended", "revocations.json", {}, revoke, prepare=ended))
     token = {
         "version": 2,
         "bootstrap": "tcp://127.0.0.1:5555",
         "supervisor_key": "x" * 40,
-        "machine": {"start": 4, "end": 7, "offset": 0, "stride": 1},
+        "machine": {"start": 4, "end": 7, "first": 11, "every": 2, "offset": 1},
         "machine_secret": "0" * 40,
     }
     tok = [*SWARM_RUN, str(ROOT / "configs" / "swarm_tiny.json"), "--join-token", "token.json"]
@@ -474,6 +491,13 @@ def run_file_cases() -> list[Case]:
         ("nested 100,000 deep", "[" * 100_000 + "]" * 100_000),
         ("2 MiB", _json(token | {"pad": "x" * (2 << 20)})),
         ("missing", None),
+        ("a share whose offset is its stride", _json(token | {"machine": token["machine"] | {"offset": 2}})),
+        (
+            "a share of 10^30 nodes",
+            _json(token | {"machine": token["machine"] | {"end": 10**30, "first": 10**30 + 1}}),
+        ),
+        ("a share beyond the swarm", _json(token | {"machine": token["machine"] | {"end": 11, "first": 12}})),
+        ("a machine that is a bool", _json(token | {"machine": token["machine"] | {"start": True}})),
     ):
         files = {} if text is None else {"token.json": text}
         out.append(Case(f"join token {label}", "join token", files, tok))
@@ -558,6 +582,16 @@ def _journal_run(d: Path, edit: Callable[[dict, Path], object] | None = None, mo
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.chmod(run / JOURNAL_FILE, mode)
+
+
+def _journal_run_edit(d: Path, edit: Callable[[dict, Path], object]) -> None:
+    """Rewrite ``d/run``'s journal with ``edit`` applied (mode 0600 kept)."""
+    from checkfree import jsonio
+
+    path = d / "run" / "journal.json"
+    data = jsonio.loads(path.read_text())
+    edit(data, d)
+    path.write_text(jsonio.dumps(data))
 
 
 def _set(path: str, value: object) -> Callable[[dict, Path], None]:
