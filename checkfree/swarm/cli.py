@@ -303,7 +303,7 @@ def _check_run(
     Raises:
         ValueError: iterations, node range or schedule do not fit the swarm (one sentence with the way out).
     """
-    from checkfree.swarm.config import node_range
+    from checkfree.swarm.config import machines_option, node_range
 
     if args.iterations < 1:
         raise ValueError(f"--iterations is {args.iterations}; expected a positive number of iterations.")
@@ -339,41 +339,6 @@ def _check_run(
             machines_option(args.machines, cfg.n_nodes),
         )
     return end
-
-
-def machines_option(text: str | None, n_nodes: int | None = None) -> list[tuple[int, int]] | None:
-    """``--machines START:END,...`` as ranges (None: not given), each within the swarm's ``n_nodes`` initial nodes
-    (when given; else below checkfree.schemas.fields.MAX_NODES), checked before anything is sized by them.
-
-    Raises:
-        ValueError: a range is not START:END with integers START < END within those bounds (one sentence).
-    """
-    from checkfree.schemas.fields import MAX_NODES, MAX_SWARM_NODES
-
-    if text is None:
-        return None
-    limit = MAX_NODES if n_nodes is None else n_nodes
-    parts = text.split(",")
-    if len(parts) > MAX_SWARM_NODES:
-        raise ValueError(
-            f"--machines names {len(parts):,} ranges; expected at most one per node ({MAX_SWARM_NODES:,})."
-        )
-    out = []
-    for part in parts:
-        bounds = [b.strip() for b in part.strip().split(":")]
-        if len(bounds) != 2 or not all(b.isdigit() and len(b) <= len(str(limit)) for b in bounds):
-            raise ValueError(
-                f"--machines part {part[:40]!r} is not START:END; expected e.g. --machines 4:7,7:10."
-            )
-        start, end = int(bounds[0]), int(bounds[1])
-        if not start < end <= limit:
-            whose = " (the swarm's nodes)" if n_nodes is not None else ""
-            raise ValueError(
-                f"--machines part {part!r} is not a range START < END <= {limit:,}{whose}; expected e.g. "
-                "--machines 4:7,7:10."
-            )
-        out.append((start, end))
-    return out
 
 
 def _token_range(args: argparse.Namespace) -> None:
@@ -466,7 +431,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import zmq
 
     from checkfree.loss import resolve_loss_path
-    from checkfree.swarm.config import load_swarm_config
+    from checkfree.swarm.config import load_swarm_config, machines_option
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.hosts import LocalHost
     from checkfree.swarm.policies import make_policy
@@ -497,7 +462,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         recovery_kills = load_recovery_kills(args.recovery_kills)
     devices = resolve_devices(args.device, args.gpus, args.start)  # before anything is written or started
-    resolve_loss_path(cfg.fused_loss, devices.kind, option="fused_loss")  # "on" without CUDA or Liger: refused
+    resolve_loss_path(
+        cfg.fused_loss, devices.kind, option="fused_loss"
+    )  # "on" without CUDA or Liger: refused
     memory, advice = _memory(args, cfg, policy, end, devices)
     if not memory.fits and not args.dry_run:
         raise ValueError(memory.sentence(advice))
@@ -678,7 +645,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     import zmq
 
     from checkfree.loss import resolve_loss_path
-    from checkfree.swarm.config import node_range, swarm_config_from_dict
+    from checkfree.swarm.config import machines_option, node_range, swarm_config_from_dict
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.supervisor.supervisor import Supervisor
 

@@ -313,6 +313,41 @@ def node_range(n_nodes: int, start: int, end: int | None, config: str | Path | N
     return end
 
 
+def machines_option(text: str | None, n_nodes: int | None = None) -> list[tuple[int, int]] | None:
+    """``--machines START:END,...`` as ranges (None: not given), each within the swarm's ``n_nodes`` initial nodes
+    (when given; else below checkfree.schemas.fields.MAX_NODES), checked before anything is sized by them.
+
+    Raises:
+        ValueError: a range is not START:END with integers START < END within those bounds (one sentence).
+    """
+    from checkfree.schemas.fields import MAX_NODES, MAX_SWARM_NODES
+
+    if text is None:
+        return None
+    limit = MAX_NODES if n_nodes is None else n_nodes
+    parts = text.split(",")
+    if len(parts) > MAX_SWARM_NODES:
+        raise ValueError(
+            f"--machines names {len(parts):,} ranges; expected at most one per node ({MAX_SWARM_NODES:,})."
+        )
+    out = []
+    for part in parts:
+        bounds = [b.strip() for b in part.strip().split(":")]
+        if len(bounds) != 2 or not all(b.isdigit() and len(b) <= len(str(limit)) for b in bounds):
+            raise ValueError(
+                f"--machines part {part[:40]!r} is not START:END; expected e.g. --machines 4:7,7:10."
+            )
+        start, end = int(bounds[0]), int(bounds[1])
+        if not start < end <= limit:
+            whose = " (the swarm's nodes)" if n_nodes is not None else ""
+            raise ValueError(
+                f"--machines part {part!r} is not a range START < END <= {limit:,}{whose}; expected e.g. "
+                "--machines 4:7,7:10."
+            )
+        out.append((start, end))
+    return out
+
+
 def route(pipeline: int, members: dict[int, list[int]], n_stages: int, order: list[int]) -> list[int] | None:
     """Node ids one microbatch of ``pipeline`` visits: [stage-0 node, node of order[0], node of order[1], …].
 

@@ -13,8 +13,7 @@ import pytest
 
 from checkfree import jsonio
 from checkfree.config import ConfigError
-from checkfree.swarm.cli import machines_option
-from checkfree.swarm.config import SwarmConfig, load_swarm_config, swarm_config_from_dict
+from checkfree.swarm.config import SwarmConfig, load_swarm_config, machines_option, swarm_config_from_dict
 from checkfree.swarm.supervisor.machines import read_revocations
 
 from helpers import ROOT
