@@ -14,9 +14,12 @@ from helpers.cli import assert_user_error, run_cli
 @pytest.mark.parametrize(
     "option, words",
     [
-        (["--set", "eval_interval=-1"], ["'eval_interval' is -1", "integer >= 0"]),
-        (["--set", "eval_interval=2.5"], ["'eval_interval' is 2.5", "integer >= 0"]),
-        (["--snapshot-every", "-3"], ["'snapshot_every' is -3", "integer >= 0"]),
+        (["--set", "eval_interval=-1"], ["'eval_interval' is -1", "an integer in [0, 100,000,000], or null"]),
+        (
+            ["--set", "eval_interval=2.5"],
+            ["'eval_interval' is 2.5", "an integer in [0, 100,000,000], or null"],
+        ),
+        (["--snapshot-every", "-3"], ["'snapshot_every' is -3", "an integer in [0, 100,000,000]"]),
     ],
 )
 def test_a_wrong_validation_or_snapshot_interval_is_one_sentence(
