@@ -227,3 +227,26 @@ def test_a_recovery_kill_schedule_too_deep_is_one_sentence(tmp_path: Path):
     )
     with pytest.raises(ValueError, match="recovery-kill schedule .* is nested deeper than 32"):
         load_recovery_kills(path)
+
+
+def test_a_join_token_is_read_through_its_schema(tmp_path: Path):
+    """A token as the supervisor writes it reads back; a key of no token, a share of 10^30 ids or a secret that is
+    not 40 Z85 characters is one sentence naming the field (checkfree.schemas.join_token)."""
+    from checkfree.swarm.wire.auth import AuthError, MachineLayout, SwarmKeys, read_token
+
+    keys = SwarmKeys.new()
+    keys.set_layout(MachineLayout(10, 11, (0, 4)))
+    path = tmp_path / "t.json"
+    keys.write_token(path, "tcp://a:1", keys.layout.by_start(4))  # type: ignore[union-attr, arg-type]
+    good = json.loads(path.read_text())
+    assert read_token(path)[1] == "tcp://a:1"
+    for edit, says in (
+        ({"note": "hand-edited"}, "unknown key 'note'"),
+        ({"machine": good["machine"] | {"end": 10**30}}, "'machine.end' is 1000000000000000000000000000000"),
+        ({"machine": good["machine"] | {"every": 0}}, "'machine.every' is 0"),
+        ({"machine_secret": "abc"}, "'machine_secret' is 'abc'; expected 40 Z85 characters"),
+        ({"bootstrap": ""}, "'bootstrap' is ''"),
+    ):
+        path.write_text(json.dumps(good | edit))
+        with pytest.raises(AuthError, match=re.escape(f"join token {path}: {says}")):
+            read_token(path)

@@ -383,6 +383,10 @@ def read_token(path: Path) -> tuple[MachineKeys, str]:
             f"join token {path} is of version {data.get('version')}; expected a machine's token (version "
             f"{TOKEN_VERSION}, <run_dir>/join_tokens/machine<START>.json of a supervisor of this version)."
         )
+    from checkfree.schemas.errors import validate
+    from checkfree.schemas.join_token import JoinToken
+
+    validate(JoinToken, data, f"join token {path}", AuthError)  # every field typed and bounded, no other key
     machine = Machine.from_json(data.get("machine"), f"join token {path}")
     try:
         secret = zmq.utils.z85.decode(str(data.get("machine_secret")).encode("ascii"))
