@@ -420,6 +420,22 @@ def run_file_cases() -> list[Case]:
                 prepare=prepare,
             )
         )
+
+    def deep_metrics(d: Path) -> None:
+        (d / "runs" / "a").mkdir(parents=True)
+        lines = "[" * 100_000 + "]" * 100_000 + '\n{"kind": "eval", "iteration": 0, "val_loss": 5.0}\n'
+        (d / "runs" / "a" / "metrics.jsonl").write_text(lines)
+
+    report = ["report", "runs/a", "--out", "rep"]
+    out.append(
+        Case(
+            "report metrics.jsonl a line nested 100,000 deep",
+            "summary.json",
+            {},
+            report,
+            prepare=deep_metrics,
+        )
+    )
     for label, text in (
         ("a list", "[1, 2]"),
         ("another format", '{"format": "x", "machines": [4]}'),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
+from checkfree.schemas.limits import check_json_depth
 
 
 def _finite(value: Any) -> Any:
@@ -63,13 +64,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """All records of a metrics.jsonl; a torn last line (a run killed mid-write) is skipped.
 
     Raises:
-        ValueError: a line other than the last is not a JSON object.
+        ValueError: a line other than the last is not a JSON object, or a line is nested deeper than 32 objects and
+            lists (checkfree.schemas.limits, checked before it is parsed).
     """
     lines = Path(path).read_text(encoding="utf-8").splitlines()
     records = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        check_json_depth(line, f"{path}: line {i + 1}")  # a hand-edited line 100,000 deep: one sentence
         try:
             rec = jsonio.loads(line)
         except json.JSONDecodeError:

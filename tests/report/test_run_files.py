@@ -55,3 +55,11 @@ def test_a_throughput_json_off_its_schema_is_one_sentence(tmp_path: Path) -> Non
     (tmp_path / "run" / "throughput.json").write_text(json.dumps({"setting": "ours", "loss_curve": "down"}))
     with pytest.raises(RunDirError, match="throughput.json: 'loss_curve' is 'down'; expected a valid list."):
         load_run(tmp_path / "run")
+
+
+def test_a_metrics_line_nested_deep_is_one_sentence(tmp_path: Path) -> None:
+    run = _run(tmp_path, '{"status": "completed"}')
+    good = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text("[" * 100_000 + "]" * 100_000 + "\n" + good)
+    with pytest.raises(RunDirError, match="metrics.jsonl: line 1 is nested deeper than 32"):
+        load_run(run)
