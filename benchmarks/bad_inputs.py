@@ -112,6 +112,13 @@ def _bomb(key: str, levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _first_latency(table: dict, value: object) -> dict:
+    """The locations table with its first link's latency replaced by ``value``."""
+    out = json.loads(json.dumps(table))
+    out["links"][0]["latency_ms"] = value
+    return out
+
+
 def _yaml(data: dict) -> str:
     return "".join(f"{k}: {json.dumps(v)}\n" for k, v in data.items())  # JSON values are YAML flow values
 
@@ -249,6 +256,23 @@ def swarm_cases() -> list[Case]:
     ):
         add(f"{key} {str(value)[:24]}", _json(SWARM | {key: value}))
     add("checkpoint_interval and checkpoint_every", _json(SWARM | {"checkpoint_interval": 3}))
+    table = json.loads((ROOT / "checkfree" / "swarm" / "locations.json").read_text())
+    for label, text in (
+        ("a list", "[]"),
+        ("nested 100,000 deep", "[" * 100_000 + "]" * 100_000),
+        ("with a latency that is a word", _json(_first_latency(table, "slow"))),
+        ("with a latency that is NaN", _json(_first_latency(table, float("nan")))),
+        (
+            "with a link to itself",
+            _json(table | {"links": [{"a": "Iowa", "b": "Iowa", "latency_ms": 1, "bandwidth_gib_s": 1}]}),
+        ),
+    ):
+        add(f"locations file {label}", _json(SWARM | {"locations_file": "loc.json"}), more={"loc.json": text})
+    add(
+        "locations file yaml alias bomb",
+        _json(SWARM | {"locations_file": "loc.yaml"}),
+        more={"loc.yaml": _bomb("bogus") + _yaml(table)},
+    )
     add("a list at the top", "[]")
     add("nested 100,000 deep", _json(SWARM)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     add("yaml nested 100,000 deep", _yaml(SWARM) + "x: " + "[" * 100_000 + "]" * 100_000 + "\n", ".yaml")
