@@ -532,6 +532,14 @@ def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -
     refused(_join(7, LAUNCHER_STAGE, slots=[2]))  # no launcher id
     refused(_join(sup.roster.slots[3].occupant, sup.roster.slots[3].stage))  # it joined already
     refused(_control(sup.roster.slots[3].occupant, "serving", stage=3, version=0, record={"rule": "initial"}))
+    refused(
+        _control(1, "begin", attempt=7, iteration=3, members={})
+    )  # a command for nodes, not the supervisor
+    sup.state.current.phase = "commit"
+    stats = {"sent_bytes": {}, "sent_messages": {}, "dropped_malformed": 0, "bad_messages": 0, "compute": {}}
+    refused(_control(1, "committed", attempt=7, version=3, **stats))  # committing iteration 3 gives version 4
+    handle(_control(1, "committed", attempt=7, version=4, **stats))
+    assert set(inbox["committed"]) == {1}
     remote = sup.roster.slots[3]
     del sup.roster.by_node[remote.occupant]
     remote.address, remote.launcher = None, None
