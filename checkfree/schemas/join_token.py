@@ -1,8 +1,12 @@
-"""A machine's join token (``<run_dir>/join_tokens/machine<START>.json``, checkfree.swarm.wire.auth): what a
-launcher on another machine reads to join the swarm, ``{"version": 2, "bootstrap": ADDRESS, "supervisor_key": KEY,
-"machine": {"start", "end", "first", "every", "offset"}, "machine_secret": KEY}``. The format is ours: unknown keys
-are refused. That the share is one of a swarm's (``offset < every``, ``start < end <= first``) is the reader's
-check (``Machine.from_json``)."""
+"""The files that carry a swarm's keys (checkfree.swarm.wire.auth), both ours (unknown keys refused):
+
+- a machine's join token, ``<run_dir>/join_tokens/machine<START>.json``, what a launcher on another machine reads
+  to join: ``{"version": 2, "bootstrap": ADDRESS, "supervisor_key": KEY, "machine": {"start", "end", "first",
+  "every", "offset"}, "machine_secret": KEY}``; that the share is one of a swarm's (``offset < every``,
+  ``start < end <= first``) is the reader's check (``Machine.from_json``);
+- a node's key file, ``<run_dir>/keys/node<ID>.json``: its id, its CURVE secret, the supervisor's public key and
+  the keys it admits until WELCOME.
+"""
 
 from __future__ import annotations
 
@@ -40,3 +44,17 @@ class JoinToken(BaseModel):
     supervisor_key: Z85
     machine: Share
     machine_secret: Z85
+
+
+class KeyFile(BaseModel):
+    """A node's key file (``<run_dir>/keys/node<ID>.json``, written 0600 by the supervisor before the node starts):
+    its id, its CURVE secret, the supervisor's public key and the public keys it admits until WELCOME."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    node: NodeId
+    secret_key: Z85
+    supervisor_key: Z85
+    keys: Annotated[
+        dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,7}$")], Z85],
+        Field(max_length=MAX_NODES, description="an object of node id -> public key"),
+    ] = {}

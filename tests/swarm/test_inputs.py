@@ -250,3 +250,22 @@ def test_a_join_token_is_read_through_its_schema(tmp_path: Path):
         path.write_text(json.dumps(good | edit))
         with pytest.raises(AuthError, match=re.escape(f"join token {path}: {says}")):
             read_token(path)
+
+
+def test_a_key_file_is_read_through_its_schema(tmp_path: Path):
+    from checkfree.swarm.wire.auth import AuthError, SwarmKeys, read_key_file
+
+    keys = SwarmKeys.new()
+    path = tmp_path / "node5.json"
+    keys.write_key_file(path, 5, {7: keys.public_key(7)})
+    good = json.loads(path.read_text())
+    assert read_key_file(path, 5).keyring.owner(keys.public_key(7)) == 7
+    for edit, says in (
+        ({"extra": 1}, "unknown key 'extra'"),
+        ({"node": True}, "'node' is True"),
+        ({"keys": {"x": keys.public_key(7)}}, "'keys.x[key]' is 'x'"),
+        ({"keys": {"7": "short"}}, "'keys.7' is 'short'"),
+    ):
+        path.write_text(json.dumps(good | edit))
+        with pytest.raises(AuthError, match=re.escape(f"key file {path}: {says}")):
+            read_key_file(path, 5)

@@ -406,7 +406,11 @@ def read_key_file(path: Path, ident: int) -> Identity:
     Raises:
         AuthError: the file is missing, malformed, or for another node.
     """
+    from checkfree.schemas.errors import validate
+    from checkfree.schemas.join_token import KeyFile
+
     data = _read_json(path, "key file", ("node", "secret_key", "supervisor_key"))
+    validate(KeyFile, data, f"key file {path}", AuthError)  # every field typed and bounded, no other key
     if data["node"] != ident:
         raise AuthError(f"key file {path} is for node {data['node']}; expected node {ident}.")
     secret = str(data["secret_key"]).encode("ascii")
