@@ -17,11 +17,11 @@ and the no-failure run's N = 10,000 iterations to loss 2.85 (Table 2: 419.56 h /
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from checkfree import jsonio
 from checkfree.failures.injection import StageFailureInjector
 from checkfree.report.replay import replay_checkpoint
 from checkfree.report.stats import mean_ci
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = audit(args.runs, args.first_seed)
     print(to_markdown(rows))
     if args.json is not None:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+        args.json.write_text(jsonio.dumps({"rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     return 0
 
 
