@@ -70,7 +70,7 @@ def stopped_early(summary: dict[str, Any]) -> bool:
     ``ended_by``) stopped before its own end: like a run with no summary.json, it has no outcome to compare. A run
     the trainer ended at --max-wall-iterations is ``"failed"`` with ``ended_by`` and is an outcome (censored)."""
     status = summary.get("status")
-    return status == "interrupted" or status == "failed"
+    return status == "interrupted" or (status == "failed" and "ended_by" not in summary)
 
 
 @dataclass
