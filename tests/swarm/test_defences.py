@@ -7,6 +7,7 @@ the task or the function that holds it."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,7 +34,7 @@ from checkfree.swarm.wire.auth import (
     read_key_file,
     read_token,
 )
-from checkfree.swarm.wire.protocol import Message, MessageType
+from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
 from helpers.swarm import FakeNode, stage0_copies_of, weights_answer
 
@@ -547,3 +548,44 @@ def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -
     remote.launcher = LAUNCHER_2
     handle(_join(remote.occupant, remote.stage))
     assert remote.address == "tcp://127.0.0.1:9"
+
+
+def test_fetched_weights_of_other_keys_shapes_or_dtypes_are_rejected() -> None:
+    """A replica's answer must hold exactly this stage's keys, shapes and dtypes (wire/weights.py check_state)."""
+    plan = RecoveryPlan("copy", (1,))
+
+    def tensors(**change: torch.Tensor):
+        def edit(msg: Message) -> None:
+            msg.tensors = {**msg.tensors, **{f"w.{k}": v for k, v in change.items()}}
+
+        return edit
+
+    for edit, why in (
+        (tensors(extra=torch.ones(2)), "differ from this stage in keys ['extra']"),
+        (tensors(weight=torch.ones(3, 2)), "'weight' is (3, 2)"),
+        (tensors(bias=torch.ones(2, dtype=torch.float64)), "'bias' is (2,) torch.float64"),
+    ):
+        node = FakeNode()
+        _answered(node, plan, edit)
+        assert len(node.rejected) == 1 and why in node.rejected[0] and not node.done, why
+
+
+def test_gradients_of_other_names_shapes_or_dtypes_are_rejected() -> None:
+    """A replica's gradients must name exactly this stage's parameters, each of its shape and dtype
+    (node/gradient_sync.py)."""
+    node = FakeNode()
+    node.membership.members = {1: [20, 5]}
+    sync = node.gradient_sync()
+    grads = {f"g.{n}": torch.ones_like(p) for n, p in node.module.named_parameters()}
+    meta = {"stage": 1, "attempt": 4, "microbatches": 4}
+    for bad, why in (
+        (grads | {"g.extra": torch.ones(2)}, "wrongly"),
+        ({k: v for k, v in grads.items() if k != "g.bias"}, "wrongly"),
+        (grads | {"g.weight": torch.ones(3, 2)}, "is (3, 2); expected (2, 2)"),
+        (grads | {"g.bias": torch.ones(2, dtype=torch.float64)}, "is (2,); expected (2,)"),
+    ):
+        with pytest.raises(ProtocolError, match=re.escape(why)):
+            sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, bad))
+        assert sync.received == {}
+    sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, grads))
+    assert set(sync.received) == {5}
