@@ -18,12 +18,14 @@ def short(value: Any) -> str:
     return text if len(text) <= VALUE_CHARS else text[: VALUE_CHARS - 1] + "…"
 
 
-def _expected(error: dict[str, Any], descriptions: dict[str, str]) -> str:
+def _expected(error: dict[str, Any], descriptions: dict[str, str], leaves: dict[str, str]) -> str:
     loc = error["loc"]
     if len(loc) == 1 and isinstance(loc[0], str) and loc[0] in descriptions:
         return descriptions[loc[0]]
     if error["type"] in ("model_type", "model_attributes_type", "dict_type", "typed_dict_type"):
         return "a JSON object"
+    if len(loc) > 1 and isinstance(loc[-1], str) and loc[-1] in leaves:
+        return leaves[loc[-1]]
     message = error["msg"]
     for prefix in ("Input should be ", "Value error, "):
         if message.startswith(prefix):
@@ -38,27 +40,32 @@ def sentence(
     source: str,
     descriptions: dict[str, str] | None = None,
     known: list[str] | None = None,
+    leaves: dict[str, str] | None = None,
 ) -> str:
     """The first error of ``exc`` as one sentence beginning with ``source`` (the file as the user named it).
 
     Args:
         descriptions: field name → what a top-level field expects (its schema's ``description``), said instead
             of pydantic's wording. known: the fields an unknown key is told apart from (default: those of
-            ``descriptions``).
+            ``descriptions``). leaves: field name → what a nested field of that name expects (a field inside a
+            list's objects, say), said instead of pydantic's wording.
     """
     error = exc.errors(include_url=False)[0]
     loc = error["loc"]
     field = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in loc).replace(".[", "[")
     kind = error["type"]
     if kind == "missing":
-        wants = (descriptions or {}).get(str(loc[0]), "a value")
+        if len(loc) > 1 and leaves and isinstance(loc[-1], str) and loc[-1] in leaves:
+            wants = leaves[loc[-1]]
+        else:
+            wants = (descriptions or {}).get(str(loc[0]), "a value")
         return f"{source}: the field {field!r} is missing; expected {wants}."
     if kind == "extra_forbidden":
         names = sorted(known if known is not None else (descriptions or {}))
         also = f"; expected some of {names}" if names else "; expected only the fields this file format has"
         return f"{source}: unknown key {field!r}{also}."
     where = f"{field!r} is " if field else "the file holds "
-    return f"{source}: {where}{short(error.get('input'))}; expected {_expected(error, descriptions or {})}."
+    return f"{source}: {where}{short(error.get('input'))}; expected {_expected(error, descriptions or {}, leaves or {})}."
 
 
 def descriptions_of(model: type[BaseModel]) -> dict[str, str]:

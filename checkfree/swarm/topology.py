@@ -11,13 +11,17 @@ copy for the launchers, kept byte-equal by ``tests/swarm/wire/test_netem.py``.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from checkfree.config_files import ConfigFileError, read_mapping
+from checkfree.schemas.errors import descriptions_of, sentence
+from checkfree.schemas.limits import parse_json
+from checkfree.schemas.locations import KNOWN, LEAVES, Link, LocationsFile
 
 GIB = 1024**3
 """Bytes in one GiB: the table's bandwidths are GiB/s."""
@@ -87,80 +91,71 @@ def location_of(node_id: int, locations: list[str] | tuple[str, ...]) -> str:
     return locations[node_id % len(locations)]
 
 
-def _number(value: object, what: str, *, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TopologyError(f"{what} is {value!r}; expected a finite number.")
-    if value < 0 or (positive and value == 0):
-        bound = "> 0" if positive else ">= 0"
-        raise TopologyError(f"{what} is {value!r}; expected a number {bound}.")
-    return float(value)
+def _sentence(exc: ValidationError, source: str) -> str:
+    """The schema's first complaint as one sentence; an unknown key is told apart from its own object's keys."""
+    loc = exc.errors(include_url=False)[0]["loc"]
+    known = KNOWN.get(str(loc[0])) if len(loc) > 1 else None
+    known = known or list(LocationsFile.model_fields)
+    return sentence(exc, source, descriptions_of(LocationsFile), known, LEAVES)
 
 
-def _spec(entry: object, where: str) -> LinkSpec:
-    if not isinstance(entry, dict):
-        raise TopologyError(f"{where} is {entry!r}; expected an object with latency_ms and bandwidth_gib_s.")
-    for key in ("latency_ms", "bandwidth_gib_s"):
-        if key not in entry:
-            raise TopologyError(f"{where} has no '{key}'; expected latency_ms and bandwidth_gib_s.")
-    latency_ms = _number(entry["latency_ms"], f"{where} latency_ms", positive=False)
-    bandwidth = _number(entry["bandwidth_gib_s"], f"{where} bandwidth_gib_s", positive=True)
-    return LinkSpec(latency_s=latency_ms / 1000.0, bandwidth_bytes_per_s=bandwidth * GIB)
+def _spec(link: Link) -> LinkSpec:
+    return LinkSpec(latency_s=link.latency_ms / 1000.0, bandwidth_bytes_per_s=link.bandwidth_gib_s * GIB)
 
 
 def parse_locations(doc: object, source: str = "<locations>") -> LocationTable:
     """Validate a parsed locations document (the JSON format of ``locations.json``) into a table.
 
+    The schema is checkfree.schemas.locations.LocationsFile (unknown keys refused at every level; latency in
+    [0, 60,000] ms, bandwidth in (0, 1,000] GiB/s, finite); this adds what a schema cannot say.
+
     Raises:
-        TopologyError: on a missing key, a negative latency, a non-positive bandwidth, a duplicate pair,
-            a self-pair, or a default_geo name that no link mentions.
+        TopologyError: on a schema violation (one sentence: file, field, value, what was expected), a duplicate
+            pair, a self-pair, or a default_geo name that no link mentions.
     """
     if not isinstance(doc, dict):
         raise TopologyError(f"{source}: the document is a {type(doc).__name__}; expected a JSON object.")
-    for key in ("default", "default_geo", "links"):
-        if key not in doc:
-            raise TopologyError(f"{source}: missing key '{key}'; expected default, default_geo and links.")
-    default = _spec(doc["default"], f"{source}: default")
-    if not isinstance(doc["links"], list):
-        raise TopologyError(f"{source}: links is {type(doc['links']).__name__}; expected a list.")
+    try:
+        table = LocationsFile.model_validate(doc)
+    except ValidationError as exc:
+        raise TopologyError(_sentence(exc, source)) from None
     links: dict[frozenset[str], LinkSpec] = {}
-    for i, entry in enumerate(doc["links"]):
+    for i, entry in enumerate(table.links):
         where = f"{source}: links[{i}]"
-        a, b = (entry.get("a"), entry.get("b")) if isinstance(entry, dict) else (None, None)
-        if not isinstance(a, str) or not isinstance(b, str) or not a or not b:
-            raise TopologyError(f"{where} has a={a!r}, b={b!r}; expected two non-empty location names.")
+        a, b = entry.a, entry.b
         if a == b:
             raise TopologyError(f"{where} links {a!r} to itself; same-location pairs use the default.")
         pair = frozenset((a, b))
         if pair in links:
             raise TopologyError(f"{where} repeats the pair {a}-{b}; expected one entry per unordered pair.")
-        links[pair] = _spec(entry, where)
+        links[pair] = _spec(entry)
     names = frozenset(name for pair in links for name in pair)
-    geo = doc["default_geo"]
-    if not isinstance(geo, list) or not geo or not all(isinstance(g, str) for g in geo):
-        raise TopologyError(f"{source}: default_geo is {geo!r}; expected a non-empty list of names.")
-    for name in geo:
+    for name in table.default_geo:
         if name not in names:
             raise TopologyError(
                 f"{source}: default_geo names unknown location {name!r}; expected one of {sorted(names)}."
             )
-    return LocationTable(links=links, default=default, default_geo=tuple(geo), names=names)
+    return LocationTable(
+        links=links, default=_spec(table.default), default_geo=tuple(table.default_geo), names=names
+    )
 
 
 def load_locations(path: str | Path | None = None) -> LocationTable:
     """Load and validate a locations table; ``None`` loads the table shipped with the package.
 
+    A file is read as every config is (checkfree.config_files.read_mapping: JSON or YAML, at most 1 MiB, nested
+    at most 32 deep) and checked by :func:`parse_locations`.
+
     Raises:
-        TopologyError: if the file is missing, is not valid JSON, or fails validation.
+        TopologyError: if the file is missing, too large or deep, not valid JSON/YAML, or fails validation.
     """
     if path is None:
         source = "checkfree/swarm/locations.json"
         text = resources.files("checkfree.swarm").joinpath("locations.json").read_text(encoding="utf-8")
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TopologyError(
-                f"{source} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})."
-            ) from None
+            doc = parse_json(text, source)
+        except ValueError as exc:  # InputLimitError (too deep) is one too
+            raise TopologyError(str(exc)) from None
         return parse_locations(doc, source)
     source = str(path)
     try:

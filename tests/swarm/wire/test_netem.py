@@ -158,13 +158,19 @@ def _doc(**changes: object) -> dict:
 @pytest.mark.parametrize(
     "doc,expected",
     [
-        (_doc(links=[{"a": "A", "b": "B", "latency_ms": -5, "bandwidth_gib_s": 0.1}]), "latency_ms is -5"),
-        (_doc(links=[{"a": "A", "b": "B", "latency_ms": 5, "bandwidth_gib_s": 0}]), "bandwidth_gib_s is 0"),
+        (
+            _doc(links=[{"a": "A", "b": "B", "latency_ms": -5, "bandwidth_gib_s": 0.1}]),
+            "'links[0].latency_ms' is -5; expected a finite number ≥ 0",
+        ),
+        (
+            _doc(links=[{"a": "A", "b": "B", "latency_ms": 5, "bandwidth_gib_s": 0}]),
+            "'links[0].bandwidth_gib_s' is 0; expected a positive number",
+        ),
         (_doc(links=[{"a": "A", "b": "B", "latency_ms": "5", "bandwidth_gib_s": 1}]), "finite number"),
         (_doc(default_geo=["A", "Narnia"]), "unknown location 'Narnia'"),
         (_doc(links=[{"a": "A", "b": "A", "latency_ms": 1, "bandwidth_gib_s": 1}]), "to itself"),
         (_doc(links=_doc()["links"] * 2), "repeats the pair"),
-        ({"links": []}, "missing key 'default'"),
+        ({"links": []}, "the field 'default' is missing"),
         ([], "expected a JSON object"),
     ],
 )
