@@ -266,6 +266,14 @@ def swarm_cases() -> list[Case]:
             "with a link to itself",
             _json(table | {"links": [{"a": "Iowa", "b": "Iowa", "latency_ms": 1, "bandwidth_gib_s": 1}]}),
         ),
+        ("with an unknown key at the top", _json(table | {"comment": "x"})),
+        ("with an unknown key in a link", _json(table | {"links": [table["links"][0] | {"jitter_ms": 1}]})),
+        ("with a latency of an hour", _json(_first_latency(table, 3_600_000))),
+        (
+            "with a bandwidth of 1e12 GiB/s",
+            _json(table | {"default": {"latency_ms": 1, "bandwidth_gib_s": 1e12}}),
+        ),
+        ("with an empty default_geo", _json(table | {"default_geo": []})),
     ):
         add(f"locations file {label}", _json(SWARM | {"locations_file": "loc.json"}), more={"loc.json": text})
     add(
