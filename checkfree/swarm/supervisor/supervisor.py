@@ -70,6 +70,7 @@ checkfree.swarm.supervisor.adoption), finishes or redoes what was in flight, the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -471,7 +472,10 @@ class Supervisor:
         die_if("begun", it, after_s=0.3)  # the resume tests' fault injection (unset in real runs)
         try:
             while True:
-                self.serve(POLL_S)
+                # in the commit phase a stop signal waits for the message in hand: a `committed` report
+                # received but not yet taken would leave the commit unrecorded and the model a step ahead
+                with held_signals() if current.phase == "commit" else contextlib.nullcontext():
+                    self.serve(POLL_S)
                 now = self.attempts.clock()
                 if self.attempts.crash_due(now):
                     self._fire(it)
