@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from checkfree.failures.traces import DowntimeSchedule
     from checkfree.swarm.config import SwarmConfig
 
-log = logging.getLogger("checkfree.swarm")
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Attempt, SupervisorState, SwarmError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

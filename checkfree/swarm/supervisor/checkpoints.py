@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from checkfree.swarm.launcher import LAUNCHER_ID_BASE
 from checkfree.swarm.supervisor.state import Roster
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, ProtocolError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 EVICT_THRESHOLD = 16
 """A node is evicted once more than this many of its messages were rejected within :data:`EVICT_WINDOW_S`."""

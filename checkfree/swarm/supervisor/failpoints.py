@@ -20,7 +20,7 @@ import os
 import signal
 import time
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 ENV = "CHECKFREE_SUPERVISOR_DIE_AT"
 POINTS = ("committed", "begun", "commit-partial", "recovering")

@@ -59,7 +59,7 @@ from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 class Outbox(Protocol):

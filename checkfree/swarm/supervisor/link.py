@@ -16,7 +16,7 @@ from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
 from checkfree.swarm.wire.transport import Transport
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 POLL_S = 0.005
 """Default wait of one receive in an attempt, seconds."""

@@ -39,7 +39,7 @@ from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Slot, SupervisorState
 from checkfree.swarm.wire.auth import Machine
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 LOOK_EVERY_S = 1.0
 """Seconds between two looks at the revocation requests."""

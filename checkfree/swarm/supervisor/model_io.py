@@ -53,7 +53,7 @@ from checkfree.swarm.supervisor.state import Roster, Slot
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 MODEL_DIR = "model"
 """The run directory's folder of the model gathered at the end (one checkpoint, ``iter_<version>``)."""

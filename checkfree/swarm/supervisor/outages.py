@@ -35,7 +35,7 @@ from checkfree.failures.traces import DOWNTIME_FORMAT, DowntimeSchedule
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.state import Slot, SupervisorState
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 class Outages:

@@ -22,7 +22,7 @@ from checkfree.swarm.hosts import LocalHost
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Slot, SupervisorState, SwarmError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 class CrashLedger(Protocol):

@@ -34,7 +34,7 @@ from typing import Any
 
 from checkfree.swarm.supervisor.state import Roster, Slot
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 KILLS_FORMAT = "checkfree-recovery-kills-v1"
 KINDS = ("replacement", "source")

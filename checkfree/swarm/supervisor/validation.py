@@ -30,7 +30,7 @@ from checkfree.swarm.supervisor.model_records import ModelRecords
 from checkfree.swarm.supervisor.state import Slot, SupervisorState
 from checkfree.swarm.wire.protocol import ProtocolError
 
-log = logging.getLogger("checkfree.swarm.supervisor.supervisor")
+log = logging.getLogger(__name__)
 
 
 class ValidationRuns:

@@ -23,7 +23,7 @@ import zmq
 from checkfree.swarm.wire.auth import Identity
 from checkfree.swarm.wire.protocol import MessageType
 
-log = logging.getLogger("checkfree.swarm.wire.transport")
+log = logging.getLogger(__name__)
 
 
 class TransportError(RuntimeError):

@@ -27,7 +27,7 @@ from checkfree.swarm.wire.links import Links, Stats, TransportError
 from checkfree.swarm.wire.protocol import HEADER, Message, MessageType, ProtocolError, decode, nbytes
 from checkfree.swarm.wire.sender import POLL_INTERVAL_S, RETRY_INTERVAL_S
 
-log = logging.getLogger("checkfree.swarm.wire.transport")
+log = logging.getLogger(__name__)
 
 HANDOFF_S = 0.02
 """The receiver thread reads the socket once the application has been out of ``recv`` this long, seconds."""

@@ -24,7 +24,7 @@ from checkfree.swarm.wire.links import Links, Peer, Stats, TransportError
 from checkfree.swarm.wire.netem import NetEm
 from checkfree.swarm.wire.protocol import Message, MessageType, encode, nbytes
 
-log = logging.getLogger("checkfree.swarm.wire.transport")
+log = logging.getLogger(__name__)
 
 RETRY_INTERVAL_S = 0.002
 """Seconds between retries of a send that found the peer's buffer full or its connection down."""

@@ -136,7 +136,7 @@ def test_garbage_is_dropped_logged_counted_and_the_node_keeps_serving(
     raw.connect(b.address)
     try:
         cases = _garbage()
-        with caplog.at_level(logging.WARNING, logger="checkfree.swarm.wire.transport"):
+        with caplog.at_level(logging.WARNING, logger="checkfree.swarm.wire"):
             for i, frames in enumerate(cases.values()):
                 raw.send_multipart(frames)
                 raw.send_multipart([bytes(f) for f in encode(_fwd(7, mb=i))])  # a valid one right behind
