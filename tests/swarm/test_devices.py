@@ -244,8 +244,9 @@ def test_a_cpu_stage_computes_bit_identically_to_the_plain_module() -> None:
 
 
 def test_throughput_json_records_each_nodes_device(tmp_path) -> None:
-    results = Results(load_swarm_config("swarm_tiny.json"), "ours", 1)
-    results.node_devices = {0: "cuda:0", 1: "cuda:1", 10: "cuda:1"}
+    devices: dict[int, str] = {}  # the host's, filled as it starts nodes (held by Results, not copied)
+    results = Results(load_swarm_config("swarm_tiny.json"), "ours", 1, node_devices=devices)
+    devices.update({0: "cuda:0", 1: "cuda:1", 10: "cuda:1"})
     saved = results.finish(tmp_path)
     assert json.loads((tmp_path / "throughput.json").read_text())["node_devices"] == {
         "0": "cuda:0",

@@ -165,7 +165,7 @@ def test_a_resumed_supervisor_keeps_a_revoked_machines_stripe_retired(tmp_path: 
         for start in (2, 4):
             stripe = keys.layout.by_start(start).replacement_ids(sup.cfg.first_replacement_id, 3)  # type: ignore[union-attr]
             assert all(ring.owner(keys.public_key(n)) is None for n in stripe)
-        sup.results.machine_revocations.append({"machine": 2})  # the journal's record: machine 2 was revoked
+        sup.results.machine_revoked({"machine": 2})  # the journal's record: machine 2 was revoked
         assert [m.start for m in sup.revocations.due()] == [4]  # machine 4 was asked while no supervisor ran
     finally:
         sup.transport.close()

@@ -315,12 +315,12 @@ class PeerMessages:
         lost stage 0 needs."""
         if "version" in meta:
             self._plausible(meta["version"])
-            slot.version = meta["version"]
+            slot.version_reported(version=meta["version"])
         if "stage0_copy" in meta:
             if slot.stage not in (1, self.cfg.n_stages):
                 raise ProtocolError(f"a stage-0 copy reported by a stage-{slot.stage} node, which holds none")
             self._plausible(meta["stage0_copy"])
-            slot.copy_version = meta["stage0_copy"]
+            slot.version_reported(copy_version=meta["stage0_copy"])
         self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
         self.ledger.node_report(slot.occupant, meta)
         self.state.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
@@ -339,7 +339,7 @@ class PeerMessages:
 
     def _on_restored(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         self._plausible(meta["version"])
-        slot.version = meta["version"]
+        slot.version_reported(version=meta["version"])
         self.state.inbox.setdefault("restored", {})[slot.occupant] = meta
         return []
 
@@ -376,7 +376,7 @@ class PeerMessages:
         self.roster.launcher_addresses[msg.sender] = msg.meta["address"]
         log.info("supervisor: launcher %d at %s hosts slots %s", msg.sender, msg.meta["address"], slots)
         for n in slots:
-            self.roster.slots[n].launcher = msg.sender
+            self.roster.slots[n].hosted_by(msg.sender)
         return [Action("start", self.roster.slots[n]) for n in slots]
 
     def _connect(self, node: int, address: str) -> None:
@@ -401,7 +401,7 @@ class PeerMessages:
             raise ProtocolError(f"JOIN from node {node}, which joined already at {slot.address}")
         self._connect(node, meta["address"])
         self.roster.by_node[node] = slot
-        slot.address = meta["address"]
+        slot.joined(meta["address"])
         self.ledger.joined(slot)
         welcome = control(
             "welcome",
@@ -463,11 +463,7 @@ class PeerMessages:
                 f"{other.rebuilt[1]}"
             )
             return [Action("kill", slot, why)]
-        slot.serving, slot.version, slot.rebuilt = True, meta["version"], rebuilt
-        slot.deadline = float("inf")
-        restarted, slot.restarted = slot.restarted, False
-        if slot is self.roster.storage:
-            slot.tries = 0  # a storage node that serves again is no failing start, however often it dies
+        restarted = slot.serves(meta["version"], rebuilt, storage=slot is self.roster.storage)
         if slot is self.roster.storage and restarted and self.state.commits:
             self.outbox.broadcast(
                 "checkpoint", checkpoint_senders=[ids[0] for ids in self.roster.members().values() if ids]

@@ -392,40 +392,33 @@ def secret_of(keys: SwarmKeys | None) -> str | None:
 
 
 def encode_results(results: Results) -> dict[str, Any]:
-    """Every attribute of ``results`` but its config, as plain data (int-keyed dicts, sets and crash records
-    tagged so that :func:`decode_results` restores them); ``t0`` becomes ``elapsed_s`` (seconds of the results'
-    clock now, or None before training started) and ``written_wall`` (epoch seconds now).
+    """Every field of ``results`` but its config (:meth:`Results.journal_fields`), as plain data (int-keyed dicts,
+    sets and crash records tagged so that :func:`decode_results` restores them); its clock becomes ``elapsed_s``
+    (seconds of the results' clock now, or None before training started) and ``written_wall`` (epoch seconds now).
 
     Raises:
-        TypeError: an attribute holds an object the journal cannot write (a field added to Results must be plain
+        TypeError: a field holds an object the journal cannot write (a field added to Results must be plain
             data, a CrashRecord or a RecoveryRecord).
     """
-    out = {}
-    for name, value in vars(results).items():
-        # a function set on the object (a test's clock) is no data
-        if name in ("cfg", "t0") or callable(value):
-            continue
-        out[name] = _encode(value, name)
-    out["elapsed_s"] = results.now() if results.t0 is not None else None
+    out = {name: _encode(value, name) for name, value in results.journal_fields().items()}
+    out["elapsed_s"] = results.elapsed()
     out["written_wall"] = time.time()
     return out
 
 
 def decode_results(results: Results, data: dict[str, Any]) -> None:
-    """Restore into ``results`` what :func:`encode_results` wrote; its clock continues where it was, the time since
-    the journal was written (the outage) included.
+    """Restore into ``results`` what :func:`encode_results` wrote (:meth:`Results.restore`); its clock continues
+    where it was, the time since the journal was written (the outage) included.
 
     Raises:
         JournalError: the data is not what :func:`encode_results` writes.
     """
     try:
-        for name, value in data.items():
-            if name not in ("elapsed_s", "written_wall"):
-                _restore(results, name, value)
+        fields = {k: v for k, v in data.items() if k not in ("elapsed_s", "written_wall")}
         elapsed = data["elapsed_s"]
         if elapsed is not None:
-            gap = max(0.0, time.time() - float(data["written_wall"]))
-            results.t0 = time.monotonic() - float(elapsed) - gap
+            elapsed = float(elapsed) + max(0.0, time.time() - float(data["written_wall"]))
+        results.restore(fields, _restored, elapsed)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise JournalError(
             f"the journal's results cannot be read back ({exc}); the journal is damaged."
@@ -462,14 +455,14 @@ def _encode(value: Any, where: str) -> Any:
     raise TypeError(f"Results.{where} holds a {type(value).__name__}; the journal writes only plain data")
 
 
-def _restore(owner: Any, name: str, value: Any) -> None:
-    """Set ``owner.name`` from its journaled ``value``; an object's attributes go into the object ``owner`` holds."""
+def _restored(current: Any, value: Any) -> Any:
+    """A field's value from its journaled ``value``: an object's attributes go into the object the field holds
+    (``current``, returned); anything else is decoded."""
     if isinstance(value, dict) and set(value) == {"__attrs__"}:
-        target = getattr(owner, name)
         for key, item in value["__attrs__"].items():
-            _restore(target, key, item)
-        return
-    setattr(owner, name, _decode(value))
+            setattr(current, key, _restored(getattr(current, key, None), item))
+        return current
+    return _decode(value)
 
 
 def _decode(value: Any) -> Any:

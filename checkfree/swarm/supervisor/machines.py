@@ -196,7 +196,7 @@ class Revocations:
         self.link.disconnect(machine.launcher)
         moved = [s for s in roster.slots if machine.start <= s.slot < machine.end and not s.local]
         for slot in moved:
-            slot.local, slot.launcher = True, None
+            slot.moved_here()
         self.records.append(
             {
                 "machine": machine.start,

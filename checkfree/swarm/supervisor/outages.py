@@ -89,7 +89,7 @@ class Outages:
         up = self.downtime.back_at(slot.slot, down)
         if up is not None and up <= self.clock:
             return False
-        slot.away, slot.back_at = True, up
+        slot.kept_away(up)
         log.info(
             "supervisor: slot %d (stage %d) is down from schedule iteration %d until %s",
             slot.slot,
@@ -115,7 +115,7 @@ class Outages:
         slot); returns them."""
         back = [s for s in self.roster.slots if s.away and s.back_at is not None and s.back_at <= self.clock]
         for slot in back:
-            slot.away, slot.back_at = False, None
+            slot.came_back()
             log.info(
                 "supervisor: slot %d (stage %d) comes back at schedule iteration %d",
                 slot.slot,

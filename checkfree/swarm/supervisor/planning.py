@@ -52,9 +52,9 @@ class LossPlanner:
     def assign(self, slot: Slot, plan: RecoveryPlan, force: bool = False) -> None:
         """Make ``plan`` the slot's plan; a replacement that joined and still recovers gets it (CONTROL
         ``plan``) when it changed, or with ``force`` (it asked for one)."""
-        changed, slot.plan = plan != slot.plan, plan
+        changed = slot.planned(plan)
         if (changed or force) and slot.address is not None and not slot.serving and not slot.dead:
-            slot.plan_seq += 1
+            slot.plan_sent()
             members = {str(k): v for k, v in self.roster.members().items()}
             self.link.grant(slot)  # its sources may answer it under this plan
             self.link.command(slot.occupant, "plan", plan=plan.to_json(), members=members, seq=slot.plan_seq)
@@ -79,7 +79,7 @@ class LossPlanner:
         """
         for slot in self.roster.slots:
             if not slot.serving and not slot.away:
-                slot.consecutive = slot.stage in lost and is_consecutive(slot.stage, lost)
+                slot.lost_in(consecutive=slot.stage in lost and is_consecutive(slot.stage, lost))
                 self.assign(slot, self.plan(slot.stage, lost))
 
     def answer_replans(self) -> None:
@@ -96,10 +96,10 @@ class LossPlanner:
             ):
                 continue  # gone, serving, or a newer plan is on its way to it already
             log.warning("supervisor: node %d asks for a new plan: %s", node, meta["reason"][:200])
-            slot.replans += 1  # at most max_attempts answers (checkfree.swarm.supervisor.inbox)
+            slot.replan_answered()  # at most max_attempts answers (checkfree.swarm.supervisor.inbox)
             lost = self.roster.lost_stages()
             plan = self.plan(slot.stage, lost)
             for other in self.roster.slots:
                 if other.stage == slot.stage and not other.serving:
-                    other.consecutive = other.stage in lost and is_consecutive(other.stage, lost)
+                    other.lost_in(consecutive=other.stage in lost and is_consecutive(other.stage, lost))
                     self.assign(other, plan, force=other is slot)

@@ -103,20 +103,17 @@ class Processes:
             SwarmError: the slot failed to start or recover ``max_attempts`` times.
         """
         roster = self.roster
-        slot.tries += 1
-        if slot.tries > self.cfg.max_attempts:
+        tries = slot.start_counted()
+        if tries > self.cfg.max_attempts:
             raise SwarmError(
-                f"slot {slot.slot} (stage {slot.stage}) failed to start or recover "
-                f"{slot.tries - 1} times; giving up."
+                f"slot {slot.slot} (stage {slot.stage}) failed to start or recover {tries - 1} times; giving up."
             )
+        occupant = slot.occupant
         if replacement:
-            slot.occupant = self.replacement_id(slot)
-            roster.next_id = slot.occupant + 1
+            occupant = self.replacement_id(slot)
+            roster.next_id = occupant + 1
             self.admit_window()
-        slot.address, slot.serving, slot.dead = None, False, False
-        slot.plan_seq, slot.rebuilt, slot.copy_version = 0, None, None  # a new occupant: nothing sent, held
-        slot.replans = 0
-        slot.deadline = time.monotonic() + self.cfg.recovery_timeout
+        slot.started(occupant, time.monotonic() + self.cfg.recovery_timeout)
         roster.by_node[slot.occupant] = slot
         if self.journal is not None:
             self.journal.write(f"starting node {slot.occupant}")
@@ -152,7 +149,7 @@ class Processes:
         log.warning(
             "supervisor: node %d (slot %d, stage %d) is gone: %s", slot.occupant, slot.slot, slot.stage, why
         )
-        slot.dead, slot.serving, slot.restarted = True, False, True
+        slot.died()
         is_storage = slot is self.roster.storage
         self.deaths += not is_storage
         if is_storage:
@@ -201,5 +198,5 @@ class Processes:
             if slot.dead and not slot.away and (slot.local or slot.launcher is not None):
                 if initial:
                     self.ledger.forget_crash(slot)  # an initial node that failed to start: a plain retry
-                    slot.restarted = False
+                    slot.start_retried()
                 self.spawn(slot, replacement=not initial and slot is not roster.storage)

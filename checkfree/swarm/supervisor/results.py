@@ -61,17 +61,17 @@ listed under ``"nonfinite"``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from checkfree import jsonio
 from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.crash_record import CrashRecord
 from checkfree.swarm.supervisor.model_records import ModelRecords
 from checkfree.swarm.supervisor.state import Slot
 from checkfree.swarm.wire.protocol import MessageType
@@ -79,156 +79,278 @@ from checkfree.swarm.wire.protocol import MessageType
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class CrashRecord:
-    """One loss of a slot's node, from the crash until a replacement serves the slot again.
-
-    Times are seconds on the results' clock (:meth:`Results.now`).
-
-    Attributes:
-        slot, node, stage: the slot, the node that was lost, and its stage.
-        iteration: the iteration during which it was lost.
-        cause: why ("scheduled SIGKILL", "process exited with code -9", …).
-        t_crash: when it was lost (or killed, for a scheduled crash).
-        replacement_node, t_spawn: the last replacement started for the slot, and when (None: none yet).
-        t_join: when that replacement joined (None: not yet).
-        t_serving: when the slot served again (None: not yet).
-        recovery: the recovery record the replacement reported with ``serving`` (checkfree.swarm.node.recovering);
-            its stage, iteration, consecutive and latency are the supervisor's, set when it is written.
-        consecutive: a directly adjacent stage was lost in the loss event the slot's plan came from.
-        away, down_until: the schedule kept the slot down until schedule iteration ``down_until`` (None: to the
-            end of the schedule) before its replacement started.
-    """
-
-    slot: int
-    node: int
-    stage: int
-    iteration: int
-    cause: str
-    t_crash: float
-    replacement_node: int | None = None
-    t_spawn: float | None = None
-    t_join: float | None = None
-    t_serving: float | None = None
-    recovery: RecoveryRecord | None = None
-    consecutive: bool = False
-    away: bool = False
-    down_until: int | None = None
-
-    @property
-    def latency_s(self) -> float | None:
-        """Crash → serving, seconds (None while the slot does not serve again)."""
-        return None if self.t_serving is None else self.t_serving - self.t_crash
-
-    @property
-    def recovery_s(self) -> float | None:
-        """Replacement started → serving, seconds (None while the slot does not serve again)."""
-        if self.t_serving is None or self.t_spawn is None:
-            return None
-        return self.t_serving - self.t_spawn
-
-    def timeline(self) -> dict[str, Any]:
-        """The crash's events: slot, killed node, cause, times (a key appears once its event happened)."""
-        out: dict[str, Any] = {
-            "slot": self.slot,
-            "node": self.node,
-            "cause": self.cause,
-            "t_crash": self.t_crash,
-        }
-        if self.away:
-            out["down_until"] = self.down_until
-        if self.t_spawn is not None:
-            out |= {"replacement_node": self.replacement_node, "t_spawn": self.t_spawn}
-        if self.t_join is not None:
-            out["t_join"] = self.t_join
-        if self.t_serving is not None:
-            out |= {"t_serving": self.t_serving, "recovery_s": self.recovery_s}
-            if self.t_join is not None:
-                out["join_latency_s"] = self.t_join - self.t_crash
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        """The row of ``crashes`` (the recovery record, then the fetch and the timeline) or, while the slot does not
-        serve again, of ``open_crashes`` (stage, iteration and the timeline)."""
-        if self.t_serving is None or self.recovery is None:
-            out = {"stage": self.stage, "iteration": self.iteration, **self.timeline()}
-            return out | ({"latency_s": self.latency_s} if self.t_serving is not None else {})
-        record = dataclasses.replace(
-            self.recovery,
-            stage=self.stage,
-            iteration=self.iteration,
-            strategy=None,  # throughput.json names the setting once
-            consecutive=self.consecutive,
-            latency_s=self.latency_s,
-            extra={**self.recovery.extra, **self.timeline()},
-        )
-        return record.to_json()
-
-
 class Results:
     """Records what a run measured (the supervisor's clock, seconds); it decides nothing: the supervisor's control
-    state is checkfree.swarm.supervisor.state.SupervisorState."""
+    state is checkfree.swarm.supervisor.state.SupervisorState.
 
-    def __init__(self, cfg: SwarmConfig, setting: str, target: int) -> None:
-        self.cfg, self.setting, self.target = cfg, setting, target
-        self.t0: float | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.crashes: list[CrashRecord] = []
+    Its fields are private: the supervisor and its parts report events through its methods (:meth:`iteration`,
+    :meth:`aborted`, :meth:`crashed`, :meth:`evicted`, :meth:`rolled_back`, :meth:`resumed` ...), and read what they
+    need through read-only properties (tests/swarm/supervisor/test_encapsulation.py checks that no code outside
+    this class assigns its attributes).
+
+    Args:
+        cfg: the topology. setting: the setting's name. target: the iterations the run is to commit.
+        vocab_size: the model's vocabulary (None: not known). schedule: the failure schedule's file, format and, for
+            down intervals, length and source (checkfree.swarm.supervisor.outages ``schedule_info``).
+        node_devices: node id → ``cpu`` / ``cuda:N`` of the nodes this machine starts; held, not copied: the host
+            that starts the nodes fills it (checkfree.swarm.hosts ``LocalHost.node_devices``).
+    """
+
+    def __init__(
+        self,
+        cfg: SwarmConfig,
+        setting: str,
+        target: int,
+        vocab_size: int | None = None,
+        schedule: dict[str, Any] | None = None,
+        node_devices: dict[int, str] | None = None,
+    ) -> None:
+        self._cfg, self._setting, self._target = cfg, setting, target
+        self._t0: float | None = None
+        self._rows: list[dict[str, Any]] = []
+        self._crashes: list[CrashRecord] = []
         """Crashes whose slot serves again, in the order they were recovered."""
         self._open: dict[int, CrashRecord] = {}
         """Slot number → its crash whose replacement does not serve yet."""
-        self.skipped: list[dict[str, Any]] = []
-        self.rollbacks: list[dict[str, Any]] = []
-        self.reports: dict[int, dict[str, Any]] = {}
-        self.finals: dict[int, dict[str, Any]] = {}
-        self.aborts = 0
-        self.redone: dict[int, int] = {}
+        self._skipped: list[dict[str, Any]] = []
+        self._rollbacks: list[dict[str, Any]] = []
+        self._reports: dict[int, dict[str, Any]] = {}
+        self._finals: dict[int, dict[str, Any]] = {}
+        self._aborts = 0
+        self._redone: dict[int, int] = {}
         """Iteration → its attempts aborted so far (a death, a stall, a timeout, a resume's attempt in flight);
         its row's ``attempts`` is one more."""
-        self.rollback_bytes = 0
-        self.vocab_size: int | None = None
-        self.node_devices: dict[int, str] = {}
+        self._rollback_bytes = 0
+        self._vocab_size = vocab_size
+        self._node_devices: dict[int, str] = node_devices if node_devices is not None else {}
         """node id → device of the nodes this machine started (``swarm run --device``)."""
-        self.evictions: list[dict[str, Any]] = []
+        self._evictions: list[dict[str, Any]] = []
         """Nodes evicted for misbehaving (checkfree.swarm.supervisor.conduct), one record each."""
-        self.machine_revocations: list[dict[str, Any]] = []
+        self._machine_revocations: list[dict[str, Any]] = []
         """Machines shut out by ``swarm revoke`` (checkfree.swarm.supervisor.machines), one record each."""
-        self.supervisor_refused_connections = 0
+        self._supervisor_refused_connections = 0
         """Handshakes the supervisor's ZAP check refused (an unknown or revoked key; checkfree.swarm.wire.auth)."""
-        self.rejected_gradients: list[dict[str, Any]] = []
+        self._rejected_gradients: list[dict[str, Any]] = []
         """Replicas whose gradients a stage averaged without, per committed iteration (``ready``'s ``rejected``)."""
-        self.schedule: dict[str, Any] = {}
-        """The failure schedule's file, format and, for down intervals, length and source (set by the supervisor)."""
-        self.shortage: dict[int, dict[str, float]] = {
+        self._schedule: dict[str, Any] = schedule if schedule is not None else {}
+        """The failure schedule's file, format and, for down intervals, length and source."""
+        self._shortage: dict[int, dict[str, float]] = {
             s: {"short_iterations": 0, "short_s": 0.0, "waiting_iterations": 0, "waiting_s": 0.0, "losses": 0}
             for s in range(cfg.n_stages + 1)
         }
         """Stage → the iterations (and seconds) it ran short of replicas, the waits with it lost, and its losses."""
-        self.waits: list[dict[str, Any]] = []
-        self.still_away: list[int] = []
-        self.ended_by = "iterations"
+        self._waits: list[dict[str, Any]] = []
+        self._still_away: list[int] = []
+        self._ended_by = "iterations"
         """``iterations`` (the target was committed) or ``schedule`` (a replayed trace's window ended first)."""
-        self.model = ModelRecords(cfg.snapshot_every)
+        self._model = ModelRecords(cfg.snapshot_every)
         """Validations, the model gathered at the end, snapshots (checkfree.swarm.supervisor.model_records)."""
-        self.outages: list[dict[str, Any]] = []
+        self._outages: list[dict[str, Any]] = []
         """Each time the supervisor died and a resumed one took over (module docstring)."""
-        self.started_at: float | None = None
+        self._started_at: float | None = None
         """Epoch seconds of the results' clock's 0 (None before training started)."""
-        self.journal: dict[str, float] = {}
+        self._journal: dict[str, float] = {}
         """What journaling cost so far (checkfree.swarm.supervisor.journal): writes, seconds, bytes."""
 
+    # ------------------------------------------------------------------ what others read (read-only)
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """The committed iterations' rows, in execution order (module docstring: ``iterations``)."""
+        return self._rows
+
+    @property
+    def crashes(self) -> list[CrashRecord]:
+        """Crashes whose slot serves again, in the order they were recovered."""
+        return self._crashes
+
+    @property
+    def aborts(self) -> int:
+        """Attempts aborted so far (``aborted_attempts``)."""
+        return self._aborts
+
+    @property
+    def redone(self) -> dict[int, int]:
+        """Iteration not committed yet → its attempts aborted so far."""
+        return self._redone
+
+    @property
+    def reports(self) -> dict[int, dict[str, Any]]:
+        """Node → its last statistics report."""
+        return self._reports
+
+    @property
+    def rejected_gradients(self) -> list[dict[str, Any]]:
+        """Replicas whose gradients a stage averaged without (module docstring)."""
+        return self._rejected_gradients
+
+    @property
+    def machine_revocations(self) -> list[dict[str, Any]]:
+        """Machines shut out by ``swarm revoke``, one record each (:meth:`machine_revoked`)."""
+        return self._machine_revocations
+
+    @property
+    def shortage(self) -> dict[int, dict[str, float]]:
+        """Stage → the iterations (and seconds) it ran short of replicas, the waits with it lost, its losses."""
+        return self._shortage
+
+    @property
+    def model(self) -> ModelRecords:
+        """Validations, the model gathered at the end, snapshots (checkfree.swarm.supervisor.model_records)."""
+        return self._model
+
+    @property
+    def started_at(self) -> float | None:
+        """Epoch seconds of the results' clock's 0 (None before training started)."""
+        return self._started_at
+
+    @property
+    def t0(self) -> float | None:
+        """Monotonic seconds of the results' clock's 0 (None before training started)."""
+        return self._t0
+
+    # ------------------------------------------------------------------ TEMPORARY, removed at integration
+    # The writes that supervisor.py and swarm/cli.py still make (issue 38: the phases rework replaces them by the
+    # constructor's parameters and the event methods above); each is in test_encapsulation.py's allow-list.
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
+
+    @vocab_size.setter
+    def vocab_size(self, value: int | None) -> None:  # removed at integration (supervisor.py)
+        self._vocab_size = value
+
+    @property
+    def schedule(self) -> dict[str, Any]:
+        return self._schedule
+
+    @schedule.setter
+    def schedule(self, value: dict[str, Any]) -> None:  # removed at integration (supervisor.py)
+        self._schedule = value
+
+    @property
+    def node_devices(self) -> dict[int, str]:
+        return self._node_devices
+
+    @node_devices.setter
+    def node_devices(self, value: dict[int, str]) -> None:  # removed at integration (swarm/cli.py)
+        self._node_devices = value
+
+    @property
+    def ended_by(self) -> str:
+        return self._ended_by
+
+    @ended_by.setter
+    def ended_by(self, value: str) -> None:  # removed at integration (supervisor.py: ended_by_schedule)
+        self._ended_by = value
+
+    @property
+    def supervisor_refused_connections(self) -> int:
+        return self._supervisor_refused_connections
+
+    @supervisor_refused_connections.setter
+    def supervisor_refused_connections(self, n: int) -> None:  # removed at integration (refused_connections)
+        self._supervisor_refused_connections = n
+
+    @property
+    def rollback_bytes(self) -> int:
+        return self._rollback_bytes
+
+    @rollback_bytes.setter
+    def rollback_bytes(self, n: int) -> None:  # removed at integration (supervisor.py: rolled_back)
+        self._rollback_bytes = n
+
+    @property
+    def journal(self) -> dict[str, float]:
+        return self._journal
+
+    @journal.setter
+    def journal(
+        self, value: dict[str, float]
+    ) -> None:  # removed at integration (supervisor.py: journal_cost)
+        self._journal = value
+
+    @property
+    def still_away(self) -> list[int]:
+        return self._still_away
+
+    @still_away.setter
+    def still_away(self, value: list[int]) -> None:  # removed at integration (supervisor.py: away_at_end)
+        self._still_away = value
+
+    @property
+    def finals(self) -> dict[int, dict[str, Any]]:
+        """Node → the final statistics it answered the shutdown with (read by tests; keep)."""
+        return self._finals
+
+    @finals.setter
+    def finals(self, value: dict[int, dict[str, Any]]) -> None:  # removed at integration (final_reports)
+        self._finals = value
+
+    @property
+    def evictions(self) -> list[dict[str, Any]]:
+        """Nodes evicted for misbehaving, one record each (:meth:`evicted`; read by tests; keep)."""
+        return self._evictions  # supervisor.py appends to it until integration (evicted)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        return self._skipped  # supervisor.py appends to it until integration (skipped_crash)
+
+    @property
+    def rollbacks(self) -> list[dict[str, Any]]:
+        return self._rollbacks  # supervisor.py appends to it until integration (rolled_back)
+
+    @property
+    def outages(self) -> list[dict[str, Any]]:
+        return (
+            self._outages
+        )  # supervisor.py appends and writes it until integration (resumed, next_commit_...)
+
+    # ------------------------------------------------------------------ the journal (checkfree.swarm.supervisor.journal)
+
+    def journal_fields(self) -> dict[str, Any]:
+        """Every field but the config and the clock, by its journal name (the field's name without its leading
+        underscore, as the journal has always named them; the open crashes stay ``_open``)."""
+        return {
+            _journal_name(name): value
+            for name, value in vars(self).items()
+            # a function set on the object (a test's clock) is no data
+            if name not in ("_cfg", "_t0") and not callable(value)
+        }
+
+    def elapsed(self) -> float | None:
+        """Seconds of the results' clock now (None before training started)."""
+        return self.now() if self._t0 is not None else None
+
+    def restore(
+        self, fields: dict[str, Any], decode: Callable[[Any, Any], Any], elapsed_s: float | None
+    ) -> None:
+        """Take back what :meth:`journal_fields` gave (a resumed supervisor's journal): each field becomes
+        ``decode(its current value, its journaled value)``; the clock continues from ``elapsed_s`` seconds ago
+        (None: training had not started).
+
+        Raises:
+            whatever ``decode`` raises for a value it cannot read.
+        """
+        for name, value in fields.items():
+            attribute = _attribute(name)
+            setattr(self, attribute, decode(getattr(self, attribute, None), value))
+        if elapsed_s is not None:
+            self._t0 = time.monotonic() - elapsed_s
+
     def start(self) -> None:
-        self.t0 = time.monotonic()
-        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self._started_at = time.time()
 
     def now(self) -> float:
         """Seconds since training started (negative times never occur: before start it is 0)."""
-        return 0.0 if self.t0 is None else time.monotonic() - self.t0
+        return 0.0 if self._t0 is None else time.monotonic() - self._t0
 
     def reference_iteration_s(self) -> float:
         """How long one waited schedule iteration lasts: the median committed iteration so far (1 s before the
         first), so the swarm waits for a returning node as long as training those iterations would have taken."""
-        return statistics.median(r["wall_s"] for r in self.rows) if self.rows else 1.0
+        return statistics.median(r["wall_s"] for r in self._rows) if self._rows else 1.0
 
     def waited(
         self, it: int, waited: dict[int, int], reference_s: float, seconds: float, start: int, end: int
@@ -236,10 +358,10 @@ class Results:
         """The swarm waited ``seconds`` before training iteration ``it`` (schedule iterations ``start`` →
         ``end``, ``reference_s`` each), stage s lost for ``waited[s]`` of them."""
         for stage, n in waited.items():
-            row = self.shortage[stage]
+            row = self._shortage[stage]
             row["waiting_iterations"] += n
             row["waiting_s"] += n * reference_s
-        self.waits.append(
+        self._waits.append(
             {
                 "iteration": it,
                 "from": start,
@@ -253,11 +375,11 @@ class Results:
     def stages_lost(self, stages: set[int]) -> None:
         """A recovery begins with ``stages`` lost (no serving replica): one whole-stage loss each."""
         for stage in stages:
-            self.shortage[stage]["losses"] += 1
+            self._shortage[stage]["losses"] += 1
 
     def last_wall_s(self) -> float:
         """The previous iteration's wall time (1 s before the first), for placing a crash mid-iteration."""
-        return self.rows[-1]["wall_s"] if self.rows else 1.0
+        return self._rows[-1]["wall_s"] if self._rows else 1.0
 
     def iteration(
         self,
@@ -272,7 +394,7 @@ class Results:
         the nodes that served it). Its row's ``attempts`` counts the tries it took: the attempts at ``it``
         :meth:`aborted` reported, plus this one."""
         t = self.now()
-        prev = self.rows[-1]["t_commit"] if self.rows else 0.0
+        prev = self._rows[-1]["t_commit"] if self._rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
         norms: dict[str, float] = {}
         rejected: dict[tuple[int, int], list[int]] = {}  # (stage, replica) → the replicas that dropped it
@@ -281,7 +403,7 @@ class Results:
             for replica in meta.get("rejected", []):
                 rejected.setdefault((stage_of[node], replica), []).append(node)
         for (stage, replica), by in sorted(rejected.items()):
-            self.rejected_gradients.append(
+            self._rejected_gradients.append(
                 {
                     "iteration": it,
                     "attempt": attempt,
@@ -300,16 +422,16 @@ class Results:
         wall = t - prev
         for stage, ids in members.items():
             if (
-                0 < len(ids) < self.cfg.replicas
+                0 < len(ids) < self._cfg.replicas
             ):  # a stage short of replicas: its live ones carry every pipeline
-                self.shortage[stage]["short_iterations"] += 1
-                self.shortage[stage]["short_s"] += wall
+                self._shortage[stage]["short_iterations"] += 1
+                self._shortage[stage]["short_s"] += wall
         losses = [float(m["loss"]) for m in ends.values()]
-        self.rows.append(
+        self._rows.append(
             {
                 "iteration": it,
                 "attempt": attempt,
-                "attempts": 1 + self.redone.pop(it, 0),
+                "attempts": 1 + self._redone.pop(it, 0),
                 "t_commit": t,
                 "wall_s": wall,
                 "loss": sum(losses) / len(losses),
@@ -321,8 +443,121 @@ class Results:
     def aborted(self, it: int) -> None:
         """An attempt at iteration ``it`` was aborted (it is redone): counted in ``aborted_attempts`` and in the
         ``attempts`` of ``it``'s row once it commits."""
-        self.aborts += 1
-        self.redone[it] = self.redone.get(it, 0) + 1
+        self._aborts += 1
+        self._redone[it] = self._redone.get(it, 0) + 1
+
+    # ------------------------------------------------------------------ run events
+
+    def skipped_crash(self, slot: Slot, iteration: int) -> None:
+        """The schedule's crash of ``slot`` during ``iteration`` was skipped (``no_failure`` kills nobody):
+        a row of ``skipped_crashes``."""
+        self._skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": iteration})
+
+    def rolled_back(self, at_iteration: int, to_iteration: int, lost_stages: set[int], nbytes: int) -> None:
+        """A loss at ``at_iteration`` (``lost_stages`` without a serving replica) rolled the swarm back to the
+        checkpoint of ``to_iteration``, restoring ``nbytes`` bytes: a row of ``rollbacks``, added to
+        ``rollback_bytes``."""
+        self._rollback_bytes += nbytes
+        self._rollbacks.append(
+            {
+                "at_iteration": at_iteration,
+                "to_iteration": to_iteration,
+                "lost_stages": sorted(lost_stages),
+                "t": self.now(),
+            }
+        )
+
+    def evicted(
+        self,
+        node: int,
+        slot: Slot | None,
+        iteration: int,
+        cause: str,
+        rejected_by_supervisor: int,
+        reported_by: dict[int, int],
+        replaced: bool,
+    ) -> None:
+        """``node`` (occupying ``slot``; None: no slot's) was evicted for misbehaving during ``iteration``
+        (checkfree.swarm.supervisor.conduct): ``cause``, the messages the supervisor refused of it, reporter →
+        the messages each refused, and whether its slot gets a replacement (``replaced``). A row of
+        ``evictions``."""
+        self._evictions.append(
+            {
+                "node": node,
+                "slot": slot.slot if slot is not None else None,
+                "stage": slot.stage if slot is not None else None,
+                "iteration": iteration,
+                "t": self.now(),
+                "cause": cause,
+                "rejected_by_supervisor": rejected_by_supervisor,
+                "reported_by": {str(r): n for r, n in sorted(reported_by.items())},
+                "replaced": replaced,
+            }
+        )
+
+    def machine_revoked(self, record: dict[str, Any]) -> None:
+        """A machine was shut out (``swarm revoke``): its record of ``machine_revocations``
+        (checkfree.swarm.supervisor.machines ``Revocations.revoke``)."""
+        self._machine_revocations.append(record)
+
+    def resumed(
+        self,
+        resume: int,
+        last_word_wall: float,
+        t_resumed: float,
+        from_iteration: int,
+        iterations_redone: int | None,
+        rolled_forward: int | None,
+        adopted: list[int],
+        replaced: dict[int, str],
+        stale_messages_dropped: int,
+    ) -> None:
+        """A resumed supervisor (number ``resume``, started at ``t_resumed``) heard every live node now: a row of
+        ``coordinator_outages`` (module docstring). ``last_word_wall``: epoch seconds of the last word any node had
+        from the supervisor that died (or its last journal write); ``rolled_forward``: the iteration whose commit
+        it finished (its ``t_next_commit`` is now), None if none; ``replaced``: node → why."""
+        started, now = self._started_at, self.now()
+        self._outages.append(
+            {
+                "resume": resume,
+                "t_lost": last_word_wall - started if started is not None else None,
+                "t_resumed": t_resumed,
+                "t_adopted": now,
+                "t_next_commit": now if rolled_forward is not None else None,
+                "from_iteration": from_iteration,
+                "iterations_redone": iterations_redone,
+                "rolled_forward": rolled_forward,
+                "adopted": sorted(adopted),
+                "replaced": {str(n): why for n, why in sorted(replaced.items())},
+                "stale_messages_dropped": stale_messages_dropped,
+            }
+        )
+
+    def next_commit_after_resume(self) -> None:
+        """An iteration committed: the first after the last resume sets that outage's ``t_next_commit``."""
+        if self._outages and self._outages[-1]["t_next_commit"] is None:
+            self._outages[-1]["t_next_commit"] = self.now()
+
+    def ended_by_schedule(self) -> None:
+        """A replayed trace's window ended before the target was committed (``ended_by``: ``schedule``)."""
+        self._ended_by = "schedule"
+
+    def away_at_end(self, slots: list[int]) -> None:
+        """The run ended with ``slots`` kept down by the schedule (``still_away``)."""
+        self._still_away = list(slots)
+
+    def final_reports(self, finals: dict[int, dict[str, Any]]) -> None:
+        """Node → the final statistics it answered the shutdown with."""
+        self._finals = finals
+
+    def refused_connections(self, n: int) -> None:
+        """The supervisor's ZAP check has refused ``n`` handshakes so far (``refused_connections.supervisor``)."""
+        self._supervisor_refused_connections = n
+
+    def journal_cost(self, writes: int, seconds: float, nbytes: int) -> None:
+        """Writing the supervisor's journal has cost ``writes`` writes, ``seconds`` and ``nbytes`` so far
+        (``journal``)."""
+        self._journal = {"writes": writes, "seconds": seconds, "bytes": nbytes}
 
     # ------------------------------------------------------------------ crash events, by slot
 
@@ -375,23 +610,23 @@ class Results:
             return None
         crash.t_serving = self.now()
         crash.recovery, crash.consecutive = RecoveryRecord.from_json(record), slot.consecutive
-        self.crashes.append(crash)
+        self._crashes.append(crash)
         return crash
 
     # ------------------------------------------------------------------ node statistics and the file
 
     def node_report(self, node: int, meta: dict[str, Any]) -> None:
-        self.reports[node] = meta
+        self._reports[node] = meta
 
     def bytes_by_type(self) -> dict[str, int]:
         out = {t.name: 0 for t in MessageType}
-        for meta in self.reports.values():
+        for meta in self._reports.values():
             for name, n in meta.get("sent_bytes", {}).items():
                 out[name] = out.get(name, 0) + int(n)
         return out
 
     def compute(self) -> dict[str, dict[str, float]]:
-        return {str(n): m["compute"] for n, m in self.reports.items() if "compute" in m}
+        return {str(n): m["compute"] for n, m in self._reports.items() if "compute" in m}
 
     def finish(
         self, run_dir: Path, status: str = "completed", cause: str | None = None, schedule_clock: int = 0
@@ -405,75 +640,75 @@ class Results:
         Raises:
             OSError: the file cannot be written.
         """
-        total = self.rows[-1]["t_commit"] if self.rows else 0.0
-        completed = self.rows[-1]["iteration"] + 1 if self.rows else 0
-        walls = [r["wall_s"] for r in self.rows]
-        crash_iters = {c.iteration for c in self.crashes} | {r["at_iteration"] for r in self.rollbacks}
-        quiet = [r["wall_s"] for r in self.rows if r["iteration"] not in crash_iters]
-        latencies = [c.latency_s for c in self.crashes if c.latency_s is not None]
-        recoveries = [c.recovery_s for c in self.crashes if c.recovery_s is not None]
+        total = self._rows[-1]["t_commit"] if self._rows else 0.0
+        completed = self._rows[-1]["iteration"] + 1 if self._rows else 0
+        walls = [r["wall_s"] for r in self._rows]
+        crash_iters = {c.iteration for c in self._crashes} | {r["at_iteration"] for r in self._rollbacks}
+        quiet = [r["wall_s"] for r in self._rows if r["iteration"] not in crash_iters]
+        latencies = [c.latency_s for c in self._crashes if c.latency_s is not None]
+        recoveries = [c.recovery_s for c in self._crashes if c.recovery_s is not None]
         out = {
             "status": status,
             "cause": cause,
-            "setting": self.setting,
-            "nodes": self.cfg.n_nodes,
-            "stages": self.cfg.n_stages + 1,
-            "replicas": self.cfg.replicas,
-            "microbatches": self.cfg.mb_count,
-            "in_flight": self.cfg.in_flight,
-            "time_scale": self.cfg.time_scale,
-            "iterations_target": self.target,
-            "ended_by": self.ended_by,
+            "setting": self._setting,
+            "nodes": self._cfg.n_nodes,
+            "stages": self._cfg.n_stages + 1,
+            "replicas": self._cfg.replicas,
+            "microbatches": self._cfg.mb_count,
+            "in_flight": self._cfg.in_flight,
+            "time_scale": self._cfg.time_scale,
+            "iterations_target": self._target,
+            "ended_by": self._ended_by,
             "iterations_completed": completed,
-            "iterations_executed": len(self.rows),
+            "iterations_executed": len(self._rows),
             "total_s": total,
-            "mean_iteration_s": total / len(self.rows) if self.rows else None,
+            "mean_iteration_s": total / len(self._rows) if self._rows else None,
             "median_iteration_s": statistics.median(walls) if walls else None,
             "mean_iteration_s_without_crashes": statistics.mean(quiet) if quiet else None,
-            "tokens_per_s": completed * self.cfg.tokens_per_iteration() / total if total else None,
-            "crashes_count": len(self.crashes) + len(self._open),  # open: not served again (yet)
+            "tokens_per_s": completed * self._cfg.tokens_per_iteration() / total if total else None,
+            "crashes_count": len(self._crashes) + len(self._open),  # open: not served again (yet)
             "recovered_count": len(latencies),
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
             "mean_recovery_s": statistics.mean(recoveries) if recoveries else None,
-            "aborted_attempts": self.aborts,
-            "crashes": [c.to_json() for c in self.crashes],
+            "aborted_attempts": self._aborts,
+            "crashes": [c.to_json() for c in self._crashes],
             "open_crashes": [c.to_json() for c in self._open.values()],
-            "skipped_crashes": self.skipped,
-            "rollbacks": self.rollbacks,
-            "rollback_bytes": self.rollback_bytes,
+            "skipped_crashes": self._skipped,
+            "rollbacks": self._rollbacks,
+            "rollback_bytes": self._rollback_bytes,
             "bytes_sent_by_type": self.bytes_by_type(),
-            "loss_curve": [[r["iteration"], r["loss"]] for r in self.rows],
-            "iterations": self.rows,
+            "loss_curve": [[r["iteration"], r["loss"]] for r in self._rows],
+            "iterations": self._rows,
             "node_compute": self.compute(),
-            "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self.reports.items()},
-            "rejected_messages": {str(n): m["rejected"] for n, m in self.reports.items() if "rejected" in m},
+            "malformed_dropped": {str(n): m.get("dropped_malformed", 0) for n, m in self._reports.items()},
+            "rejected_messages": {str(n): m["rejected"] for n, m in self._reports.items() if "rejected" in m},
             "refused_weight_requests": {
-                str(n): m["refused_requests"] for n, m in self.reports.items() if m.get("refused_requests")
+                str(n): m["refused_requests"] for n, m in self._reports.items() if m.get("refused_requests")
             },
             "refused_connections": {
-                "supervisor": self.supervisor_refused_connections,
+                "supervisor": self._supervisor_refused_connections,
                 **{
                     str(n): m["refused_connections"]
-                    for n, m in self.reports.items()
+                    for n, m in self._reports.items()
                     if m.get("refused_connections")
                 },
             },
-            "machine_revocations": self.machine_revocations,
-            "rejected_gradients": self.rejected_gradients,
-            "evictions": self.evictions,
-            "vocab_size": self.vocab_size,
-            "node_devices": {str(n): d for n, d in self.node_devices.items()},
-            "schedule": self.schedule,
+            "machine_revocations": self._machine_revocations,
+            "rejected_gradients": self._rejected_gradients,
+            "evictions": self._evictions,
+            "vocab_size": self._vocab_size,
+            "node_devices": {str(n): d for n, d in self._node_devices.items()},
+            "schedule": self._schedule,
             "schedule_clock": schedule_clock,
-            "replica_shortage": {str(s): row for s, row in self.shortage.items()},
-            "waits": self.waits,
-            "still_away": self.still_away,
-            "coordinator_outages": self.outages,
-            "resumes": len(self.outages),
-            "started_at": self.started_at,
-            "journal": self.journal,
-            **self.model.to_json(self.rows),
-            "config": self.cfg.to_json(),
+            "replica_shortage": {str(s): row for s, row in self._shortage.items()},
+            "waits": self._waits,
+            "still_away": self._still_away,
+            "coordinator_outages": self._outages,
+            "resumes": len(self._outages),
+            "started_at": self._started_at,
+            "journal": self._journal,
+            **self._model.to_json(self._rows),
+            "config": self._cfg.to_json(),
         }
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         (Path(run_dir) / "throughput.json").write_text(jsonio.dumps(out, indent=1))
@@ -488,7 +723,17 @@ class Results:
         except OSError as exc:
             log.error("supervisor: could not write %s: %s", Path(run_dir) / "throughput.json", exc)
             return
-        log.info("supervisor: %s run; %d committed iterations in %s", status, len(self.rows), run_dir)
+        log.info("supervisor: %s run; %d committed iterations in %s", status, len(self._rows), run_dir)
+
+
+def _journal_name(attribute: str) -> str:
+    """A field's name in the journal (:meth:`Results.journal_fields`)."""
+    return attribute if attribute == "_open" else attribute.removeprefix("_")
+
+
+def _attribute(journal_name: str) -> str:
+    """The field a journal name restores (the inverse of :func:`_journal_name`)."""
+    return journal_name if journal_name == "_open" else f"_{journal_name}"
 
 
 def summary_table(results: list[dict[str, Any]]) -> str:

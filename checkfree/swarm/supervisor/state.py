@@ -69,6 +69,90 @@ class Slot:
         """The slot's plan came from a loss event in which a directly adjacent stage was lost too (its recovery
         record's ``consecutive``, as the simulator's)."""
 
+    # Every change of a slot is one of these events (tests/swarm/supervisor/test_encapsulation.py checks that
+    # no code outside this class assigns a slot's attributes).
+
+    def start_counted(self) -> int:
+        """One more start of this slot's node since it last served; returns how many (the caller gives up past
+        ``max_attempts``)."""
+        self.tries += 1
+        return self.tries
+
+    def started(self, occupant: int, deadline: float) -> None:
+        """``occupant`` (the same node again, or a replacement with a fresh id) is being started: it has not
+        joined, serves nothing and was sent no plan; killed if it does not serve by ``deadline`` (monotonic s)."""
+        self.occupant = occupant
+        self.address, self.serving, self.dead = None, False, False
+        self.plan_seq, self.rebuilt, self.copy_version = 0, None, None  # a new occupant: nothing sent, held
+        self.replans = 0
+        self.deadline = deadline
+
+    def died(self) -> None:
+        """The occupant is gone: it serves no more, and the next one replaces it (``restarted``)."""
+        self.dead, self.serving, self.restarted = True, False, True
+
+    def start_retried(self) -> None:
+        """An initial node failed to start: starting it again is a plain retry, not a replacement."""
+        self.restarted = False
+
+    def joined(self, address: str) -> None:
+        """The occupant joined the swarm from ``address``."""
+        self.address = address
+
+    def serves(self, version: int, rebuilt: tuple[Any, ...] | None, storage: bool) -> bool:
+        """The occupant serves, at ``version``, rebuilt by ``rebuilt`` (None: an initial node or a copy of a live
+        replica); no deadline any more. A storage node's starts stop counting (however often it dies, it is no
+        failing start). Returns whether it replaced one that died."""
+        self.serving, self.version, self.rebuilt = True, version, rebuilt
+        self.deadline = float("inf")
+        restarted, self.restarted = self.restarted, False
+        if storage:
+            self.tries = 0
+        return restarted
+
+    def version_reported(self, version: int | None = None, copy_version: int | None = None) -> None:
+        """The occupant reported holding its stage at ``version`` and/or the CheckFree+ stage-0 copy of
+        ``copy_version`` (None: not reported, unchanged)."""
+        if version is not None:
+            self.version = version
+        if copy_version is not None:
+            self.copy_version = copy_version
+
+    def kept_away(self, back_at: int | None) -> None:
+        """A down-interval schedule keeps the slot down until schedule iteration ``back_at`` (None: to the end)."""
+        self.away, self.back_at = True, back_at
+
+    def came_back(self) -> None:
+        """The schedule's down interval ended: the slot gets a replacement like a crashed one."""
+        self.away, self.back_at = False, None
+
+    def planned(self, plan: RecoveryPlan) -> bool:
+        """``plan`` is how the slot's replacement rebuilds its stage; returns whether it changed."""
+        changed, self.plan = plan != self.plan, plan
+        return changed
+
+    def plan_sent(self) -> int:
+        """A new plan was sent to the occupant; returns its sequence number."""
+        self.plan_seq += 1
+        return self.plan_seq
+
+    def replan_answered(self) -> None:
+        """One of the occupant's ``replan`` requests was answered."""
+        self.replans += 1
+
+    def lost_in(self, consecutive: bool) -> None:
+        """The slot's plan comes from a loss event in which a directly adjacent stage was lost too
+        (``consecutive``) or not."""
+        self.consecutive = consecutive
+
+    def hosted_by(self, launcher: int) -> None:
+        """Another machine's launcher (id ``launcher``) hosts the slot."""
+        self.launcher = launcher
+
+    def moved_here(self) -> None:
+        """The slot's machine was revoked: its nodes start on the supervisor's machine from now on."""
+        self.local, self.launcher = True, None
+
     def to_json(self) -> dict[str, Any]:
         """The slot as plain data (the deadline, a moment of this process's clock, is left out)."""
         return {
