@@ -29,7 +29,11 @@ class SwarmError(RuntimeError):
 
 
 class Slot:
-    """A stage replica's place in the swarm: an initial node id, its stage, location and current process."""
+    """A stage replica's place in the swarm: an initial node id, its stage, location and current process.
+
+    Its attributes are read anywhere and changed only by its own methods, one per event (:meth:`started`,
+    :meth:`died`, :meth:`joined`, :meth:`serves`, :meth:`kept_away` ...; tests/swarm/supervisor/test_encapsulation.py
+    checks that no code outside this class assigns them)."""
 
     def __init__(self, slot: int, stage: int, location: str, local: bool) -> None:
         self.slot, self.stage, self.location, self.local = slot, stage, location, local
@@ -85,6 +89,15 @@ class Slot:
         self.address, self.serving, self.dead = None, False, False
         self.plan_seq, self.rebuilt, self.copy_version = 0, None, None  # a new occupant: nothing sent, held
         self.replans = 0
+        self.deadline = deadline
+
+    def starts_forgiven(self) -> None:
+        """The swarm recovered: the starts of this slot's node so far are no failing start."""
+        self.tries = 0
+
+    def awaited_until(self, deadline: float) -> None:
+        """A resumed supervisor kills the occupant if it does not serve by ``deadline`` (monotonic seconds;
+        ``inf``: it serves)."""
         self.deadline = deadline
 
     def died(self) -> None:

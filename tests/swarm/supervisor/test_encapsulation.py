@@ -87,7 +87,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     (
         "checkfree/swarm/supervisor/supervisor.py",
         "slot.tries = 0",
-    ): "Slot method (tries reset after a recovery)",
+    ): "starts_forgiven()",
     (
         "checkfree/swarm/supervisor/supervisor.py",
         'self.results.journal = {"writes": journal.writes, "seconds": journal.seconds, "bytes": journal.nbytes}',
@@ -95,7 +95,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     (
         "checkfree/swarm/supervisor/supervisor.py",
         'slot.deadline = float("inf") if slot.serving else now + self.cfg.recovery_timeout',
-    ): "Slot method (a resumed supervisor's start deadline)",
+    ): "awaited_until(deadline)",
     ("checkfree/swarm/supervisor/supervisor.py", "self.results.outages.append("): "resumed(...)",
     (
         "checkfree/swarm/supervisor/supervisor.py",

@@ -163,3 +163,7 @@ def test_slot_events_as_the_schedule_and_the_planner_tell_them() -> None:
     assert (slot.launcher, slot.local) == (None, True)
     slot.version_reported(version=3)
     assert (slot.version, slot.copy_version) == (3, None)
+    slot.start_counted()
+    slot.starts_forgiven()
+    slot.awaited_until(5.0)
+    assert (slot.tries, slot.deadline) == (0, 5.0)
