@@ -11,9 +11,9 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import NoReturn
 
+from checkfree.cli_flags import Flag
 from checkfree.config import MAX_SEED, parse_sets
 
 
@@ -55,187 +55,55 @@ def positive_int(text: str) -> int:
     return value
 
 
+def simulate_flags() -> dict[str, Flag]:
+    """``simulate``'s flags beyond their fields of checkfree.sim.options.SimulateOptions (checkfree.cli_flags)."""
+    from checkfree.config import GRAD_NORM_MODES
+    from checkfree.loss import FUSED_LOSS_CHOICES
+    from checkfree.swarm.devices import DEVICE_CHOICES
+
+    return {
+        "swaps": Flag(both="in-order pipeline (run_2.sh)"),
+        "seed": Flag(type=seed_arg),
+        "failure_seed": Flag(type=seed_arg),
+        "grad_norm_mode": Flag(choices=GRAD_NORM_MODES),
+        "max_wall_iterations": Flag(type=positive_int),
+        "stop_at_loss": Flag(metavar="LOSS"),
+        "device": Flag(choices=DEVICE_CHOICES),
+        "compile_mode": Flag(choices=("default", "reduce-overhead")),
+        "fused_loss": Flag(choices=FUSED_LOSS_CHOICES),
+        "autocast": Flag(
+            choices=("auto", "bf16", "off"), hidden=True
+        ),  # bf16 on a CPU: the CUDA path, for tests
+    }
+
+
+SIMULATE_NOT_FLAGS = ("compile_backend", "extra")
+"""SimulateOptions fields without a flag of their own (``extra`` is ``--set KEY=VALUE``)."""
+
+
 def add_simulate_parser(sub: argparse._SubParsersAction) -> None:
+    """``simulate``: one flag per field of SimulateOptions (name, type, default and help from the field,
+    checkfree.cli_flags; the config keys it overrides give the help of the fields that have none), and ``--set``."""
+    import dataclasses
+
+    from checkfree.cli_flags import add_field_flags
+    from checkfree.config import Config
+    from checkfree.sim.options import SimulateOptions
+
     p = sub.add_parser(
         "simulate",
         help="train a pipeline-staged model while whole stages fail and are recovered",
         description="The convergence simulator (docs/simulator.md). Launch one process per data-parallel "
         "replica with torchrun, or use simulate_training/run.sh (swaps on) / run_2.sh (swaps off).",
     )
-    p.add_argument(
-        "--setting",
-        required=True,
-        help="recovery strategy: no_failure, copy, random, zero, average, checkfree, checkfree_plus, "
-        "checkpoint, one, redundant, ec_snapshot, ladder, or an authors' name (ours-grad-avg, "
-        "ours-naive, ours-random, ours-zero, ours-avg-ablation, whole_model)",
-    )
-    p.add_argument("--config", required=True, help="config JSON (working directory first, then configs/)")
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel replicas (torchrun processes)")
-    p.add_argument(
-        "--rate",
-        type=float,
-        default=16.0,
-        help="stage failure rate in %%/h (P); selects "
-        'config["P"] as the per-iteration probability when present',
-    )
-    p.add_argument("--start-iter", type=int, default=0, help="resume from this run checkpoint iteration")
-    swaps = p.add_mutually_exclusive_group()
-    swaps.add_argument(
-        "--swaps",
-        dest="swaps",
-        action="store_true",
-        default=True,
-        help="CheckFree+ out-of-order execution on odd microbatches (default; run.sh)",
-    )
-    swaps.add_argument("--no-swaps", dest="swaps", action="store_false", help="in-order pipeline (run_2.sh)")
-    p.add_argument(
-        "--run-dir", type=Path, help="run directory (default runs/<config>-<strategy>-p<P>-w<W>-seed<S>)"
-    )
-    p.add_argument("--runs-root", type=Path, default=Path("runs"), help="parent of default run directories")
-    p.add_argument("--max-iterations", type=int, help="override max_iterations")
-    p.add_argument(
-        "--eval-interval", type=int, help="override eval_interval (iterations between validations)"
-    )
-    p.add_argument(
-        "--log-interval", type=int, help="override log_interval (iterations between console lines)"
-    )
-    p.add_argument(
-        "--checkpoint-interval",
-        type=int,
-        help="iterations between run checkpoints for resuming (0 = only at the end)",
-    )
-    p.add_argument(
-        "--seed", type=seed_arg, help="override seed (model init; failure draws unless --failure-seed)"
-    )
-    p.add_argument("--failure-seed", type=seed_arg, help="seed of the failure draws (default: --seed)")
-    p.add_argument(
-        "--failure-probability",
-        type=float,
-        help="per-iteration stage failure probability, overriding config[P] and the %%/h formula",
-    )
-    p.add_argument(
-        "--failure-schedule",
-        type=Path,
-        help="replay exact failures from a JSON schedule instead of drawing them",
-    )
-    p.add_argument(
-        "--schedule-replicas",
-        type=int,
-        help="replicas per stage when --failure-schedule is a swarm node schedule",
-    )
-    p.add_argument(
-        "--fail-stage0",
-        action="store_true",
-        help="let stage 0 (embedding and head) fail too; only checkfree_plus and checkpoints recover it",
-    )
-    p.add_argument(
-        "--grad-norm-mode",
-        choices=["paper", "clipped"],
-        help="CheckFree weights: paper = unclipped gradient norm (default), clipped = the release's",
-    )
-    p.add_argument(
-        "--iteration-seconds",
-        type=float,
-        help="iteration time (s) for the %%/h formula when config has no key for P (default: the paper's "
-        "91.32 s; a warning when given but unused)",
-    )
-    p.add_argument("--resume-from", type=Path, help="resume from this checkpoint directory")
-    p.add_argument(
-        "--allow-data-change",
-        action="store_true",
-        help="resume even when the checkpoint was trained on another dataset or tokenizer (a warning)",
-    )
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="a fresh run into a directory that holds a run moves the old run aside to "
-        "DIR.replaced-<timestamp> (nothing is deleted)",
-    )
-    p.add_argument(
-        "--max-wall-iterations",
-        type=positive_int,
-        help="stop after this many wall-clock iterations, keeping everything written (default: 20 × "
-        "max_iterations; rollbacks make a run longer than max_iterations)",
-    )
-    p.add_argument(
-        "--stop-at-loss",
-        type=float,
-        metavar="LOSS",
-        help="stop at the first validation with loss <= LOSS (nats); a run that reaches --max-iterations or "
-        "--max-wall-iterations first is censored (summary.json: target)",
-    )
-    p.add_argument(
-        "--no-final-checkpoint",
-        dest="final_checkpoint",
-        action="store_false",
-        help="write no run checkpoint when training ends (the --checkpoint-interval ones are still written)",
-    )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--cache-dir",
-        type=Path,
-        help="token/tokenizer cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)",
-    )
+    names = [f.name for f in dataclasses.fields(SimulateOptions) if f.name not in SIMULATE_NOT_FLAGS]
+    add_field_flags(p, SimulateOptions, names, simulate_flags(), docs_from=Config)
     p.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
         help="override any config key, e.g. --set checkpoint_every=50 (JSON value)",
-    )
-    p.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        help="no tqdm bar (it is drawn on a terminal only)",
-    )
-    p.add_argument(
-        "--max-train-tokens",
-        type=int,
-        help="cap on the training tokens to cache (default: the run's budget for hub datasets, all of a local corpus)",
-    )
-    p.add_argument(
-        "--peak-tflops",
-        type=float,
-        help="device peak TFLOP/s for MFU (default: known GPUs, or measured on a CPU)",
-    )
-    p.add_argument(
-        "--compile", action="store_true", help="torch.compile each stage (off by default; see docs/gpu.md)"
-    )
-    p.add_argument(
-        "--compile-mode",
-        choices=["default", "reduce-overhead"],
-        default="default",
-        help="torch.compile's mode with --compile: reduce-overhead replays CUDA graphs, fewer kernel launches "
-        "(docs/gpu.md)",
-    )
-    p.add_argument(
-        "--fused-loss",
-        choices=["auto", "on", "off"],
-        default="auto",
-        help="the head and loss through Liger-Kernel's fused linear cross-entropy, which never holds the full "
-        "logits: auto (default) = on where CUDA and liger-kernel are, on = that or an error, off = plain "
-        "cross-entropy over fp32 logits (docs/gpu.md)",
-    )
-    p.add_argument(
-        "--activation-checkpointing",
-        action="store_true",
-        help="recompute each transformer block in the backward pass instead of keeping its activations "
-        "(less memory, one more forward per block; docs/gpu.md)",
-    )
-    p.add_argument(
-        "--tensorboard", action="store_true", help="write TensorBoard scalars to RUN_DIR/tensorboard/"
-    )
-    # bf16 autocast on any device: exercises the CUDA mixed-precision path on a CPU (tests); not for real runs
-    p.add_argument("--autocast", choices=["auto", "bf16", "off"], default="auto", help=argparse.SUPPRESS)
-    p.add_argument(
-        "--no-recovery-accounting",
-        dest="recovery_accounting",
-        action="store_false",
-        help="do not measure each recovery against the lost stage (weight distance, probe loss spike)",
-    )
-    p.add_argument(
-        "--dry-run", action="store_true", help="print the plan and parameter counts, train nothing"
     )
     p.set_defaults(func=cmd_simulate)
 

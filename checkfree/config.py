@@ -119,7 +119,8 @@ class Config:
     vocab_size: int = field(default=4096, metadata=_bounds(F.count(1, 1 << 21)))
     """Vocabulary size of the "bpe" tokenizer."""
     max_train_tokens: int | None = field(default=None, metadata=_bounds(F.count(1, 10**13) | None))
-    """Tokens to stream and cache from a hub dataset (None = enough for max_iterations)."""
+    """Cap on the training tokens to stream and cache (None = enough for max_iterations from a hub dataset, all of a
+    local corpus)."""
     grad_clip: float = field(default=1.0, metadata=POSITIVE_NUMBER)
     """Per-stage gradient-norm clipping threshold (paper: 1.0)."""
     grad_norm_mode: str = field(default="paper", metadata=NAME)

@@ -14,14 +14,17 @@ communication/run_throughput.sh START END SETTING RATE [options] is a thin launc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from checkfree import jsonio
+from checkfree.cli_flags import Flag
 from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
 
 if TYPE_CHECKING:
@@ -45,149 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Start nodes START..END-1 (one stage replica each) plus, for checkpoint, the "
         "storage node; replay the crash schedule; write runs/<name>/throughput.json.",
     )
-    r.add_argument(
-        "--setting",
-        choices=["no_failure", "checkpoint", "ours", "ours-plus", "checkfree", "checkfree_plus", "ladder"],
-        help="no_failure: schedule logged, nobody killed; checkpoint: storage node + rollback; "
-        "ours (= checkfree): CheckFree; ours-plus (= checkfree_plus): CheckFree+ (swaps on odd microbatches); "
-        "ladder: a live replica, else the CheckFree+ rule",
-    )
-    r.add_argument(
-        "--rate",
-        default="16",
-        help="failure rate in %%/h: selects failure_p_configs/RATE.json unless --schedule is given",
-    )
-    r.add_argument(
-        "--config",
-        default="swarm_paper.json",
-        help="swarm topology config (working directory first, then configs/)",
-    )
-    r.add_argument(
-        "--schedule",
-        type=Path,
-        help="crash schedule in the authors' format (node id -> [crash iterations..., sentinel]), or slot "
-        "down intervals from a preemption trace (failure_generator.py --trace; a slot stays down until it "
-        "comes back); default failure_p_configs/RATE.json",
-    )
-    r.add_argument("--no-schedule", action="store_true", help="no crashes at all")
-    r.add_argument(
-        "--recovery-kills",
-        type=Path,
-        metavar="FILE",
-        help="soak runs: kills while the swarm recovers (a replacement, or the sources it fetches from), "
-        "format checkfree-recovery-kills-v1 (checkfree/swarm/supervisor/recovery_kills.py)",
-    )
-    r.add_argument("--start", type=int, default=0, help="first node id this machine starts (START)")
-    r.add_argument(
-        "--end", type=int, help="one past the last node id this machine starts (END; default: all)"
-    )
-    r.add_argument(
-        "--iterations",
-        type=int,
-        default=500,
-        help="committed iterations to train (a replayed trace also ends with its window: throughput.json ended_by)",
-    )
-    r.add_argument(
-        "--run-dir", type=Path, help="run directory (default runs/swarm-<setting>-<rate>, -2, -3… if taken)"
-    )
-    r.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="a run directory that holds a run is moved aside to DIR.replaced-<timestamp> (nothing is deleted)",
-    )
-    r.add_argument(
-        "--bind-host",
-        default="127.0.0.1",
-        help="interface the supervisor and nodes listen on (0.0.0.0 for a multi-machine swarm)",
-    )
-    r.add_argument("--advertise-host", help="host name other machines dial (with --bind-host 0.0.0.0)")
-    r.add_argument("--port", type=int, default=0, help="supervisor (bootstrap) port; 0 = any free port")
-    r.add_argument(
-        "--bootstrap",
-        help="join the swarm whose supervisor listens at tcp://HOST:PORT: this machine "
-        "only hosts nodes START..END-1 (multi-machine swarm; see checkfree.swarm.launcher)",
-    )
-    r.add_argument(
-        "--join-token",
-        type=Path,
-        help="join the authenticated swarm as the machine this token is for (<run_dir>/join_tokens/"
-        "machine<START>.json on the supervisor's machine): this machine only hosts that machine's nodes "
-        "(START..END-1 default to the token's)",
-    )
-    r.add_argument(
-        "--machines",
-        metavar="START:END,...",
-        help="the node ranges the other machines host, each with its own join token (<run_dir>/join_tokens/"
-        "machine<START>.json, from which only that machine's node keys derive); default: one machine per range "
-        "of nodes outside START..END",
-    )
-    r.add_argument(
-        "--insecure",
-        action="store_true",
-        help="no CURVE authentication or encryption (single-machine debugging only: anyone who reaches a "
-        "port can then speak for any node)",
-    )
-    r.add_argument("--time-scale", type=float, help="override time_scale (1 real WAN time, 0 no emulation)")
-    r.add_argument(
-        "--checkpoint-every",
-        type=int,
-        metavar="K",
-        help="override checkpoint_every: the checkpoint setting stores every stage every K iterations",
-    )
-    r.add_argument("--checkpoint-interval", type=int, metavar="K", help="old name of --checkpoint-every")
-    r.add_argument(
-        "--snapshot-every",
-        type=int,
-        metavar="N",
-        help="override snapshot_every: every N committed iterations, every stage's weights and Adam state are "
-        "written in the background to RUN_DIR/snapshots/ (0 = none, the default)",
-    )
-    r.add_argument("--replicas", type=int, help="override replicas per stage")
-    r.add_argument(
-        "--data", choices=["corpus", "synthetic"], help="override the data source of stage-0 nodes"
-    )
-    r.add_argument(
-        "--cache-dir", type=Path, help="data cache (default $CHECKFREE_CACHE or ~/.cache/checkfree)"
-    )
-    r.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any swarm config key, e.g. --set in_flight=3 (JSON value)",
-    )
-    r.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default="auto",
-        help="where this machine's nodes compute: auto = CUDA when torch sees a device, else the CPU; on CUDA "
-        "bf16 autocast with fp32 master weights and Adam state",
-    )
-    r.add_argument(
-        "--gpus",
-        help="comma-separated CUDA indices; this machine's k-th node uses GPU gpus[k mod len] "
-        "(default: every visible GPU)",
-    )
-    r.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the topology, the node -> device map and the node commands; start nothing",
-    )
-    r.add_argument(
-        "--supervisor-grace",
-        type=float,
-        metavar="S",
-        help="override supervisor_grace: seconds a node (or launcher) whose supervisor fell silent keeps its state "
-        "and waits for a resumed one (default 120)",
-    )
-    r.add_argument(
-        "--resume",
-        type=Path,
-        metavar="RUN_DIR",
-        help="resume the run in RUN_DIR whose supervisor died: a new supervisor binds the same address, re-adopts "
-        "the live nodes and goes on from the run's journal (every other option comes from the journal and may "
-        "not be given)",
-    )
+    _add_run_flags(r)
     r.set_defaults(func=cmd_run)
     global _RUN_PARSER
     _RUN_PARSER = r
@@ -205,6 +66,74 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t = cmds.add_parser("table", help="print the summary table of finished runs")
     t.add_argument("run_dirs", nargs="+", type=Path, help="run directories holding throughput.json")
     t.set_defaults(func=cmd_table)
+
+
+def config_flags() -> dict[str, Flag]:
+    """The fields of checkfree.swarm.config.SwarmConfig that ``swarm run`` overrides with a flag of their own (help,
+    type from the field, checkfree.cli_flags), with what each flag has beyond its field; :data:`SET_ONLY` are the
+    others."""
+    from checkfree.swarm.config import DATA_SOURCES
+
+    return {
+        "time_scale": Flag(),
+        "checkpoint_every": Flag(metavar="K"),
+        "snapshot_every": Flag(metavar="N"),
+        "replicas": Flag(),
+        "data": Flag(choices=DATA_SOURCES),
+        "supervisor_grace": Flag(metavar="S"),
+    }
+
+
+SET_ONLY = tuple(
+    "model_config microbatches in_flight locations locations_file storage_location crash_point heartbeat_interval "
+    "peer_timeout microbatch_timeout iteration_timeout recovery_timeout request_timeout max_attempts fused_loss seed "
+    "eval_interval".split()
+)
+"""SwarmConfig fields that ``swarm run`` overrides only through ``--set KEY=VALUE``."""
+
+
+def run_flags() -> dict[str, Flag]:
+    """What ``swarm run``'s flags of checkfree.swarm.options.RunOptions have beyond their fields."""
+    from checkfree.swarm.config import SETTINGS
+    from checkfree.swarm.devices import DEVICE_CHOICES
+
+    return {
+        "setting": Flag(choices=SETTINGS),
+        "recovery_kills": Flag(metavar="FILE"),
+        "machines": Flag(metavar="START:END,..."),
+        "device": Flag(choices=DEVICE_CHOICES),
+        "resume": Flag(metavar="RUN_DIR"),
+    }
+
+
+def _add_run_flags(r: argparse.ArgumentParser) -> None:
+    """``swarm run``'s flags: one per field of RunOptions (its default), one per field of :func:`config_flags`
+    (default None: the config file's value), each old name of checkfree.swarm.config.RENAMED among those (read as
+    its new one, :func:`_overrides`), and ``--set`` (checkfree.cli_flags)."""
+    from checkfree.cli_flags import add_field_flags, flag_name
+    from checkfree.swarm.config import RENAMED, SwarmConfig
+    from checkfree.swarm.options import RunOptions
+
+    names, flags, overriding = [f.name for f in dataclasses.fields(RunOptions)], run_flags(), config_flags()
+    add_field_flags(r, RunOptions, names[: names.index("cache_dir")], flags)
+    actions = {a.dest: a for a in add_field_flags(r, SwarmConfig, overriding, overriding, overrides=True)}
+    for old, new in RENAMED.items():
+        if new in actions:
+            r.add_argument(
+                flag_name(old),
+                type=actions[new].type,
+                metavar=actions[new].metavar,
+                help=f"old name of {flag_name(new)}",
+            )
+    add_field_flags(r, RunOptions, ["cache_dir"], flags)
+    r.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any swarm config key, e.g. --set in_flight=3 (JSON value)",
+    )
+    add_field_flags(r, RunOptions, names[names.index("cache_dir") + 1 :], flags)
 
 
 _RUN_PARSER: argparse.ArgumentParser | None = None
@@ -254,14 +183,8 @@ def _overrides(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
         notes.append(
             f"--checkpoint-interval is now called --checkpoint-every; read as --checkpoint-every {every}."
         )
-    out: dict[str, Any] = {
-        "time_scale": args.time_scale,
-        "checkpoint_every": every,
-        "replicas": args.replicas,
-        "data": args.data,
-        "snapshot_every": args.snapshot_every,
-        "supervisor_grace": args.supervisor_grace,
-    }
+    out: dict[str, Any] = {name: getattr(args, name) for name in config_flags()}
+    out["checkpoint_every"] = every
     from checkfree.config import parse_sets
 
     out.update(parse_sets(args.set))
@@ -427,18 +350,58 @@ def _default_run_dir(args: argparse.Namespace) -> Path:
     return candidate
 
 
+@dataclass
+class _RunPlan:
+    """What ``swarm run`` checked and resolved before it writes or starts anything (:func:`_plan_run`)."""
+
+    cfg: SwarmConfig
+    schedule: dict[int, list[int]] | DowntimeSchedule
+    schedule_path: str | None
+    end: int
+    """One past the last node id this machine starts."""
+    recovery_kills: Any
+    devices: Any
+    """This machine's devices (checkfree.swarm.devices)."""
+    memory: Any
+    """checkfree.memory.MachineMemory of this machine's processes."""
+    advice: str
+    run_dir: Path
+    plan: Any
+    """How the run directory is made (checkfree.rundir.plan_run_dir)."""
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    import zmq
+    """``swarm run``: resume a run (``--resume``), print its plan (``--dry-run``), host nodes for another machine's
+    supervisor (``--bootstrap``, ``--join-token``) or supervise a run from here.
 
-    from checkfree.loss import resolve_loss_path
-    from checkfree.swarm.config import load_swarm_config, machines_option
-    from checkfree.swarm.devices import resolve_devices
-    from checkfree.swarm.hosts import LocalHost
-    from checkfree.swarm.policies import make_policy
-    from checkfree.swarm.supervisor.supervisor import Supervisor
-
+    Raises:
+        ValueError: an option, the config, the schedule or this machine's memory does not fit (one sentence).
+    """
     if args.resume is not None:
         return _cmd_resume(args)
+    run = _plan_run(args)
+    if args.dry_run:
+        return _dry_run(args, run)
+    if args.bootstrap and args.join_token is None and not args.insecure:
+        raise ValueError(
+            "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
+        )
+    if args.bootstrap or args.join_token:
+        return _launch(args, run)
+    return _run_supervisor(args, run)
+
+
+def _plan_run(args: argparse.Namespace) -> _RunPlan:
+    """Load and check everything a fresh ``swarm run`` needs; writes and starts nothing.
+
+    Raises:
+        ValueError: as :func:`cmd_run`.
+    """
+    from checkfree.loss import resolve_loss_path
+    from checkfree.swarm.config import load_swarm_config
+    from checkfree.swarm.devices import resolve_devices
+    from checkfree.swarm.policies import make_policy
+
     if args.setting is None:
         raise ValueError(
             "swarm run needs --setting SETTING; expected one of the settings --help lists, or --resume."
@@ -470,66 +433,84 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ValueError(memory.sentence(advice))
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
-    if args.dry_run:
-        from checkfree.swarm.wire.auth import SwarmKeys
+    return _RunPlan(cfg, schedule, schedule_path, end, recovery_kills, devices, memory, advice, run_dir, plan)
 
-        keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
-        host = LocalHost(
-            run_dir,
-            "tcp://BOOTSTRAP:PORT",
-            args.bind_host,
-            args.advertise_host,
-            args.cache_dir,
-            keys=keys,
-            devices=devices,
-        )
-        print(
-            f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
-            f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
-            f"setting {args.setting}, schedule {schedule_path}, run dir {run_dir}"
-        )
-        rule = " (replacements: the GPU with the fewest live nodes)" if devices.kind == "cuda" else ""
-        print(f"devices: {devices.describe()}{rule}")
-        for n in range(args.start, end):
-            print(f"node {n} (stage {cfg.stage_of(n)}) -> {host.device_for(n, cfg.stage_of(n), False)}")
-        for n in range(args.start, end):
-            stage = cfg.stage_of(n)
-            print(
-                " ".join(host.command(n, stage, cfg.location_of(n), False, host.device_for(n, stage, False)))
-            )
-        for line in memory.lines():
-            print(line)
-        if not memory.fits:
-            print(
-                f"memory: does not fit{f'; it would with {advice}' if advice else ''} (a real run is refused)"
-            )
-        return 0
-    if args.bootstrap and args.join_token is None and not args.insecure:
-        raise ValueError(
-            "--bootstrap joins an authenticated swarm only with --join-token FILE (or --insecure)."
-        )
-    if args.bootstrap or args.join_token:
-        from checkfree.swarm.launcher import run_launcher
 
-        apply_run_dir(plan)
-        return run_launcher(
-            args.bootstrap,
-            args.start,
-            end,
-            run_dir,
-            args.bind_host,
-            args.advertise_host,
-            args.cache_dir,
-            token=args.join_token,
-            devices=devices,
-            supervisor_grace=cfg.supervisor_grace,
-        )
+def _dry_run(args: argparse.Namespace, run: _RunPlan) -> int:
+    """``swarm run --dry-run``: print the topology, the node -> device map, the node commands and the memory
+    plan; nothing is written or started."""
+    from checkfree.swarm.hosts import LocalHost
+    from checkfree.swarm.wire.auth import SwarmKeys
+
+    cfg, end, devices, memory = run.cfg, run.end, run.devices, run.memory
+    keys = None if args.insecure else SwarmKeys.new()  # only names the key files; nothing is written
+    host = LocalHost(
+        run.run_dir,
+        "tcp://BOOTSTRAP:PORT",
+        args.bind_host,
+        args.advertise_host,
+        args.cache_dir,
+        keys=keys,
+        devices=devices,
+    )
+    print(
+        f"swarm: {cfg.n_stages + 1} stages x {cfg.replicas} replicas = {cfg.n_nodes} nodes, "
+        f"{cfg.mb_count} microbatches/pipeline, {cfg.in_flight} in flight, time_scale {cfg.time_scale}, "
+        f"setting {args.setting}, schedule {run.schedule_path}, run dir {run.run_dir}"
+    )
+    rule = " (replacements: the GPU with the fewest live nodes)" if devices.kind == "cuda" else ""
+    print(f"devices: {devices.describe()}{rule}")
+    for n in range(args.start, end):
+        print(f"node {n} (stage {cfg.stage_of(n)}) -> {host.device_for(n, cfg.stage_of(n), False)}")
+    for n in range(args.start, end):
+        stage = cfg.stage_of(n)
+        print(" ".join(host.command(n, stage, cfg.location_of(n), False, host.device_for(n, stage, False))))
+    for line in memory.lines():
+        print(line)
+    if not memory.fits:
+        advice = run.advice
+        print(f"memory: does not fit{f'; it would with {advice}' if advice else ''} (a real run is refused)")
+    return 0
+
+
+def _launch(args: argparse.Namespace, run: _RunPlan) -> int:
+    """``swarm run --bootstrap`` / ``--join-token``: host nodes START..END-1 for another machine's supervisor
+    (checkfree.swarm.launcher)."""
+    from checkfree.swarm.launcher import run_launcher
+
+    apply_run_dir(run.plan)
+    return run_launcher(
+        args.bootstrap,
+        args.start,
+        run.end,
+        run.run_dir,
+        args.bind_host,
+        args.advertise_host,
+        args.cache_dir,
+        token=args.join_token,
+        devices=run.devices,
+        supervisor_grace=run.cfg.supervisor_grace,
+    )
+
+
+def _run_supervisor(args: argparse.Namespace, run: _RunPlan) -> int:
+    """``swarm run``: supervise the run from this machine, which hosts nodes START..END-1.
+
+    Raises:
+        ValueError: the supervisor cannot listen on --bind-host and --port (one sentence).
+    """
+    import zmq
+
+    from checkfree.swarm.config import machines_option
+    from checkfree.swarm.supervisor.supervisor import Supervisor
+
+    cfg, end, devices, run_dir = run.cfg, run.end, run.devices, run.run_dir
     vocab_size = _vocab_size(cfg, args.cache_dir)
     try:  # binds the bootstrap socket; nothing is written yet
         sup = Supervisor(
             cfg,
             args.setting,
-            schedule,
+            run.schedule,
             args.iterations,
             run_dir,
             vocab_size,
@@ -540,9 +521,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             advertise_host=args.advertise_host,
             cache_dir=args.cache_dir,
             insecure=args.insecure,
-            recovery_kills=recovery_kills,
-            schedule_path=schedule_path,
-            options=_journaled_options(args, schedule_path, cfg),
+            recovery_kills=run.recovery_kills,
+            schedule_path=run.schedule_path,
+            options=_journaled_options(args, run.schedule_path, cfg),
             machines=machines_option(args.machines),
         )
     except zmq.ZMQError as exc:
@@ -552,7 +533,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ) from None
     sup.host.devices = devices  # this machine's nodes: --device per node (checkfree.swarm.devices)
     sup.results.node_devices = sup.host.node_devices  # filled as nodes start; written to throughput.json
-    apply_run_dir(plan)
+    apply_run_dir(run.plan)
     _log_to(run_dir)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
     log.info("supervisor: bootstrap address %s (pid %d); logs in %s", sup.address, os.getpid(), run_dir)
