@@ -343,6 +343,43 @@ def _copies(cfg: Config, counts: ParameterCounts, strategy: str) -> tuple[int, i
     return device, host, ", ".join(what)
 
 
+def _estimate(
+    device: str,
+    autocast: bool,
+    activation_checkpointing: bool,
+    params: int,
+    *,
+    copies: int,
+    casts: int,
+    saved: int,
+    transient: int,
+    heap: int,
+    runtime: int,
+    host: int,
+    notes: dict[str, str],
+) -> MemoryEstimate:
+    """The estimate of a process that trains ``params`` parameters in fp32 with Adam (weights and gradients 4
+    bytes each, Adam 8: 16 bytes/parameter) holding ``copies`` bytes of strategy copies, ``casts`` of bf16 weight
+    casts, ``saved`` of activations and ``transient`` of backward temporaries; its temporaries are ``transient``,
+    :data:`SLACK` of all those tensors and ``heap`` (the CPU allocator's, module docstring)."""
+    tensors = 16 * params + copies + casts + saved + transient
+    return MemoryEstimate(
+        device=device,
+        precision="bf16 autocast" if autocast else "fp32",
+        activation_checkpointing=activation_checkpointing,
+        weights=4 * params,
+        gradients=4 * params,
+        optimizer=8 * params,
+        copies=copies,
+        autocast_copies=casts,
+        activations=saved,
+        temporaries=transient + math.ceil(SLACK * tensors) + heap,
+        runtime=runtime,
+        host=host,
+        notes=notes,
+    )
+
+
 def simulator_estimate(
     cfg: Config,
     vocab_size: int,
@@ -383,11 +420,9 @@ def simulator_estimate(
     largest_stage = max(counts.stage0, counts.transformer_stage(cfg.n_layers_per_stage))
     transient = max(transient, 8 * largest_stage - saved)
     casts = 2 * (counts.blocks * counts.block_matmul + counts.head_matmul) if autocast else 0
-    tensors = 16 * P + copies_device + casts + saved + transient
     heap = 0
     if device == "cpu":
         copies_device += copies_host
-        tensors += copies_host
         heap = math.ceil(CPU_HEAP_FACTOR * (forward + transient))
         runtime, host, runtime_note = PROCESS_BYTES, 0, "the Python process"
     else:
@@ -404,17 +439,16 @@ def simulator_estimate(
         notes["temporaries"] = f"fused loss: logits of {chunk:,} tokens at a time"
     if copies_what:
         notes["copies"] = copies_what
-    return MemoryEstimate(
-        device=device,
-        precision="bf16 autocast" if autocast else "fp32",
-        activation_checkpointing=activation_checkpointing,
-        weights=4 * P,
-        gradients=4 * P,
-        optimizer=8 * P,
+    return _estimate(
+        device,
+        autocast,
+        activation_checkpointing,
+        P,
         copies=copies_device,
-        autocast_copies=casts,
-        activations=saved,
-        temporaries=transient + math.ceil(SLACK * tensors) + heap,
+        casts=casts,
+        saved=saved,
+        transient=transient,
+        heap=heap,
         runtime=runtime,
         host=host,
         notes=notes,
@@ -466,7 +500,6 @@ def swarm_node_estimate(
         copies = 4 * ((counts.embedding if stage == 1 else 0) + (counts.head if stage == cfg.n_stages else 0))
         notes["copies"] = "the stage-0 copy it holds"
     send = min(SEND_POOL_BYTES, 2 * max(4 * n_d, 4 * P))
-    tensors = 16 * P + copies + casts + saved + transient
     heap = 0
     if device == "cpu":
         heap = math.ceil(CPU_HEAP_FACTOR * (saved + transient))
@@ -475,17 +508,16 @@ def swarm_node_estimate(
     else:
         runtime, host = CUDA_CONTEXT_BYTES, PROCESS_BYTES + CUDA_HOST_BYTES + send
         notes["runtime"] = "CUDA context"
-    return MemoryEstimate(
-        device=device,
-        precision="bf16 autocast" if autocast else "fp32",
-        activation_checkpointing=False,
-        weights=4 * P,
-        gradients=4 * P,
-        optimizer=8 * P,
+    return _estimate(
+        device,
+        autocast,
+        False,
+        P,
         copies=copies,
-        autocast_copies=casts,
-        activations=saved,
-        temporaries=transient + math.ceil(SLACK * tensors) + heap,
+        casts=casts,
+        saved=saved,
+        transient=transient,
+        heap=heap,
         runtime=runtime,
         host=host,
         notes=notes,

@@ -1,6 +1,6 @@
 """A node fetching its stage over the network: a replacement's recovery, or a checkpoint rollback.
 
-:class:`Recovery` executes a :class:`~checkfree.swarm.policies.RecoveryPlan`: one WEIGHTS_REQUEST per source
+:class:`Recovery` executes a :class:`~checkfree.recovery.planner.RecoveryPlan`: one WEIGHTS_REQUEST per source
 stage to a serving node of that stage (or the storage node), each with a deadline of ``request_timeout``
 seconds and a random 128-bit request id. Each answer is checked on arrival (the stage and part asked, the node
 asked, a plausible version, this stage's keys and shapes, finite numbers); an error or rejected answer, a

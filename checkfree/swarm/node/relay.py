@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from checkfree.config import Config
 from checkfree.pipeline import stage_order
 from checkfree.swarm.config import SwarmConfig, route
 from checkfree.swarm.node.compute import StageWorker
@@ -33,6 +34,28 @@ from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError, R
 
 Key = tuple[int, int]
 """(pipeline, microbatch): a microbatch of one iteration."""
+
+
+def check_activation_shape(tensor: torch.Tensor, model: Config, what: str) -> None:
+    """Check that ``tensor`` is one microbatch's activations (or their gradients) between two stages of
+    ``model``: (B, T, dmodel) float32 with 0 < B ≤ batch_size and 0 < T ≤ seq_l. The tensors of FORWARD and
+    BACKWARD (:func:`check_pipeline_message`) and of VALIDATION (checkfree.swarm.node.validation
+    .check_validation_message) messages are all checked by it.
+
+    Raises:
+        ProtocolError: the shape or dtype does not fit (one sentence naming ``what``).
+    """
+    if (
+        tensor.dtype != torch.float32
+        or tensor.dim() != 3
+        or tensor.shape[-1] != model.dmodel
+        or not 0 < tensor.shape[0] <= model.batch_size
+        or not 0 < tensor.shape[1] <= model.seq_l
+    ):
+        raise ProtocolError(
+            f"{what} is {tuple(tensor.shape)} {tensor.dtype}; expected (<= {model.batch_size}, <= {model.seq_l}, "
+            f"{model.dmodel}) float32"
+        )
 
 
 def check_pipeline_message(msg: Message, cfg: SwarmConfig) -> tuple[list[int], int, Key, torch.Tensor]:
@@ -48,18 +71,7 @@ def check_pipeline_message(msg: Message, cfg: SwarmConfig) -> tuple[list[int], i
     """
     route, pos, pipeline = msg.meta["route"], msg.meta["pos"], msg.meta["pipeline"]
     tensor = msg.tensors["activations" if msg.type == MessageType.FORWARD else "gradients"]
-    m = cfg.model
-    if (
-        tensor.dtype != torch.float32
-        or tensor.dim() != 3
-        or tensor.shape[-1] != m.dmodel
-        or not 0 < tensor.shape[0] <= m.batch_size
-        or not 0 < tensor.shape[1] <= m.seq_l
-    ):
-        raise ProtocolError(
-            f"tensor is {tuple(tensor.shape)} {tensor.dtype}; expected (<= {m.batch_size}, <= {m.seq_l}, "
-            f"{m.dmodel}) float32"
-        )
+    check_activation_shape(tensor, cfg.model, "tensor")
     if not 0 <= pos <= len(route) or len(route) != cfg.n_stages + 1:
         raise ProtocolError(f"route {route[:8]} position {pos} does not fit {cfg.n_stages} stages")
     if not all_finite(tensor):

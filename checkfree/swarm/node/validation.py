@@ -36,6 +36,7 @@ from checkfree.swarm.devices import autocast_for
 from checkfree.swarm.node.compute import validation_batches_for
 from checkfree.swarm.node.context import NodeContext, StageState
 from checkfree.swarm.node.early import FutureBuffer
+from checkfree.swarm.node.relay import check_activation_shape
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.protocol import (
     SUPERVISOR_ID,
@@ -71,17 +72,7 @@ def check_validation_message(msg: Message, cfg: SwarmConfig) -> tuple[list[int],
     """
     path, pos, pipeline = msg.meta["route"], msg.meta["pos"], msg.meta["pipeline"]
     tensor, m = msg.tensors["activations"], cfg.model
-    if (
-        tensor.dtype != torch.float32
-        or tensor.dim() != 3
-        or tensor.shape[-1] != m.dmodel
-        or not 0 < tensor.shape[0] <= m.batch_size
-        or not 0 < tensor.shape[1] <= m.seq_l
-    ):
-        raise ProtocolError(
-            f"validation activations are {tuple(tensor.shape)} {tensor.dtype}; expected (<= {m.batch_size}, "
-            f"<= {m.seq_l}, {m.dmodel}) float32"
-        )
+    check_activation_shape(tensor, m, "the validation batch's activations")
     if not 0 <= msg.microbatch < m.validation:
         raise ProtocolError(f"validation batch {msg.microbatch} is outside 0..{m.validation - 1}")
     if len(path) != cfg.n_stages + 1 or not 1 <= pos <= len(path):
