@@ -114,8 +114,8 @@ def _add_run_flags(r: argparse.ArgumentParser) -> None:
     from checkfree.swarm.config import RENAMED, SwarmConfig
     from checkfree.swarm.options import RunOptions
 
-    names, flags, overriding = [f.name for f in dataclasses.fields(RunOptions)], run_flags(), config_flags()
-    add_field_flags(r, RunOptions, names[: names.index("cache_dir")], flags)
+    add_field_flags(r, RunOptions, [f.name for f in dataclasses.fields(RunOptions)], run_flags())
+    overriding = config_flags()
     actions = {a.dest: a for a in add_field_flags(r, SwarmConfig, overriding, overriding, overrides=True)}
     for old, new in RENAMED.items():
         if new in actions:
@@ -125,7 +125,6 @@ def _add_run_flags(r: argparse.ArgumentParser) -> None:
                 metavar=actions[new].metavar,
                 help=f"old name of {flag_name(new)}",
             )
-    add_field_flags(r, RunOptions, ["cache_dir"], flags)
     r.add_argument(
         "--set",
         action="append",
@@ -133,7 +132,6 @@ def _add_run_flags(r: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="override any swarm config key, e.g. --set in_flight=3 (JSON value)",
     )
-    add_field_flags(r, RunOptions, names[names.index("cache_dir") + 1 :], flags)
 
 
 _RUN_PARSER: argparse.ArgumentParser | None = None
