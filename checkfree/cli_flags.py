@@ -4,8 +4,8 @@ torchtitan derives its command line from its config dataclasses (with tyro); ``p
 ``swarm run`` do the same with this small generator over :func:`dataclasses.fields` and argparse rather than tyro:
 both commands are argparse sub-commands of one parser (checkfree.cli.build_parser) whose flags users type today
 (``--no-swaps``, ``--no-progress``, ``--checkpoint-interval`` as an old name, ``--set KEY=VALUE``), which tyro would
-spell its own way behind a parser of its own and a dependency to pin; about a hundred lines of argparse keep every
-flag as it was while the field stays the one place its type, default and meaning are written.
+spell its own way behind a parser of its own and a dependency to pin; this module's few functions over argparse keep
+every flag as it was while the field stays the one place its type, default and meaning are written.
 
 A field ``name: T = default`` with the docstring below it gives the flag ``--name`` (``_`` as ``-``) that stores
 into ``name``:
@@ -110,6 +110,43 @@ def _default(f: dataclasses.Field) -> Any:
     return dataclasses.MISSING
 
 
+def _help(cls: type, name: str, overrides: bool, docs_from: type | None) -> str:
+    """The help of ``cls``'s field ``name``: its docstring, or (an override) what it overrides and the default
+    that applies when the config file does not set it.
+
+    Raises:
+        ValueError: neither ``cls`` nor ``docs_from`` has a docstring for ``name``.
+    """
+    docs, other = field_docs(cls), field_docs(docs_from) if docs_from is not None else {}
+    doc = docs.get(name, other.get(name))
+    if doc is None:
+        raise ValueError(f"{cls.__name__}.{name} has no docstring; expected one (it is the flag's help).")
+    if not overrides and name in docs:
+        return doc
+    source = cls if overrides else docs_from
+    known = {f.name: f for f in dataclasses.fields(source)} if source is not None else {}
+    was = _default(known[name]) if name in known else None
+    unset = "" if was in (None, dataclasses.MISSING) else f" ({was} when the config file does not set it)"
+    return f"Overrides the config's {name}: {_lower_first(doc)}{unset}"
+
+
+def _switch(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, name: str, default: bool, spec: Flag, doc: str
+) -> list[argparse.Action]:
+    """The flags of a ``bool`` field: ``--name`` (default False), ``--no-name`` (default True), or both."""
+    on, off = flag_name(name), "--no-" + flag_name(name)[2:]
+    if not default:
+        return [parser.add_argument(on, action="store_true", help=argparse.SUPPRESS if spec.hidden else doc)]
+    if spec.both is None:
+        text = argparse.SUPPRESS if spec.hidden else f"{doc} (on by default; this flag turns it off)"
+        return [parser.add_argument(off, dest=name, action="store_false", help=text)]
+    group = parser.add_mutually_exclusive_group()
+    return [
+        group.add_argument(on, action="store_true", default=True, help=f"{doc} (the default)"),
+        group.add_argument(off, dest=name, action="store_false", help=spec.both),
+    ]
+
+
 def add_field_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     cls: type,
@@ -134,50 +171,17 @@ def add_field_flags(
     flags = flags or {}
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    other = field_docs(docs_from) if docs_from is not None else {}
     added = []
     for name in names:
         if name not in fields:
             raise ValueError(f"{name!r} is no field of {cls.__name__}; expected one of {sorted(fields)}.")
         spec = flags.get(name, Flag())
-        doc = docs.get(name, other.get(name))
-        if doc is None:
-            raise ValueError(f"{cls.__name__}.{name} has no docstring; expected one (it is the flag's help).")
-        if overrides or name not in docs:
-            source = cls if overrides else docs_from
-            known = {f.name: f for f in dataclasses.fields(source)} if source is not None else {}
-            was = _default(known[name]) if name in known else None
-            unset = (
-                "" if was in (None, dataclasses.MISSING) else f" ({was} when the config file does not set it)"
-            )
-            doc = f"Overrides the config's {name}: {_lower_first(doc)}{unset}"
+        doc = _help(cls, name, overrides, docs_from)
         default = None if overrides else _default(fields[name])
         kind = _base_type(hints[name])
         help_text = argparse.SUPPRESS if spec.hidden else doc
         if kind is bool:
-            if default:
-                if spec.both is not None:
-                    group = parser.add_mutually_exclusive_group()
-                    added.append(
-                        group.add_argument(
-                            flag_name(name), action="store_true", default=True, help=f"{doc} (the default)"
-                        )
-                    )
-                    added.append(
-                        group.add_argument(
-                            "--no-" + flag_name(name)[2:], dest=name, action="store_false", help=spec.both
-                        )
-                    )
-                    continue
-                off = help_text if spec.hidden else f"{doc} (on by default; this flag turns it off)"
-                added.append(
-                    parser.add_argument(
-                        "--no-" + flag_name(name)[2:], dest=name, action="store_false", help=off
-                    )
-                )
-            else:
-                added.append(parser.add_argument(flag_name(name), action="store_true", help=help_text))
+            added.extend(_switch(parser, name, bool(default), spec, doc))
             continue
         if kind not in (int, float, str, Path):
             raise ValueError(f"{cls.__name__}.{name} is of type {kind}; expected int, float, str or Path.")
