@@ -20,7 +20,9 @@ from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.membership import Membership
 from checkfree.swarm.node.node import Node
 from checkfree.swarm.node.supervisor_watch import SupervisorWatch
-from checkfree.swarm.supervisor.state import Attempt
+from checkfree.swarm.supervisor.phases.attempt import Attempting
+from checkfree.swarm.supervisor.phases.recovering import Recovering
+from checkfree.swarm.supervisor.state import Attempt, Reports
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire import control
 from checkfree.swarm.wire.auth import (
@@ -171,7 +173,7 @@ def test_a_dead_storage_node_is_forgotten_and_a_later_stage_loss_names_the_cause
         assert sup.state.checkpoints.stored == {} and sup.state.checkpoints.lost_at == 6
         sup.roster.slots[2].serving = False  # stage 2's only replica is lost
         with pytest.raises(SwarmError, match="storage node restarted during iteration 6"):
-            sup._ensure_serving(7)
+            sup.drive(Recovering(7))
     finally:
         sup.transport.close()
 
@@ -289,9 +291,9 @@ class _FakeSwarm:
     ``begin``, every node is ready right after ``sync`` and committed right after ``commit``; each receive
     takes 10 ms."""
 
-    def __init__(self, forward_s: float, inbox: dict[str, dict[int, dict]]) -> None:
+    def __init__(self, forward_s: float, reports: Reports) -> None:
         self.forward_s, self.t = forward_s, 0.0
-        self.inbox = inbox
+        self.reports = reports
         self.sent: list[tuple[str, float]] = []
         self.kills: list[float] = []
         self.died = False
@@ -305,16 +307,16 @@ class _FakeSwarm:
             self.members = {int(k): v for k, v in meta["members"].items()}  # type: ignore[union-attr]
         nodes = [n for ids in self.members.values() for n in ids]
         if command == "sync":
-            self.inbox["ready"] = {n: {"attempt": self.attempt, "grad_norm": 1.0} for n in nodes}
+            self.reports.ready = {n: {"attempt": self.attempt, "grad_norm": 1.0} for n in nodes}
         if command == "commit":
-            self.inbox["committed"] = {n: {"attempt": self.attempt} for n in nodes}
+            self.reports.committed = {n: {"attempt": self.attempt} for n in nodes}
 
     def recv(self, timeout: float = 0.0) -> None:
         self.t += 0.01
         begun = [t for c, t in self.sent if c == "begin"][-1]
         if self.t - begun >= self.forward_s:
             ends = {n: {"attempt": self.attempt, "loss": 1.0, "tokens": 1} for n in self.members[0]}
-            self.inbox["iteration_end"] = ends
+            self.reports.iteration_end = ends
 
     def kill(self, slot: object, why: str) -> None:
         slot.dead = self.died = True  # type: ignore[attr-defined]
@@ -342,11 +344,11 @@ def test_a_scheduled_crash_fires_at_its_point_or_at_the_latest_when_the_attempt_
         for slot in roster.slots:
             slot.serving = True
             roster.by_node[slot.occupant] = slot
-        fake = _FakeSwarm(forward_s=2.0, inbox=sup.state.inbox)
+        fake = _FakeSwarm(forward_s=2.0, reports=sup.state.reports)
         sup.link = sup.attempts.link = sup.processes = fake  # type: ignore[assignment]
         sup.results.last_wall_s = lambda: last_wall_s  # type: ignore[method-assign]
         sup.attempts.clock = lambda: fake.t
-        assert sup._attempt(3) is False  # the death aborts the attempt
+        assert sup.drive(Attempting(3), until=lambda p: True) is False  # the death aborts the attempt
         assert fake.kills == [pytest.approx(fires_at, abs=0.02)]
         assert (
             "sync" not in [c for c, _ in fake.sent]

@@ -158,11 +158,11 @@ def test_a_replacement_gets_at_most_max_attempts_new_plans(sup: Supervisor) -> N
     bad = sup.peer_messages.bad_messages
     slot.replans = limit - 1
     assert sup.peer_messages.handle(_control(slot.occupant, "replan", reason="gone", seq=3)) == []
-    assert slot.occupant in sup.state.inbox.get("replan", {}) and sup.peer_messages.bad_messages == bad
-    sup.state.inbox.pop("replan")
+    assert slot.occupant in sup.state.reports.replan and sup.peer_messages.bad_messages == bad
+    sup.state.reports.clear("replan")
     slot.replans = limit
     assert sup.peer_messages.handle(_control(slot.occupant, "replan", reason="gone", seq=3)) == []
-    assert "replan" not in sup.state.inbox and sup.peer_messages.bad_messages == bad + 1
+    assert not sup.state.reports.replan and sup.peer_messages.bad_messages == bad + 1
 
 
 # ---------------------------------------------------------------------- grants (supervisor/link.py)
@@ -493,7 +493,7 @@ def test_a_held_stage0_copy_must_have_the_parts_keys_shapes_and_dtypes() -> None
 def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -> None:
     """One message per check of the supervisor's handlers, each dropped and counted as a bad message (and an
     offence of its sender), the state unchanged; the fitting twin of each is taken."""
-    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    handle, reports = sup.peer_messages.handle, sup.state.reports
     t = [100.0]
     sup.peer_messages.clock = lambda: t[0]
     sup.state.attempt = 7
@@ -511,7 +511,7 @@ def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -
     refused(end)  # ITERATION_END after the forward phase
     sup.state.current.phase = "forward"
     handle(end)
-    assert set(inbox["iteration_end"]) == {0}
+    assert set(reports.iteration_end) == {0}
     t[0] = 100.0 + sup.cfg.microbatch_timeout
     refused(_control(0, "stalled", attempt=7, reason="stuck"))  # its pipeline ended in this attempt
     refused(_control(99, "stalled", attempt=7, reason="stuck"))  # no member of this swarm
@@ -540,7 +540,7 @@ def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -
     stats = {"sent_bytes": {}, "sent_messages": {}, "dropped_malformed": 0, "bad_messages": 0, "compute": {}}
     refused(_control(1, "committed", attempt=7, version=3, **stats))  # committing iteration 3 gives version 4
     handle(_control(1, "committed", attempt=7, version=4, **stats))
-    assert set(inbox["committed"]) == {1}
+    assert set(reports.committed) == {1}
     remote = sup.roster.slots[3]
     del sup.roster.by_node[remote.occupant]
     remote.address, remote.launcher = None, None

@@ -28,7 +28,7 @@ from checkfree.swarm.node.context import StageState
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.parts import OUTSTANDING_ANSWERS, REFUSALS_PER_WINDOW, WeightGrants
 from checkfree.swarm.supervisor.conduct import EVICT_THRESHOLD, Conduct
-from checkfree.swarm.supervisor.state import Attempt
+from checkfree.swarm.supervisor.state import Attempt, Reports
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire import weights as W
 from checkfree.swarm.wire.auth import KeyRing, SwarmKeys
@@ -210,16 +210,16 @@ def sup(tmp_path: Path) -> Iterator[Supervisor]:
 
 
 def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervisor) -> None:
-    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    handle, reports = sup.peer_messages.handle, sup.state.reports
     bad = sup.peer_messages.bad_messages
     handle(_ctl(0, command="stalled", attempt=7, reason="forged"))  # 1 s after begin: impossible
     handle(_ctl(1, command="stalled", attempt=7, reason="not stage 0"))
     handle(_ctl(0, command="stalled", attempt=8, reason="an attempt not begun"))
     handle(_ctl(0, command="stalled", attempt=6, reason="stale: ignored, not counted"))
-    assert "stalled" not in inbox and sup.peer_messages.bad_messages == bad + 3
+    assert not reports.stalled and sup.peer_messages.bad_messages == bad + 3
     sup.now = 130.0  # microbatch_timeout after begin: a genuine stall is possible
     handle(_ctl(0, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
-    assert set(inbox["stalled"]) == {0}
+    assert set(reports.stalled) == {0}
     handle(_ctl(0, command="stalled", attempt=7, reason="again"))  # once per attempt
     assert sup.peer_messages.bad_messages == bad + 4
     assert sup.conduct.evidence(0)[0] == 3 and sup.conduct.evidence(1)[0] == 1
@@ -228,19 +228,19 @@ def test_a_stall_is_taken_only_when_a_microbatch_can_have_timed_out(sup: Supervi
 def test_only_a_stage_0_member_may_report_a_stall(sup: Supervisor) -> None:
     """A stall aborts and redoes the attempt, and only a stage-0 node drives a pipeline: a transformer stage's
     member reporting one, even when a microbatch could have timed out, is refused and counted against it."""
-    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    handle, reports = sup.peer_messages.handle, sup.state.reports
     bad = sup.peer_messages.bad_messages
     sup.now = 131.0  # past microbatch_timeout: the claim fails only for who makes it
     for node in (1, 2, 4):  # stages 1, 2 and S: members of attempt 7, none of stage 0
         handle(_ctl(node, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
-    assert "stalled" not in inbox and sup.peer_messages.bad_messages == bad + 3
+    assert not reports.stalled and sup.peer_messages.bad_messages == bad + 3
     assert all(sup.conduct.evidence(n)[0] == 1 for n in (1, 2, 4))
     handle(_ctl(0, command="stalled", attempt=7, reason="microbatch 0 not back after 30 s"))
-    assert set(inbox["stalled"]) == {0}
+    assert set(reports.stalled) == {0}
 
 
 def test_ready_committed_and_iteration_end_must_fit_the_attempts_phase(sup: Supervisor) -> None:
-    handle, inbox, current = sup.peer_messages.handle, sup.state.inbox, sup.state.current
+    handle, reports, current = sup.peer_messages.handle, sup.state.reports, sup.state.current
     bad = sup.peer_messages.bad_messages
     handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=1.0))  # before sync
     handle(_ctl(2, command="committed", attempt=7, **_stats(4)))  # before commit
@@ -248,19 +248,19 @@ def test_ready_committed_and_iteration_end_must_fit_the_attempts_phase(sup: Supe
     end = {"stage": 0, "attempt": 7, "loss": 2.0, "seconds": 1.0}
     handle(Message(MessageType.ITERATION_END, 0, meta=end | {"tokens": tokens + 1}))  # not a pipeline's
     handle(Message(MessageType.ITERATION_END, 1, meta=end | {"tokens": tokens}))  # not stage 0
-    assert sup.peer_messages.bad_messages == bad + 4 and not inbox
+    assert sup.peer_messages.bad_messages == bad + 4 and reports == Reports()
     handle(Message(MessageType.ITERATION_END, 0, meta=end | {"tokens": tokens}))
-    assert set(inbox["iteration_end"]) == {0}
+    assert set(reports.iteration_end) == {0}
     current.phase = "sync"
     handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=2.0))  # 2 pipelines of 1
     handle(_ctl(2, command="ready", attempt=7, grad_norm=1.0, pipelines=1.0, rejected=[3]))  # not its replica
     handle(_ctl(2, command="ready", attempt=7, grad_norm=1.5, pipelines=1.0))
     handle(_ctl(2, command="ready", attempt=7, grad_norm=9.0, pipelines=1.0))  # a second one
-    assert inbox["ready"][2]["grad_norm"] == 1.5 and sup.peer_messages.bad_messages == bad + 7
+    assert reports.ready[2]["grad_norm"] == 1.5 and sup.peer_messages.bad_messages == bad + 7
     current.phase = "commit"
     handle(_ctl(2, command="committed", attempt=7, **_stats(9)))  # not the version commit 3 gives
     handle(_ctl(2, command="committed", attempt=7, **_stats(4)))
-    assert set(inbox["committed"]) == {2} and sup.peer_messages.bad_messages == bad + 8
+    assert set(reports.committed) == {2} and sup.peer_messages.bad_messages == bad + 8
 
 
 def _stats(version: int) -> dict:
@@ -275,19 +275,19 @@ def _stats(version: int) -> dict:
 
 
 def test_replan_is_answered_once_per_plan_and_only_to_a_recovering_replacement(sup: Supervisor) -> None:
-    handle, inbox = sup.peer_messages.handle, sup.state.inbox
+    handle, reports = sup.peer_messages.handle, sup.state.reports
     slot = sup.roster.slots[2]
     handle(_ctl(2, command="replan", reason="x", seq=0))  # it serves
     slot.serving, slot.plan_seq = False, 1
     handle(_ctl(2, command="replan", reason="x", seq=10**9))  # a plan it was never sent
     handle(_ctl(2, command="replan", reason="x", seq=0))  # a stale one: ignored
-    assert "replan" not in inbox and sup.peer_messages.bad_messages == 2
+    assert not reports.replan and sup.peer_messages.bad_messages == 2
     handle(_ctl(2, command="replan", reason="sources gone", seq=1))
-    assert inbox["replan"][2]["seq"] == 1
+    assert reports.replan[2]["seq"] == 1
     slot.replans = sup.cfg.max_attempts  # it was answered max_attempts times already
-    inbox.clear()
+    reports.clear()
     handle(_ctl(2, command="replan", reason="sources gone", seq=1))
-    assert "replan" not in inbox and sup.peer_messages.bad_messages == 3
+    assert not reports.replan and sup.peer_messages.bad_messages == 3
 
 
 # ------------------------------------------------------------------------------ a live swarm

@@ -94,8 +94,8 @@ class StoppedSupervisor(Supervisor):
 
     stop_after = 3
 
-    def _after_commit(self) -> None:
-        super()._after_commit()
+    def committed(self, it: int, ends: dict | None, ready: dict | None) -> None:
+        super().committed(it, ends, ready)
         if self.state.iteration >= self.stop_after:
             raise SwarmError("iteration 3 failed 5 attempts; last: a test's limit.")
 
@@ -130,19 +130,11 @@ class InterruptedAfterCommit(Supervisor):
 
     at = 3
 
-    def _attempt(self, it: int) -> bool:
-        commit = self.attempts.commit
-
-        def commit_then_interrupt(to: list[int] | None = None) -> None:
-            commit(to)
-            if it == self.at:
-                raise KeyboardInterrupt
-
-        self.attempts.commit = commit_then_interrupt
-        try:
-            return super()._attempt(it)
-        finally:
-            self.attempts.commit = commit
+    def commit_held(self) -> None:
+        super().commit_held()
+        current = self.state.current
+        if current is not None and current.iteration == self.at:
+            raise KeyboardInterrupt
 
 
 @pytest.mark.timeout(240)
@@ -161,18 +153,19 @@ class SignalledDuringCommit(Supervisor):
 
     at = 3
 
-    def _attempt(self, it: int) -> bool:
+    def commit_held(self) -> None:
         link = self.attempts.link
         broadcast = link.broadcast
+        current = self.state.current
 
         def signal_then_broadcast(kind: str, **meta: object) -> None:
-            if kind == "commit" and it == self.at:
+            if kind == "commit" and current is not None and current.iteration == self.at:
                 os.kill(os.getpid(), signal.SIGINT)  # Python raises it at the next instruction, unless held
             broadcast(kind, **meta)
 
         link.broadcast = signal_then_broadcast
         try:
-            return super()._attempt(it)
+            super().commit_held()
         finally:
             link.broadcast = broadcast
 

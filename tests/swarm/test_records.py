@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.phases.attempt import Attempting
 from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.state import Reports
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire.auth import REFUSAL_KEYS_NAMED, KeyRing, RefusalLog, SwarmKeys
 
@@ -42,8 +44,8 @@ class _Swarm:
     node is ready right after ``sync`` and committed right after ``commit``; ``die_once`` kills slot 1 at the
     first ``begin``'s first receive."""
 
-    def __init__(self, inbox: dict[str, dict[int, dict]], roster) -> None:
-        self.inbox, self.roster, self.t = inbox, roster, 0.0
+    def __init__(self, reports: Reports, roster) -> None:
+        self.reports, self.roster, self.t = reports, roster, 0.0
         self.attempt, self.members, self.begun = 0, {}, 0.0
         self.die_once = True
         self.died = False
@@ -54,9 +56,9 @@ class _Swarm:
             self.attempt, self.begun = int(meta["attempt"]), self.t  # type: ignore[call-overload]
             self.members = {int(k): v for k, v in meta["members"].items()}  # type: ignore[union-attr]
         if command == "sync":
-            self.inbox["ready"] = {n: {"attempt": self.attempt, "grad_norm": 1.0} for n in nodes}
+            self.reports.ready = {n: {"attempt": self.attempt, "grad_norm": 1.0} for n in nodes}
         if command == "commit":
-            self.inbox["committed"] = {n: {"attempt": self.attempt} for n in nodes}
+            self.reports.committed = {n: {"attempt": self.attempt} for n in nodes}
 
     def command(self, node: int, command: str, **meta: object) -> None:
         pass
@@ -67,7 +69,7 @@ class _Swarm:
             self.die_once, self.died = False, True
         if self.t - self.begun >= 0.1:
             ends = {n: {"attempt": self.attempt, "loss": 1.0, "tokens": 1} for n in self.members[0]}
-            self.inbox["iteration_end"] = ends
+            self.reports.iteration_end = ends
 
     def check_deaths(self) -> bool:
         died, self.died = self.died, False
@@ -83,12 +85,12 @@ def test_an_iteration_redone_after_a_death_records_two_attempts(tmp_path: Path) 
         for slot in sup.roster.slots:
             slot.serving = True
             sup.roster.by_node[slot.occupant] = slot
-        fake = _Swarm(sup.state.inbox, sup.roster)
+        fake = _Swarm(sup.state.reports, sup.roster)
         sup.link = sup.attempts.link = sup.processes = fake  # type: ignore[assignment]
         sup.attempts.clock = lambda: fake.t
         sup.results.start()
-        assert sup._attempt(3) is False  # the death aborts it
-        assert sup._attempt(3) is True
+        assert sup.drive(Attempting(3), until=lambda p: True) is False  # the death aborts it
+        assert sup.drive(Attempting(3), until=lambda p: True) is True
         assert [(r["iteration"], r["attempts"]) for r in sup.results.rows] == [(3, 2)]
         assert sup.results.aborts == 1
     finally:

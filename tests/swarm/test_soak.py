@@ -15,6 +15,7 @@ import torch
 from checkfree.failures.schedules import load_node_schedule
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.phases.recovering import Recovering
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills, load_recovery_kills
 from checkfree.swarm.supervisor.state import Attempt, Roster
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
@@ -112,11 +113,11 @@ def test_the_supervisor_plans_a_stage_again_from_the_live_stages_and_tells_its_r
         control.check(Message(MessageType.CONTROL, SUPERVISOR_ID, meta={"command": command, **meta}))
         assert slot3.plan == RecoveryPlan("checkfree", (1, 4))  # its replacement gets it in its WELCOME
         # the replacement asked before that plan reached it (seq 0): it is not sent twice
-        sup.state.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 0}}
+        sup.state.reports.replan = {20: {"command": "replan", "reason": "sources gone", "seq": 0}}
         sup.planner.answer_replans()
         assert len(sup.sent) == 1
         # it asks while running plan 1 (say its members were stale): the plan of now, again, with members
-        sup.state.inbox["replan"] = {20: {"command": "replan", "reason": "sources gone", "seq": 1}}
+        sup.state.reports.replan = {20: {"command": "replan", "reason": "sources gone", "seq": 1}}
         sup.planner.answer_replans()
         assert [(to, c, m["seq"]) for to, c, m in sup.sent] == [(20, "plan", 1), (20, "plan", 2)]
         # an unchanged plan is not resent at the next loss event
@@ -412,7 +413,7 @@ def test_a_storage_node_lost_during_a_rollback_stops_the_run_at_once_with_the_ca
 
         sup.serve = serve  # type: ignore[method-assign]
         with pytest.raises(SwarmError, match=r"stages \[2\] .* storage node restarted during iteration 6"):
-            sup._ensure_serving(6)
+            sup.drive(Recovering(6))
         storage.tries, storage.dead, storage.occupant = 3, False, cfg.storage_id
         sup.roster.by_node[storage.occupant] = storage
         sup.execute(

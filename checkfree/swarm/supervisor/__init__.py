@@ -1,1 +1,2 @@
-"""The swarm's supervisor: roster, node processes, inbox, attempts, checkpoints, results."""
+"""The swarm's supervisor: one loop over explicit phases (phases/), its state, roster, node processes, inbox, attempts,
+checkpoints, results."""

@@ -12,9 +12,12 @@ can lie minutes past the end of the forward phase. A death before ``commit`` abo
 everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
 recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
 
-:class:`Attempts` decides; it waits for nothing. The supervisor's loop receives the nodes' reports (into the
-state's ``inbox``), then asks :meth:`Attempts.crash_due` and :meth:`Attempts.advance` what comes next, and
-does it: fire the crashes, record the commit, abort. The attempt in progress
+:class:`Attempts` decides and acts at once; it waits for nothing. The supervisor's loop receives the nodes' reports
+(into the state's ``reports``); the attempt phase (checkfree.swarm.supervisor.phases.attempt) asks
+:meth:`Attempts.crash_due` and :meth:`Attempts.advance`, which only read the reports and move the attempt's phase,
+what comes next, and returns what to do: fire the crashes, ``sync``, commit, record the commit, abort. The
+supervisor's executor of those actions calls :meth:`Attempts.begin`, :meth:`Attempts.commit`,
+:meth:`Attempts.abort` and :meth:`Attempts.retry`, which send. The attempt in progress
 (checkfree.swarm.supervisor.state ``Attempt``) lives in the supervisor's state, so the checks of the nodes'
 reports (checkfree.swarm.supervisor.inbox) can tell a report that fits it from an impossible one: a ``ready``
 before ``sync``, a ``stalled`` before any microbatch can have timed out.
@@ -36,9 +39,9 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Step:
     """What an attempt needs next (:meth:`Attempts.advance`): ``fire`` its due crashes now (the forward phase
-    ended first; the deaths then abort it), ``commit`` (every member is ready: the supervisor journals the
+    ended first; the deaths then abort it), ``sync`` (every pipeline ended: broadcast ``sync``), ``commit`` (every member is ready: the supervisor journals the
     commit's intent, then :meth:`Attempts.commit` broadcasts it), ``committed`` (with every pipeline's
-    ``iteration_end`` and every node's ``ready``), or ``retry`` (it stalled or timed out: ``why``)."""
+    ``iteration_end`` and every node's ``ready``), or ``retry`` (it stalled: ``why``)."""
 
     kind: str
     why: str = ""
@@ -66,7 +69,7 @@ class Attempts:
         state = self.state
         state.attempt += 1
         members = state.roster.members()
-        state.inbox.clear()
+        state.reports.clear()
         t_begin = self.clock()
         crash_at = t_begin + self.cfg.crash_point * last_wall_s if due else None
         deadline = t_begin + self.cfg.iteration_timeout
@@ -91,30 +94,28 @@ class Attempts:
             return True
         return False
 
-    def advance(self, now: float) -> Step | None:
-        """Move the attempt on from the reports received so far: ``sync`` once every pipeline ended, ``commit``
-        once every member is ready; None while it waits."""
+    def advance(self) -> Step | None:
+        """Move the attempt on from the reports received so far: ``sync`` once every pipeline ended (its phase is
+        ``sync`` from now; the caller broadcasts it), ``commit`` once every member is ready, ``committed`` once
+        every live member stepped, ``retry`` when a member reported a stall; None while it waits (the attempt's
+        ``deadline`` is the caller's: checkfree.swarm.supervisor.phases.attempt). It changes only the attempt."""
         current = self._current()
         number, members, nodes = current.number, current.members, current.nodes()
-        got = {
-            k: {n: m for n, m in v.items() if m.get("attempt") == number} for k, v in self.state.inbox.items()
-        }
+        got = self.state.reports.of_attempt(number)
         by_node = self.state.roster.by_node
         alive = [n for n in nodes if not by_node[n].dead]
-        if current.phase == "forward" and set(members[0]) <= set(got.get("iteration_end", {})):
+        if current.phase == "forward" and set(members[0]) <= set(got["iteration_end"]):
             if current.crash_at is not None:  # at the latest now, before the gradient exchange
                 current.crash_at = None
                 return Step("fire")  # the death aborts this attempt
             current.phase = "sync"
-            self.link.broadcast("sync", attempt=number)
-        elif current.phase == "sync" and set(nodes) <= set(got.get("ready", {})):
+            return Step("sync")
+        if current.phase == "sync" and set(nodes) <= set(got["ready"]):
             return Step("commit", ends=got["iteration_end"], ready=got["ready"])
-        elif current.phase == "commit" and set(alive) <= set(got.get("committed", {})):
+        if current.phase == "commit" and set(alive) <= set(got["committed"]):
             return Step("committed", ends=got["iteration_end"], ready=got["ready"])
-        if got.get("stalled"):
+        if got["stalled"]:
             return Step("retry", f"stalled: {next(iter(got['stalled'].values()))['reason']}")
-        if now > current.deadline:
-            return Step("retry", f"no commit within {self.cfg.iteration_timeout:.0f} s")
         return None
 
     def commit(self, to: list[int] | None = None) -> None:

@@ -4,7 +4,7 @@ Under ``checkpoint`` (the paper's baseline, Table 1), one replica of every stage
 state to the storage node every ``checkpoint_every`` iterations (``commit`` names the senders); the storage
 node reports each stored ``(stage, version)``. A whole-stage loss rolls every node back to the newest version
 that *every* stage stored, and the iterations since are redone (the supervisor's rollback,
-checkfree.swarm.supervisor.supervisor). When the storage node itself dies its checkpoints go with it:
+checkfree.swarm.supervisor.phases.rolling_back). When the storage node itself dies its checkpoints go with it:
 :meth:`StoredCheckpoints.forget` drops them and remembers when, so a later stage loss names that cause instead
 of failing with a bare "no checkpoint".
 """

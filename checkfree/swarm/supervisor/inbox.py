@@ -192,7 +192,7 @@ class PeerMessages:
 
     def _take(self, current: Attempt, slot: Slot, meta: dict[str, Any], command: str) -> Actions:
         current.reported.setdefault(command, set()).add(slot.occupant)
-        self.state.inbox.setdefault(command, {})[slot.occupant] = meta
+        getattr(self.state.reports, command)[slot.occupant] = meta
         return []
 
     def _on_iteration_end(self, slot: Slot, msg: Message) -> Actions:
@@ -270,11 +270,11 @@ class PeerMessages:
     def _on_recovery_failed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         if slot.serving:
             raise ProtocolError("'recovery_failed' from a node that serves")
-        self.state.inbox.setdefault("recovery_failed", {})[slot.occupant] = meta
+        self.state.reports.recovery_failed[slot.occupant] = meta
         return []
 
     def _on_replan(self, slot: Slot, meta: dict[str, Any]) -> Actions:
-        """A recovering replacement asks for a new plan (answered by the supervisor's recovery loop)."""
+        """A recovering replacement asks for a new plan (answered in the recovering phase, checkfree.swarm.supervisor.phases.recovering)."""
         seq = meta["seq"]
         if slot.serving or slot.address is None:
             raise ProtocolError("'replan' from a node that does not recover")
@@ -284,7 +284,7 @@ class PeerMessages:
             return []  # a newer plan is on its way to it already
         if slot.replans >= self.cfg.max_attempts:
             raise ProtocolError(f"'replan' after {slot.replans} new plans (max_attempts)")
-        self.state.inbox.setdefault("replan", {})[slot.occupant] = meta
+        self.state.reports.replan[slot.occupant] = meta
         return []
 
     def _on_node_control(self, slot: Slot, msg: Message) -> Actions:
@@ -323,24 +323,25 @@ class PeerMessages:
             slot.version_reported(copy_version=meta["stage0_copy"])
         self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
         self.ledger.node_report(slot.occupant, meta)
-        self.state.inbox.setdefault(meta["command"], {})[slot.occupant] = meta
+        reports = self.state.reports
+        (reports.committed if meta["command"] == "committed" else reports.final)[slot.occupant] = meta
         return []
 
     def _on_resumed(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """A node answers a resumed supervisor's ``resume``: a claim (its stage, version, attempt, the commit it
         awaits) that checkfree.swarm.supervisor.adoption weighs against the journal; taken once."""
-        if slot.occupant in self.state.inbox.get("resumed", {}):
+        if slot.occupant in self.state.reports.resumed:
             raise ProtocolError("a second 'resumed'")
         self.evidence.reported(slot.occupant, meta.get("rejected_from", {}))
         if "sent_bytes" in meta:
             self.ledger.node_report(slot.occupant, meta)  # its counters so far, for throughput.json
-        self.state.inbox.setdefault("resumed", {})[slot.occupant] = meta
+        self.state.reports.resumed[slot.occupant] = meta
         return []
 
     def _on_restored(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         self._plausible(meta["version"])
         slot.version_reported(version=meta["version"])
-        self.state.inbox.setdefault("restored", {})[slot.occupant] = meta
+        self.state.reports.restored[slot.occupant] = meta
         return []
 
     def _on_launcher_message(self, msg: Message) -> Actions:

@@ -37,7 +37,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -48,13 +48,17 @@ from checkfree import jsonio
 from checkfree.recovery.record import RecoveryRecord
 from checkfree.schemas.errors import short, validate
 from checkfree.schemas.limits import InputLimitError, check_json_depth
+from checkfree.swarm.process_identity import start_time
 from checkfree.swarm.supervisor.journal_schema import JournalRecord
 from checkfree.swarm.wire.auth import SwarmKeys
 
 # the results (and torch, which they import) only where they are encoded or decoded: a resume checks its journal
 # before anything imports torch, and starts the forkserver's imports beside its own (checkfree.swarm.forkserver)
 if TYPE_CHECKING:
+    from checkfree.swarm.hosts import LocalHost
+    from checkfree.swarm.supervisor.recovery_kills import RecoveryKill
     from checkfree.swarm.supervisor.results import Results
+    from checkfree.swarm.supervisor.state import SupervisorState
 
 JOURNAL_FILE = "journal.json"
 JOURNAL_FORMAT = "checkfree-swarm-journal-v1"
@@ -117,22 +121,64 @@ def write_atomic(path: Path, text: str, mode: int = 0o600) -> int:
     return len(data)
 
 
+@dataclass
+class JournalSources:
+    """What the journal is written from (module docstring): the supervisor's state, its results so far, its host
+    (the node processes' pids and start times), the options the run was started with, its address and port, and
+    the recovery kills (checkfree.swarm.supervisor.recovery_kills) whose ``fired`` flags are journaled."""
+
+    state: SupervisorState
+    results: Results
+    host: LocalHost
+    options: dict[str, Any]
+    address: str
+    port: int
+    recovery_kills: list[RecoveryKill]
+
+
 class Journal:
-    """Writes ``<run_dir>/journal.json`` from ``content()`` (the supervisor's; module docstring).
+    """Writes ``<run_dir>/journal.json`` from its sources (module docstring).
 
     Args:
-        run_dir: the run directory. content: the journal's data now (plain data, strict JSON but for
-            non-finite losses, which :func:`checkfree.jsonio.dumps` writes as null with their reason).
-        enabled: False writes nothing (``bench_swarm.py`` measures what the journal costs).
+        run_dir: the run directory. sources: what the journal holds (:class:`JournalSources`; the results'
+            ``journal`` counters are updated at each write). enabled: False writes nothing (``bench_swarm.py``
+            measures what the journal costs).
 
     Attributes:
         writes, seconds, nbytes: journal writes so far, the seconds they took and the bytes they wrote.
     """
 
-    def __init__(self, run_dir: Path, content: Callable[[str], dict[str, Any]], enabled: bool = True) -> None:
+    def __init__(self, run_dir: Path, sources: JournalSources, enabled: bool = True) -> None:
         self.path = Path(run_dir) / JOURNAL_FILE
-        self.content, self.enabled = content, enabled
+        self.sources, self.enabled = sources, enabled
         self.writes, self.seconds, self.nbytes = 0, 0.0, 0
+
+    def content(self) -> dict[str, Any]:
+        """What journal.json holds now (plain data, strict JSON but for non-finite losses, which
+        :func:`checkfree.jsonio.dumps` writes as null with their reason)."""
+        src = self.sources
+        state, keys = src.state, src.state.keys
+        src.results.journal_cost(self.writes, self.seconds, self.nbytes)
+        processes = {}
+        for node in list(src.host.procs):
+            ident = src.host.identity(node)
+            if ident is not None:
+                processes[str(node)] = list(ident)
+        return {
+            "status": state.status,
+            "options": src.options,
+            "supervisor": {"pid": os.getpid(), "started": start_time(os.getpid())},
+            "address": src.address,
+            "port": src.port,
+            "swarm_secret": secret_of(keys),
+            "revoked_keys": sorted(keys.revoked) if keys is not None else [],
+            "state": state.to_json(),
+            "intent": state.intent.to_json() if state.intent is not None else None,
+            "results": encode_results(src.results),
+            "processes": processes,
+            "recovery_kills": [kill.fired for kill in src.recovery_kills],
+            "resumes": state.resumes,
+        }
 
     def write(self, why: str) -> None:
         """Write the journal now (``why``: what happened, kept in the file).
@@ -144,7 +190,7 @@ class Journal:
         if not self.enabled:
             return
         t0 = time.perf_counter()
-        data = {"format": JOURNAL_FORMAT, "why": why, "written": time.time(), **self.content(why)}
+        data = {"format": JOURNAL_FORMAT, "why": why, "written": time.time(), **self.content()}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.nbytes += write_atomic(self.path, jsonio.dumps(data))
         self.writes += 1

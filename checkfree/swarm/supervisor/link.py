@@ -18,9 +18,6 @@ from checkfree.swarm.wire.transport import Transport
 
 log = logging.getLogger(__name__)
 
-POLL_S = 0.005
-"""Default wait of one receive in an attempt, seconds."""
-
 
 class Link:
     """The supervisor's messages to nodes.

@@ -23,9 +23,9 @@ the request was sent at. A snapshot is taken only when the previous one is writt
 come within ``request_timeout`` is given up with why. The newest complete snapshot's path (relative to the run
 directory) and iteration are in the records (checkfree.swarm.supervisor.model_records ``newest_snapshot``).
 
-:class:`ModelIO` acts at once and never waits on the network: the supervisor's loops receive the answers
-(:meth:`ModelIO.on_weights` is the inbox's handler of WEIGHTS_RESPONSE) and wait for the gather
-(checkfree.swarm.supervisor.supervisor). An answer to a request of the supervisor's that it gave up is ignored;
+:class:`ModelIO` acts at once and never waits on the network: the supervisor's loop receives the answers
+(:meth:`ModelIO.on_weights` is the inbox's handler of WEIGHTS_RESPONSE) and waits for the gather in its gathering
+phase (checkfree.swarm.supervisor.phases.gathering). An answer to a request of the supervisor's that it gave up is ignored;
 an answer to none is refused and counted against its sender.
 """
 

@@ -16,7 +16,7 @@ Two kinds of schedule (checkfree.failures):
   stage is away, the stage is lost and training cannot go on: the supervisor waits, one schedule iteration
   (:meth:`Outages.advance`) per ``reference_s`` seconds (the median committed iteration so far, so a waited
   iteration lasts as long as a trained one), firing the crashes and returns that fall in the wait, until a node of
-  every lost stage comes back (checkfree.swarm.supervisor.supervisor); the returning node then recovers the stage by the setting's rule (CheckFree,
+  every lost stage comes back (checkfree.swarm.supervisor.phases.waiting); the returning node then recovers the stage by the setting's rule (CheckFree,
   CheckFree+, checkpoint rollback, ladder), as any replacement does. A replay ends when the clock reaches the
 schedule's end (:meth:`Outages.over`), or earlier at ``--iterations``: a trace's window is the run's length,
 and a stage with no node back before that end is waited out to it.

@@ -29,7 +29,7 @@ class LossPlanner:
 
     Args:
         policy: the setting's recovery policy (checkfree.swarm.policies). state: the supervisor's state (the slots and their plans, the
-            ``replan`` requests in its inbox). link: the ``plan`` and ``grant`` commands.
+            ``replan`` requests among its reports). link: the ``plan`` and ``grant`` commands.
     """
 
     def __init__(self, policy: SwarmPolicy, state: SupervisorState, link: Link) -> None:
@@ -85,7 +85,8 @@ class LossPlanner:
     def answer_replans(self) -> None:
         """A recovering replacement whose sources are all gone asked for a new plan: plan its stage again from
         the stages that serve now, for every replacement of that stage (the asker gets it in any case)."""
-        for node, meta in sorted(self.state.inbox.pop("replan", {}).items()):
+        asked, self.state.reports.replan = self.state.reports.replan, {}
+        for node, meta in sorted(asked.items()):
             slot = self.roster.by_node.get(node)
             if (
                 slot is None

@@ -7,7 +7,7 @@ a fresh node id of its machine's share (admitted to the keyring before it dials;
 most ``max_attempts`` times per slot. Processes
 are killed by pid only.
 
-:class:`Processes` acts and answers at once; it waits for nothing (the supervisor's loops do) and records a crash's
+:class:`Processes` acts and answers at once; it waits for nothing (the supervisor's loop does) and records a crash's
 events in a :class:`CrashLedger` (checkfree.swarm.supervisor.results).
 """
 
@@ -162,7 +162,7 @@ class Processes:
     def check_deaths(self) -> bool:
         """Mark exited or silent processes dead; True if a stage node died since the last call."""
         silent = self.link.silent()
-        failed = self.state.inbox.get("recovery_failed", {})
+        failed = self.state.reports.recovery_failed
         for slot in self.roster.all():
             if slot.dead:
                 continue

@@ -102,7 +102,7 @@ def load_recovery_kills(path: str | Path) -> list[RecoveryKill]:
 
 
 class RecoveryKills:
-    """Picks the victims of a recovery-kill schedule; :meth:`tick` runs in the supervisor's recovery loop.
+    """Picks the victims of a recovery-kill schedule; :meth:`tick` runs in the recovering phase (checkfree.swarm.supervisor.phases.recovering).
 
     Args:
         kills: the schedule. roster: the slots (which replacement recovers, who serves which stage).

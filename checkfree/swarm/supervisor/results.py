@@ -209,25 +209,17 @@ class Results:
         """Monotonic seconds of the results' clock's 0 (None before training started)."""
         return self._t0
 
-    # ------------------------------------------------------------------ TEMPORARY, removed at integration
-    # The writes that supervisor.py and swarm/cli.py still make (issue 38: the phases rework replaces them by the
-    # constructor's parameters and the event methods above); each is in test_encapsulation.py's allow-list.
+    # ------------------------------------------------------------------ more of what others read
+    # (node_devices keeps its setter until swarm/cli.py passes it to the constructor: test_encapsulation.py's
+    # allow-list)
 
     @property
     def vocab_size(self) -> int | None:
         return self._vocab_size
 
-    @vocab_size.setter
-    def vocab_size(self, value: int | None) -> None:  # removed at integration (supervisor.py)
-        self._vocab_size = value
-
     @property
     def schedule(self) -> dict[str, Any]:
         return self._schedule
-
-    @schedule.setter
-    def schedule(self, value: dict[str, Any]) -> None:  # removed at integration (supervisor.py)
-        self._schedule = value
 
     @property
     def node_devices(self) -> dict[int, str]:
@@ -241,71 +233,43 @@ class Results:
     def ended_by(self) -> str:
         return self._ended_by
 
-    @ended_by.setter
-    def ended_by(self, value: str) -> None:  # removed at integration (supervisor.py: ended_by_schedule)
-        self._ended_by = value
-
     @property
     def supervisor_refused_connections(self) -> int:
         return self._supervisor_refused_connections
-
-    @supervisor_refused_connections.setter
-    def supervisor_refused_connections(self, n: int) -> None:  # removed at integration (refused_connections)
-        self._supervisor_refused_connections = n
 
     @property
     def rollback_bytes(self) -> int:
         return self._rollback_bytes
 
-    @rollback_bytes.setter
-    def rollback_bytes(self, n: int) -> None:  # removed at integration (supervisor.py: rolled_back)
-        self._rollback_bytes = n
-
     @property
     def journal(self) -> dict[str, float]:
         return self._journal
 
-    @journal.setter
-    def journal(
-        self, value: dict[str, float]
-    ) -> None:  # removed at integration (supervisor.py: journal_cost)
-        self._journal = value
-
     @property
     def still_away(self) -> list[int]:
         return self._still_away
-
-    @still_away.setter
-    def still_away(self, value: list[int]) -> None:  # removed at integration (supervisor.py: away_at_end)
-        self._still_away = value
 
     @property
     def finals(self) -> dict[int, dict[str, Any]]:
         """Node → the final statistics it answered the shutdown with (read by tests; keep)."""
         return self._finals
 
-    @finals.setter
-    def finals(self, value: dict[int, dict[str, Any]]) -> None:  # removed at integration (final_reports)
-        self._finals = value
-
     @property
     def evictions(self) -> list[dict[str, Any]]:
         """Nodes evicted for misbehaving, one record each (:meth:`evicted`; read by tests; keep)."""
-        return self._evictions  # supervisor.py appends to it until integration (evicted)
+        return self._evictions
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
-        return self._skipped  # supervisor.py appends to it until integration (skipped_crash)
+        return self._skipped
 
     @property
     def rollbacks(self) -> list[dict[str, Any]]:
-        return self._rollbacks  # supervisor.py appends to it until integration (rolled_back)
+        return self._rollbacks
 
     @property
     def outages(self) -> list[dict[str, Any]]:
-        return (
-            self._outages
-        )  # supervisor.py appends and writes it until integration (resumed, next_commit_...)
+        return self._outages
 
     # ------------------------------------------------------------------ the journal (checkfree.swarm.supervisor.journal)
 

@@ -10,18 +10,22 @@ every slot and answers who serves which stage. An *attempt* is one try at one tr
 :class:`~checkfree.swarm.supervisor.results.Results` only records what happened. It is plain data: numbers, sets,
 lists and the slots (whose plans serialise as :meth:`~checkfree.recovery.planner.RecoveryPlan.to_json`), so
 :meth:`SupervisorState.to_json` can write it down, and a supervisor given the same state enters its loop where
-this one was (checkfree.swarm.supervisor.supervisor ``Supervisor.train``).
+this one was (checkfree.swarm.supervisor.supervisor ``Supervisor.run``, whose loop enters the state's phase).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.checkpoints import StoredCheckpoints
 from checkfree.swarm.wire.auth import SwarmKeys
+
+if TYPE_CHECKING:
+    from checkfree.swarm.supervisor.adoption import CommitIntent
+    from checkfree.swarm.supervisor.phases.base import Phase
 
 
 class SwarmError(RuntimeError):
@@ -338,6 +342,45 @@ class Attempt:
         return {"number": self.number, "iteration": self.iteration, "members": members, "phase": self.phase}
 
 
+Report = dict[int, dict[str, Any]]
+"""Node → the meta of its report (a CONTROL command's fields, checked by checkfree.swarm.supervisor.inbox)."""
+
+
+@dataclass
+class Reports:
+    """The nodes' reports the phases look for, one field per kind (node → its meta), written only by the handlers of
+    peer messages (checkfree.swarm.supervisor.inbox) and read by the phases (checkfree.swarm.supervisor.phases).
+
+    Attributes:
+        iteration_end, ready, committed, stalled: an attempt's reports (each meta names its ``attempt``).
+        replan: recovering replacements' requests for a new plan (taken by the planner).
+        recovery_failed: replacements whose recovery failed (killed by checkfree.swarm.supervisor.processes).
+        restored: nodes rolled back to a checkpoint (``bytes`` restored). resumed: the answers to a resumed
+        supervisor's ``resume`` (checkfree.swarm.supervisor.adoption). final: the nodes' final statistics.
+    """
+
+    iteration_end: Report = field(default_factory=dict)
+    ready: Report = field(default_factory=dict)
+    committed: Report = field(default_factory=dict)
+    stalled: Report = field(default_factory=dict)
+    replan: Report = field(default_factory=dict)
+    recovery_failed: Report = field(default_factory=dict)
+    restored: Report = field(default_factory=dict)
+    resumed: Report = field(default_factory=dict)
+    final: Report = field(default_factory=dict)
+
+    def clear(self, *kinds: str) -> None:
+        """Forget the reports of ``kinds`` (none named: every report; a new attempt begins, or the swarm shuts
+        down)."""
+        for name in kinds or [f.name for f in fields(self)]:
+            setattr(self, name, {})
+
+    def of_attempt(self, number: int) -> dict[str, Report]:
+        """The attempt reports (``iteration_end``, ``ready``, ``committed``, ``stalled``) of attempt ``number``."""
+        kinds = ("iteration_end", "ready", "committed", "stalled")
+        return {k: {n: m for n, m in getattr(self, k).items() if m.get("attempt") == number} for k in kinds}
+
+
 @dataclass
 class SupervisorState:
     """What the supervisor's loop decides from (module docstring).
@@ -354,8 +397,15 @@ class SupervisorState:
         commits: attempts committed so far (an iteration redone after a rollback counts again).
         training: training has started (before, a node that fails to start is started again under its id, and
             nobody is evicted).
-        inbox: CONTROL command → node → its meta: the reports the supervisor's waiting loops look for.
+        reports: the nodes' reports the phases look for (:class:`Reports`).
         checkpoints: the versions the storage node holds (``checkpoint``).
+        phase: the phase the supervisor's loop is in (checkfree.swarm.supervisor.phases; None before it starts).
+        intent: the commit decided and journaled before its broadcast (None once the commit itself is journaled;
+            checkfree.swarm.supervisor.adoption ``CommitIntent``). commit_unjournaled: a commit was recorded whose
+            journal is written at the loop's next turn between attempts.
+        status: ``running``, then how the run ended (``completed``, ``interrupted``, ``failed``; journaled).
+        resumed_from: the journal this supervisor resumes (None for a new run). resumes: how many times the run
+            was resumed. stale_after_resume: messages for the dead supervisor that a resumed one dropped.
     """
 
     cfg: SwarmConfig
@@ -371,8 +421,15 @@ class SupervisorState:
     failed_attempts: dict[int, int] = field(default_factory=dict)
     commits: int = 0
     training: bool = False
-    inbox: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    reports: Reports = field(default_factory=Reports)
     checkpoints: StoredCheckpoints = field(init=False)
+    phase: Phase | None = None
+    intent: CommitIntent | None = None
+    commit_unjournaled: bool = False
+    status: str = "running"
+    resumed_from: dict[str, Any] | None = None
+    resumes: int = 0
+    stale_after_resume: int = 0
 
     def __post_init__(self) -> None:
         self.checkpoints = StoredCheckpoints(self.cfg.n_stages)
@@ -382,10 +439,6 @@ class SupervisorState:
         """The iteration of the last attempt begun (-1 before the first): no node's version may be ahead of
         it + 1, and a crash noticed now happened during it."""
         return self.current.iteration if self.current is not None else -1
-
-    def reported(self, command: str) -> dict[int, dict[str, Any]]:
-        """Node → meta of the ``command`` reports received since the inbox was last cleared."""
-        return self.inbox.get(command, {})
 
     def to_json(self) -> dict[str, Any]:
         """The control state as plain data (the swarm's secret is not in it: it lives in the join token, mode
@@ -414,7 +467,7 @@ class SupervisorState:
         """Take the control state :meth:`to_json` wrote (a resumed supervisor's journal,
         checkfree.swarm.supervisor.journal). The attempt that was begun comes back over (``phase`` ``over``, begun
         at ``now``): its reports went with the supervisor that ran it, and the resumed one redoes or finishes it
-        (checkfree.swarm.supervisor.adoption). The reports' inbox starts empty.
+        (checkfree.swarm.supervisor.adoption). The reports start empty.
 
         Raises:
             KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes for this swarm.
@@ -432,4 +485,4 @@ class SupervisorState:
         if current is not None:
             members = {int(k): list(v) for k, v in current["members"].items()}
             self.current = Attempt(current["number"], current["iteration"], members, now, phase="over")
-        self.inbox = {}
+        self.reports.clear()

@@ -10,7 +10,7 @@ validation loss is the sum over every batch divided by the number of batches: th
 means, in nats; the perplexity is its exp (checkfree.pipeline.perplexity).
 
 :class:`ValidationRuns` decides and records at once and never waits: the supervisor's loop waits for
-:meth:`ValidationRuns.complete` (checkfree.swarm.supervisor.supervisor). An evaluation is numbered by the last
+:meth:`ValidationRuns.complete` in its validating phase (checkfree.swarm.supervisor.phases.validating). An evaluation is numbered by the last
 attempt begun (the state's ``attempt``, journaled with it), so its number grows across a resumed supervisor too and
 nodes drop an older evaluation's messages; at most one evaluation per attempt number. ``evaluated`` is a claim,
 checked against the evaluation in progress: only from a stage-0 member of it, once, with the number of batches of

@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from checkfree.failures.traces import DowntimeSchedule
+from checkfree.swarm.supervisor.phases.attempt import crash_actions
+from checkfree.swarm.supervisor.phases.waiting import WaitingForReturns
 from checkfree.swarm.supervisor.supervisor import Supervisor
 
+from helpers.phases import World
 from helpers.swarm import live_config
 
 # 3 transformer stages × 2 replicas: stage s holds slots 2s and 2s + 1 (stage 0: slots 0, 1).
@@ -82,40 +85,41 @@ def test_under_checkpoint_the_returning_node_of_a_lost_stage_rolls_the_swarm_bac
 def test_crashes_in_a_wait_fire_on_time_and_a_stage_that_never_comes_back_is_waited_out_to_the_schedules_end(
     tmp_path: Path,
 ) -> None:
-    cfg = live_config(tmp_path, replicas=2)
+    """The waiting phase, driven turn by turn on a fake clock (tests/helpers/phases.py): one schedule iteration per
+    deadline, the crashes and returns due in each carried out."""
     schedule = DowntimeSchedule(3, 2, 20, 60.0, {4: [(2, 6)], 5: [(2, None)], 3: [(4, 9)], 6: [(3, 4)]})
-    sup = Supervisor(cfg, "ours", schedule, iterations=10, run_dir=tmp_path / "run", vocab_size=300)
-    try:
-        roster, outages = sup.roster, sup.outages
-        for slot in roster.slots:
-            slot.serving = True
-        sup.state.schedule_clock = 2
-        killed: list[tuple[int, int, int]] = []
+    world = World(tmp_path, "ours", schedule, iterations=10, replicas=2)
+    roster, outages, state = world.state.roster, world.outages, world.state
+    state.schedule_clock = 2
+    for slot in outages.due(0):
+        world.carry_out(crash_actions(world.ctx, slot, 0, outages.fire(slot, 0)))
+    assert outages.stranded() == [2]
 
-        def kill(slot, it: int, down: int) -> None:  # the supervisor's crash, without processes
-            killed.append((slot.slot, down, outages.clock))
-            slot.serving, slot.dead = False, True
-            outages.keep_away(slot, down)
+    def wait() -> tuple[dict[int, int], int, list[tuple[int, int]], int]:
+        phase, killed, turns = WaitingForReturns(0), [], 0
+        decision = world.enter(phase)
+        while decision.next is phase:
+            before = len(world.acts("processes", "kill"))
+            decision = world.turn(phase, dt=1.01)  # the reference iteration: 1 s (no iteration committed yet)
+            killed += [
+                (a.args[0].slot, state.schedule_clock) for a in world.acts("processes", "kill")[before:]
+            ]
+            turns += 1
+        waited, _, start = decision.result
+        return waited, start, killed, turns
 
-        sup._crash = kill  # type: ignore[method-assign]
-        idled: list[float] = []
-        sup._idle = idled.append  # type: ignore[method-assign]
-        for slot in outages.due(0):
-            kill(slot, 0, outages.fire(slot, 0))
-        assert outages.stranded() == [2]
-        waited, _, start = sup._wait_out(0, 0.5)
-        # slot 6's [3, 4] and slot 3's [4, 9] fall inside the wait and fire at their schedule iteration
-        assert killed == [(4, 2, 2), (5, 2, 2), (6, 3, 3), (3, 4, 4)]
-        assert waited == {2: 4} and start == 2 and outages.clock == 6 and idled == [0.5] * 4
-        assert not roster.slots[4].away and roster.slots[5].away and roster.slots[3].away
-        assert not roster.slots[6].away  # back at 4, during the wait: it gets a replacement like a crash
-        # slot 4 goes down again, for good: stage 2 has no replica that comes back; it is waited out to the end
-        roster.slots[4].away, roster.slots[4].back_at = True, None
-        assert not outages.over()
-        waited, _, start = sup._wait_out(0, 0.5)
-        assert waited == {2: 14} and start == 6 and outages.clock == 20 and outages.over()
-    finally:
-        sup.transport.close()
+    waited, start, killed, turns = wait()
+    # slot 6's [3, 4] and slot 3's [4, 9] fall inside the wait and fire at their schedule iteration
+    assert killed == [(6, 3), (3, 4)]
+    assert waited == {2: 4} and start == 2 and outages.clock == 6 and turns == 4
+    assert not roster.slots[4].away and roster.slots[5].away and roster.slots[3].away
+    assert not roster.slots[6].away  # back at 4, during the wait: it gets a replacement like a crash
+    # slot 4 goes down again, for good: stage 2 has no replica that comes back; it is waited out to the end
+    roster.slots[4].away, roster.slots[4].back_at = True, None
+    assert not outages.over()
+    waited, start, _, _ = wait()
+    assert waited == {2: 14} and start == 6 and outages.clock == 20 and outages.over()
+    assert [w["stages"] for w in world.results.journal_fields()["waits"]] == [[2], [2]]
 
 
 def test_swarm_table_adds_a_trace_replay_row_with_the_shortage_summed_over_stages(tmp_path: Path) -> None:
@@ -123,8 +127,7 @@ def test_swarm_table_adds_a_trace_replay_row_with_the_shortage_summed_over_stage
     from checkfree.swarm.supervisor.results import Results, summary_table
 
     cfg = live_config(tmp_path, replicas=2)
-    res = Results(cfg, "ours", 3)
-    res.schedule = schedule_info(SCHEDULE, "p3.json")
+    res = Results(cfg, "ours", 3, schedule=schedule_info(SCHEDULE, "p3.json"))
     res.start()
     members = {0: [0, 1], 1: [2], 2: [4, 5], 3: [6, 7]}  # stage 1 runs on one replica
     for it in range(3):

@@ -54,72 +54,14 @@ SLOT_CONTAINERS = {"slots", "by_node"}
 SLOT_LOOP_WORDS = ("slots", "roster", "moved")
 
 ALLOWED: dict[tuple[str, str], str] = {
-    # removed at integration (supervisor.py, swarm/cli.py): the phases rework of supervisor.py passes vocab_size,
-    # schedule and node_devices to Results' constructor and calls its event methods; the slot writes become
-    # Slot's methods.
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "self.results.vocab_size = vocab_size",
-    ): "Results(vocab_size=)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "self.results.schedule = schedule_info(schedule, schedule_path)",
-    ): "Results(schedule=)",
-    ("checkfree/swarm/supervisor/supervisor.py", 'self.results.ended_by = "schedule"'): "ended_by_schedule()",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "self.results.supervisor_refused_connections = self.transport.identity.keyring.refusals.refused",
-    ): "refused_connections(n)",
-    ("checkfree/swarm/supervisor/supervisor.py", "self.results.evictions.append("): "evicted(...)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'outages[-1]["t_next_commit"] = self.results.now()',
-    ): "next_commit_after_resume()",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'self.results.skipped.append({"slot": slot.slot, "stage": slot.stage, "iteration": it})',
-    ): "skipped_crash(slot, it)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "self.results.rollback_bytes += self._rollback(version)",
-    ): "rolled_back(...)",
-    ("checkfree/swarm/supervisor/supervisor.py", "self.results.rollbacks.append("): "rolled_back(...)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "slot.tries = 0",
-    ): "starts_forgiven()",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'self.results.journal = {"writes": journal.writes, "seconds": journal.seconds, "bytes": journal.nbytes}',
-    ): "journal_cost(writes, seconds, nbytes)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'slot.deadline = float("inf") if slot.serving else now + self.cfg.recovery_timeout',
-    ): "awaited_until(deadline)",
-    ("checkfree/swarm/supervisor/supervisor.py", "self.results.outages.append("): "resumed(...)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'slot.version = claim["version"]',
-    ): "version_reported(version=)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'slot.copy_version = claim["stage0_copy"]',
-    ): "version_reported(copy_version=)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        "self.results.still_away = [s.slot for s in self.roster.slots if s.away]",
-    ): "away_at_end(slots)",
-    (
-        "checkfree/swarm/supervisor/supervisor.py",
-        'self.results.finals = self.state.reported("final")',
-    ): "final_reports(finals)",
+    # removed at integration (swarm/cli.py): Results(node_devices=)
     (
         "checkfree/swarm/cli.py",
         "sup.results.node_devices = sup.host.node_devices  # filled as nodes start; written to throughput.json",
     ): "Results(node_devices=)",
     ("checkfree/swarm/cli.py", "sup.results.node_devices = sup.host.node_devices"): "Results(node_devices=)",
 }
-"""(file, the write's line, stripped) → what replaces it. Removed at integration (supervisor.py, swarm/cli.py)."""
+"""(file, the write's line, stripped) → what replaces it. Removed at integration (swarm/cli.py)."""
 
 
 @dataclass(frozen=True)

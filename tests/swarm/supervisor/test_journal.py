@@ -67,7 +67,9 @@ def test_a_resumed_supervisor_gets_back_the_state_results_keys_and_intent_it_jou
         results.served(sup.roster.slots[1], {"stage": 1, "rule": "storage", "version": 3})
         results.crashed(sup.roster.slots[2], "process exited with code -9", 4)
         results.node_report(5, {"sent_bytes": {"FORWARD": 10}})
-        sup.intent = CommitIntent(9, 4, {0: [0]}, {0: {"attempt": 9, "loss": 4.0}}, {0: {"grad_norm": 1.0}})
+        sup.state.intent = CommitIntent(
+            9, 4, {0: [0]}, {0: {"attempt": 9, "loss": 4.0}}, {0: {"grad_norm": 1.0}}
+        )
         sup.journal.write("a test")
         written = state.to_json()
     finally:
@@ -93,7 +95,7 @@ def test_a_resumed_supervisor_gets_back_the_state_results_keys_and_intent_it_jou
             "None",
         )
         assert again.roster.launcher_addresses == {1_000_004: "tcp://b:7"} and again.roster.revoked == {12}
-        assert again.intent == sup.intent and again.resumes == 1
+        assert again.state.intent == sup.state.intent and again.state.resumes == 1
         r = again.results
         assert [c.to_json() for c in r.crashes] == [c.to_json() for c in results.crashes]
         assert (

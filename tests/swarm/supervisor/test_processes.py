@@ -12,6 +12,8 @@ import pytest
 
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.hosts import LocalHost
+from checkfree.swarm.supervisor.phases.attempt import Attempting
+from checkfree.swarm.supervisor.phases.recovering import Recovering
 from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 
@@ -93,7 +95,8 @@ def test_storage_restarts_that_each_recover_do_not_add_up_to_giving_up(tmp_path)
         for restart in range(3 * cfg.max_attempts):
             sup.state.current = Attempt(restart + 1, restart, {}, t_begin=0.0)
             sup.processes.mark_dead(storage, "process exited with code -9")
-            assert sup._ensure_serving(restart) == restart
+            sup.state.iteration = restart
+            assert sup.drive(Recovering(restart), until=lambda p: isinstance(p, Attempting)) == restart
             assert storage.serving and storage.tries == 0
         serves["yes"] = False  # a storage node that never serves: the limit still holds
         for _ in range(cfg.max_attempts):

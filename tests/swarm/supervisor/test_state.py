@@ -9,6 +9,8 @@ from pathlib import Path
 from checkfree import jsonio
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.phases.attempt import Attempting
+from checkfree.swarm.supervisor.phases.between import Between
 from checkfree.swarm.supervisor.state import Attempt
 from checkfree.swarm.supervisor.supervisor import Supervisor
 
@@ -39,7 +41,7 @@ def test_the_control_state_is_plain_data_and_the_loop_starts_from_it(tmp_path: P
         assert out["config"] == cfg.to_json() and out["setting"] == "checkpoint"
         # the loop runs from the state's iteration: with the target reached, it begins no attempt
         state.iteration = sup.iterations
-        sup.train()
-        assert state.attempt == 9 and sup.results.rows == []
+        after = sup.drive(Between(), until=lambda p: True)
+        assert not isinstance(after, Attempting) and state.attempt == 9 and sup.results.rows == []
     finally:
         sup.transport.close()

@@ -1,0 +1,71 @@
+"""Between two attempts: journal the last commit, bring back the slots whose down interval ended, then wait for
+a returning node, recover the dead, or run the next attempt (docs/paper.md §8; checkfree.swarm.supervisor.outages).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from checkfree.swarm.supervisor.phases.base import Act, Context, Decision, Phase, die_if, journal
+
+log = logging.getLogger(__name__)
+
+
+class Between(Phase):
+    """The top of the loop between attempts; decides at once. Ends the training at ``iterations`` committed (its
+    validation, then the model and the shutdown). Result (driven alone): the phase it goes to."""
+
+    name = "between attempts"
+    poll_s = None
+
+    def enter(self, ctx: Context, now: float) -> Decision:
+        state = ctx.state
+        if state.iteration >= ctx.iterations:
+            ending = end_of_training(ctx)
+            return Decision([], ending, ending)
+        actions: list[Act] = []
+        if state.commit_unjournaled:  # the last commit, once the state's iteration has moved on past it
+            state.intent, state.commit_unjournaled = None, False
+            actions += [
+                journal(f"committed iteration {state.iteration - 1}"),
+                die_if("committed", state.iteration - 1),
+            ]
+        ctx.outages.bring_back()
+        if ctx.outages.stranded():
+            from checkfree.swarm.supervisor.phases.waiting import WaitingForReturns
+
+            nxt: Phase = WaitingForReturns(state.iteration)
+        else:
+            nxt = after_returns(ctx)
+        return Decision(actions, nxt, nxt)
+
+
+def after_returns(ctx: Context) -> Phase:
+    """Once no stage waits for a returning node: recover the dead slots, or go on."""
+    if ctx.state.roster.all_serving() or ctx.outages.over():
+        return proceed(ctx)
+    from checkfree.swarm.supervisor.phases.recovering import Recovering
+
+    return Recovering(ctx.state.iteration)
+
+
+def proceed(ctx: Context) -> Phase:
+    """Every slot serves (but those kept away): the next attempt, or the end when a replayed trace's window is over."""
+    state = ctx.state
+    if ctx.outages.over():
+        from checkfree.swarm.supervisor.phases.training import ScheduleOver
+
+        return ScheduleOver()
+    from checkfree.swarm.supervisor.phases.attempt import Attempting
+
+    return Attempting(state.iteration)
+
+
+def end_of_training(ctx: Context) -> Phase:
+    """The training is over: a validation of the last weights if they were not validated, the model, the shutdown."""
+    from checkfree.swarm.supervisor.phases.gathering import GatheringModel
+    from checkfree.swarm.supervisor.phases.shutting_down import ShuttingDown
+    from checkfree.swarm.supervisor.phases.validating import Validating
+
+    ending = GatheringModel(then=ShuttingDown())
+    return Validating(then=ending) if ctx.validation.due_at_end() else ending
