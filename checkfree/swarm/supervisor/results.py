@@ -470,7 +470,7 @@ class Results:
         last_word_wall: float,
         t_resumed: float,
         from_iteration: int,
-        iterations_redone: int | None,
+        iterations_redone: list[int],
         rolled_forward: int | None,
         adopted: list[int],
         replaced: dict[int, str],
@@ -478,8 +478,9 @@ class Results:
     ) -> None:
         """A resumed supervisor (number ``resume``, started at ``t_resumed``) heard every live node now: a row of
         ``coordinator_outages`` (module docstring). ``last_word_wall``: epoch seconds of the last word any node had
-        from the supervisor that died (or its last journal write); ``rolled_forward``: the iteration whose commit
-        it finished (its ``t_next_commit`` is now), None if none; ``replaced``: node → why."""
+        from the supervisor that died (or its last journal write); ``iterations_redone``: the iteration whose
+        attempt was in flight (``[it]``, or ``[]``); ``rolled_forward``: the iteration whose commit it finished (its
+        ``t_next_commit`` is now), None if none; ``replaced``: node → why."""
         started, now = self._started_at, self.now()
         self._outages.append(
             {
