@@ -348,8 +348,10 @@ Report = dict[int, dict[str, Any]]
 
 @dataclass
 class Reports:
-    """The nodes' reports the phases look for, one field per kind (node → its meta), written only by the handlers of
-    peer messages (checkfree.swarm.supervisor.inbox) and read by the phases (checkfree.swarm.supervisor.phases).
+    """The nodes' reports the phases look for, one field per kind (node → its meta), filed only by the handlers of
+    peer messages (checkfree.swarm.supervisor.inbox), read by the phases (checkfree.swarm.supervisor.phases), and taken
+    out only by what acts on them (the planner answers the replans, the processes kill the failed recoveries, a phase
+    clears what it awaits anew).
 
     Attributes:
         iteration_end, ready, committed, stalled: an attempt's reports (each meta names its ``attempt``).
