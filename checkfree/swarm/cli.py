@@ -523,14 +523,13 @@ def _run_supervisor(args: argparse.Namespace, run: _RunPlan) -> int:
             schedule_path=run.schedule_path,
             options=_journaled_options(args, run.schedule_path, cfg),
             machines=machines_option(args.machines),
+            devices=devices,  # this machine's nodes: --device per node (checkfree.swarm.devices)
         )
     except zmq.ZMQError as exc:
         raise ValueError(
             f"the supervisor cannot listen on --bind-host {args.bind_host} --port {args.port} ({exc}); "
             "expected a local interface and a free port (0 = any free port)."
         ) from None
-    sup.host.devices = devices  # this machine's nodes: --device per node (checkfree.swarm.devices)
-    sup.results.node_devices = sup.host.node_devices  # filled as nodes start; written to throughput.json
     apply_run_dir(run.plan)
     _log_to(run_dir)
     (run_dir / "command.txt").write_text(" ".join(sys.argv) + "\n")
@@ -668,16 +667,14 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             keys=keys_of(data),
             options=data["options"],
             machines=machines_option(getattr(opts, "machines", None)),
+            devices=devices,
         )
     except zmq.ZMQError as exc:
         raise ValueError(
             f"the resumed supervisor cannot listen on {data['address']} again ({exc}); expected that port free "
             "(another process holds it: is a supervisor of this run still alive?)."
         ) from None
-    sup.host.devices = devices
-    sup.restore(data)
-    sup.host.node_devices.update(sup.results.node_devices)
-    sup.results.node_devices = sup.host.node_devices
+    sup.restore(data)  # the journal's node devices join the host's (Results.restore)
     _log_to(run_dir)
     with open(run_dir / "command.txt", "a") as f:
         f.write(" ".join(sys.argv) + "\n")

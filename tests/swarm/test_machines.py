@@ -12,7 +12,9 @@ import pytest
 
 from checkfree.cli import main
 from checkfree.swarm.config import SwarmConfig
+from checkfree.swarm.supervisor.journal import decode_results, encode_results
 from checkfree.swarm.supervisor.machines import read_revocations, request_revocation
+from checkfree.swarm.supervisor.results import Results
 from checkfree.swarm.supervisor.supervisor import Supervisor
 from checkfree.swarm.wire.auth import KEY_WINDOW, AuthError, MachineLayout, SwarmKeys, read_token
 from checkfree.swarm.wire.protocol import Message, MessageType
@@ -165,7 +167,11 @@ def test_a_resumed_supervisor_keeps_a_revoked_machines_stripe_retired(tmp_path: 
         for start in (2, 4):
             stripe = keys.layout.by_start(start).replacement_ids(sup.cfg.first_replacement_id, 3)  # type: ignore[union-attr]
             assert all(ring.owner(keys.public_key(n)) is None for n in stripe)
-        sup.results.machine_revoked({"machine": 2})  # the journal's record: machine 2 was revoked
+        journaled = Results(sup.cfg, sup.setting, 3)
+        journaled.machine_revoked({"machine": 2})  # the journal's record: machine 2 was revoked
+        decode_results(
+            sup.results, json.loads(json.dumps(encode_results(journaled)))
+        )  # as Supervisor.restore
         assert [m.start for m in sup.revocations.due()] == [4]  # machine 4 was asked while no supervisor ran
     finally:
         sup.transport.close()

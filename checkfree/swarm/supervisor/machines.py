@@ -118,13 +118,24 @@ class DeathMarker(Protocol):
     def mark_dead(self, slot: Slot, why: str) -> None: ...
 
 
+class RevocationRecords(Protocol):
+    """Where :class:`Revocations` records each machine shut out, and reads which were
+    (checkfree.swarm.supervisor.results.Results; a resumed run's records are the journal's)."""
+
+    @property
+    def machine_revocations(self) -> list[dict[str, Any]]: ...
+
+    def machine_revoked(self, record: dict[str, Any]) -> None: ...
+
+
 class Revocations:
     """The machines to shut out, and shutting one out (module docstring).
 
     Args:
         state: the supervisor's state (its keys' machine layout, the slots, the revoked ids). link: the keyring
             and the launchers' connections. processes: marks the moved slots' nodes dead. records: where each
-            revocation is recorded (throughput.json's ``machine_revocations``). run_dir: where the requests are.
+            revocation is recorded and read back (throughput.json's ``machine_revocations``; read at each use,
+            so a resumed supervisor sees the journal's). run_dir: where the requests are.
         clock: seconds (monotonic); tests replace it.
     """
 
@@ -133,7 +144,7 @@ class Revocations:
         state: SupervisorState,
         link: Link,
         processes: DeathMarker,
-        records: list[dict[str, Any]],
+        records: RevocationRecords,
         run_dir: Path,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -173,7 +184,7 @@ class Revocations:
                     "supervisor: revocation of machine %d ignored: no other machine of this swarm", start
                 )
             elif not any(
-                r["machine"] == start for r in self.records
+                r["machine"] == start for r in self.records.machine_revocations
             ):  # not revoked yet (a resumed run's records)
                 out.append(machine)
         return out
@@ -197,7 +208,7 @@ class Revocations:
         moved = [s for s in roster.slots if machine.start <= s.slot < machine.end and not s.local]
         for slot in moved:
             slot.moved_here()
-        self.records.append(
+        self.records.machine_revoked(
             {
                 "machine": machine.start,
                 "nodes": [machine.start, machine.end - 1],

@@ -210,8 +210,6 @@ class Results:
         return self._t0
 
     # ------------------------------------------------------------------ more of what others read
-    # (node_devices keeps its setter until swarm/cli.py passes it to the constructor: test_encapsulation.py's
-    # allow-list)
 
     @property
     def vocab_size(self) -> int | None:
@@ -224,10 +222,6 @@ class Results:
     @property
     def node_devices(self) -> dict[int, str]:
         return self._node_devices
-
-    @node_devices.setter
-    def node_devices(self, value: dict[int, str]) -> None:  # removed at integration (swarm/cli.py)
-        self._node_devices = value
 
     @property
     def ended_by(self) -> str:
@@ -299,7 +293,11 @@ class Results:
         """
         for name, value in fields.items():
             attribute = _attribute(name)
-            setattr(self, attribute, decode(getattr(self, attribute, None), value))
+            decoded = decode(getattr(self, attribute, None), value)
+            if attribute == "_node_devices":  # held, not replaced: the host that starts the nodes fills it
+                self._node_devices.update(decoded)
+            else:
+                setattr(self, attribute, decoded)
         if elapsed_s is not None:
             self._t0 = time.monotonic() - elapsed_s
 

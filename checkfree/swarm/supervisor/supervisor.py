@@ -83,6 +83,7 @@ from typing import Any
 from checkfree import jsonio
 from checkfree.failures.traces import DowntimeSchedule
 from checkfree.swarm.config import SwarmConfig, node_range
+from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost, held_signals
 from checkfree.swarm.policies import make_policy
 from checkfree.swarm.supervisor import failpoints
@@ -133,7 +134,8 @@ class Supervisor:
         keys: the swarm's keys (None: a new secret; a resumed supervisor passes its journal's,
         checkfree.swarm.supervisor.journal.keys_of). journal: write ``<run_dir>/journal.json`` (False: only
         ``bench_swarm.py``, which measures its cost). options: what ``swarm run`` was started with (journaled:
-        ``--resume`` reads them).
+        ``--resume`` reads them). machines: the other machines' node ranges (``--machines``). devices: this
+        machine's nodes' devices (``--device``/``--gpus``, checkfree.swarm.devices; None: the CPU).
     """
 
     def __init__(
@@ -158,6 +160,7 @@ class Supervisor:
         journal: bool = True,
         options: dict[str, Any] | None = None,
         machines: list[tuple[int, int]] | None = None,
+        devices: DeviceMap | None = None,
     ) -> None:
         self.cfg, self.setting = cfg, setting
         self.policy = make_policy(setting)
@@ -187,8 +190,17 @@ class Supervisor:
         self.address = self.transport.address
         if advertise_host:
             self.address = f"tcp://{advertise_host}:{self.address.rsplit(':', 1)[1]}"
-        self.host = LocalHost(self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=keys)
-        self.results = Results(cfg, setting, iterations, vocab_size, schedule_info(schedule, schedule_path))
+        self.host = LocalHost(
+            self.run_dir, self.address, bind_host, advertise_host, cache_dir, keys=keys, devices=devices
+        )
+        self.results = Results(  # the host fills node_devices as it starts nodes
+            cfg,
+            setting,
+            iterations,
+            vocab_size,
+            schedule_info(schedule, schedule_path),
+            self.host.node_devices,
+        )
         self.link = Link(self.transport, roster)
         self.outages = Outages(schedule, self.state)
         self.options = options or {}
@@ -216,9 +228,7 @@ class Supervisor:
         self.model_io = ModelIO(cfg, setting, vocab_size, self.link, self.run_dir, records, now, cache_dir)
         self.peer_messages.node_handlers[MessageType.WEIGHTS_RESPONSE] = self.model_io.on_weights
         self.peer_messages.node_commands["evaluated"] = self.validation.on_evaluated
-        self.revocations = Revocations(
-            self.state, self.link, self.processes, self.results.machine_revocations, self.run_dir
-        )
+        self.revocations = Revocations(self.state, self.link, self.processes, self.results, self.run_dir)
         """Machines shut out while the run goes on (``swarm revoke``; checkfree.swarm.supervisor.machines)."""
         self.context = Context(
             self.state,

@@ -167,3 +167,15 @@ def test_slot_events_as_the_schedule_and_the_planner_tell_them() -> None:
     slot.starts_forgiven()
     slot.awaited_until(5.0)
     assert (slot.tries, slot.deadline) == (0, 5.0)
+
+
+def test_a_restored_results_keeps_the_node_devices_it_shares_with_the_host() -> None:
+    """The host fills ``node_devices`` as it starts nodes, into the dict Results was given: a resume's journal
+    joins that dict instead of replacing it, so the replacements started after a resume reach throughput.json."""
+    journaled = _results()
+    journaled.node_devices.update({0: "cuda:0", 1: "cpu"})
+    held: dict[int, str] = {}
+    back = Results(load_swarm_config("swarm_tiny.json"), "ours", 3, node_devices=held)
+    decode_results(back, json.loads(json.dumps(encode_results(journaled))))
+    held[7] = "cuda:1"  # a replacement the resumed host starts
+    assert back.node_devices is held and back.node_devices == {0: "cuda:0", 1: "cpu", 7: "cuda:1"}
