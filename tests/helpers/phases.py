@@ -15,6 +15,7 @@ from checkfree.swarm.supervisor.attempts import Attempts
 from checkfree.swarm.supervisor.model_io import ModelIO
 from checkfree.swarm.supervisor.outages import Outages
 from checkfree.swarm.supervisor.phases.base import DONE, Act, Context, Decision, Phase, Turn
+from checkfree.swarm.supervisor.phases.table import PHASES
 from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKills
 from checkfree.swarm.supervisor.results import Results
@@ -90,6 +91,7 @@ class World:
             _NoHost(),
             self.link.silent,
             tmp_path,
+            PHASES,
         )
         self.done: list[Act] = []
         """Every action carried out, in order."""

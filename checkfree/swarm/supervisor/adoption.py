@@ -33,52 +33,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from checkfree.swarm.supervisor.state import SupervisorState
+from checkfree.swarm.supervisor.state import CommitIntent, SupervisorState
 
 
 class ResumeImpossible(ValueError):
     """The run cannot be resumed: a stage has no live replica and nothing to rebuild it from (no live neighbour the
     setting's rule can use, no checkpoint, no snapshot), or the run ended; one sentence naming the stage."""
-
-
-@dataclass
-class CommitIntent:
-    """A commit the supervisor decided and journaled before broadcasting it (module docstring).
-
-    Attributes:
-        attempt, iteration: the attempt and the iteration it commits. members: stage → the attempt's members.
-        ends: stage-0 node → its ``ITERATION_END`` meta (loss, tokens). ready: node → its ``ready`` meta.
-    """
-
-    attempt: int
-    iteration: int
-    members: dict[int, list[int]]
-    ends: dict[int, dict[str, Any]]
-    ready: dict[int, dict[str, Any]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "attempt": self.attempt,
-            "iteration": self.iteration,
-            "members": {str(k): v for k, v in sorted(self.members.items())},
-            "ends": {str(k): v for k, v in sorted(self.ends.items())},
-            "ready": {str(k): v for k, v in sorted(self.ready.items())},
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CommitIntent:
-        """The intent :meth:`to_json` wrote.
-
-        Raises:
-            KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes.
-        """
-        return cls(
-            int(data["attempt"]),
-            int(data["iteration"]),
-            {int(k): list(v) for k, v in data["members"].items()},
-            {int(k): dict(v) for k, v in data["ends"].items()},
-            {int(k): dict(v) for k, v in data["ready"].items()},
-        )
 
 
 @dataclass

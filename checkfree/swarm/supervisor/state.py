@@ -16,16 +16,19 @@ this one was (checkfree.swarm.supervisor.supervisor ``Supervisor.run``, whose lo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.checkpoints import StoredCheckpoints
 from checkfree.swarm.wire.auth import SwarmKeys
 
-if TYPE_CHECKING:
-    from checkfree.swarm.supervisor.adoption import CommitIntent
-    from checkfree.swarm.supervisor.phases.base import Phase
+
+class PhaseInProgress(Protocol):
+    """What the state holds of the phase the loop is in (checkfree.swarm.supervisor.phases.base ``Phase``, which
+    imports this module: the state names only what it needs of it)."""
+
+    name: str
 
 
 class SwarmError(RuntimeError):
@@ -309,6 +312,46 @@ class Roster:
 
 
 @dataclass
+class CommitIntent:
+    """A commit the supervisor decided and journaled before broadcasting it (module docstring).
+
+    Attributes:
+        attempt, iteration: the attempt and the iteration it commits. members: stage → the attempt's members.
+        ends: stage-0 node → its ``ITERATION_END`` meta (loss, tokens). ready: node → its ``ready`` meta.
+    """
+
+    attempt: int
+    iteration: int
+    members: dict[int, list[int]]
+    ends: dict[int, dict[str, Any]]
+    ready: dict[int, dict[str, Any]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "attempt": self.attempt,
+            "iteration": self.iteration,
+            "members": {str(k): v for k, v in sorted(self.members.items())},
+            "ends": {str(k): v for k, v in sorted(self.ends.items())},
+            "ready": {str(k): v for k, v in sorted(self.ready.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CommitIntent:
+        """The intent :meth:`to_json` wrote.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not what :meth:`to_json` writes.
+        """
+        return cls(
+            int(data["attempt"]),
+            int(data["iteration"]),
+            {int(k): list(v) for k, v in data["members"].items()},
+            {int(k): dict(v) for k, v in data["ends"].items()},
+            {int(k): dict(v) for k, v in data["ready"].items()},
+        )
+
+
+@dataclass
 class Attempt:
     """The attempt in progress: one try at one iteration, as the supervisor runs it and checks reports against it.
 
@@ -425,7 +468,7 @@ class SupervisorState:
     training: bool = False
     reports: Reports = field(default_factory=Reports)
     checkpoints: StoredCheckpoints = field(init=False)
-    phase: Phase | None = None
+    phase: PhaseInProgress | None = None
     intent: CommitIntent | None = None
     commit_unjournaled: bool = False
     status: str = "running"

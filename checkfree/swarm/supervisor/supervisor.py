@@ -101,6 +101,7 @@ from checkfree.swarm.supervisor.phases.fetching_weights import FetchingWeights
 from checkfree.swarm.supervisor.phases.gathering import GatheringModel
 from checkfree.swarm.supervisor.phases.resuming import Resuming
 from checkfree.swarm.supervisor.phases.starting import Starting
+from checkfree.swarm.supervisor.phases.table import PHASES
 from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
@@ -243,6 +244,7 @@ class Supervisor:
             self.host,
             self.link.silent,
             self.run_dir,
+            PHASES,
         )
         """What the phases read and ask (checkfree.swarm.supervisor.phases.base)."""
 

@@ -13,7 +13,6 @@ import pytest
 from checkfree.recovery.planner import RecoveryPlan
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.process_identity import AdoptedProcess, running, start_time
-from checkfree.swarm.supervisor.adoption import CommitIntent
 from checkfree.swarm.supervisor.journal import (
     JOURNAL_FILE,
     JournalError,
@@ -21,7 +20,7 @@ from checkfree.swarm.supervisor.journal import (
     read_journal,
     write_atomic,
 )
-from checkfree.swarm.supervisor.state import Attempt
+from checkfree.swarm.supervisor.state import Attempt, CommitIntent
 from checkfree.swarm.supervisor.supervisor import Supervisor
 
 

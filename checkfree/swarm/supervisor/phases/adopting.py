@@ -79,17 +79,14 @@ class Adopted(Phase):
         self.verdict, self.claims, self.intent, self.t_resumed = verdict, claims, intent, t_resumed
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.finishing_commit import FinishingCommit
-        from checkfree.swarm.supervisor.phases.resumed import Resumed
-
         state, verdict = ctx.state, self.verdict
         check_resumable(ctx)
         iteration = state.iteration
         redone = [iteration] if verdict.in_flight and not verdict.roll_forward else []
         rolled = iteration if verdict.roll_forward else None
-        resumed = Resumed(verdict, self.claims, self.t_resumed, iteration, redone, rolled)
+        resumed = ctx.phases.Resumed(verdict, self.claims, self.t_resumed, iteration, redone, rolled)
         if verdict.roll_forward:
-            return Decision([], FinishingCommit(self.intent, verdict, self.claims, then=resumed))
+            return Decision([], ctx.phases.FinishingCommit(self.intent, verdict, self.claims, then=resumed))
         actions: list[Act] = []
         for node, claim in verdict.adopt.items():
             if claim["attempt"] >= 0:

@@ -16,10 +16,9 @@ class AfterCommit(Phase):
         self.validated = validated
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.between import Between
-        from checkfree.swarm.supervisor.phases.validating import Validating
-
         state = ctx.state
         if not self.validated and ctx.validation.due(state.iteration, ctx.iterations):
-            return Decision([], Validating(then=AfterCommit(validated=True)))
-        return Decision([act("model_io", "after_commit", state.iteration, state.roster.members())], Between())
+            return Decision([], ctx.phases.Validating(then=AfterCommit(validated=True)))
+        return Decision(
+            [act("model_io", "after_commit", state.iteration, state.roster.members())], ctx.phases.Between()
+        )

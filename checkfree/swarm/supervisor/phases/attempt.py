@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 
-from checkfree.swarm.supervisor.adoption import CommitIntent
 from checkfree.swarm.supervisor.failpoints import armed
 from checkfree.swarm.supervisor.phases.base import (
     Act,
@@ -30,7 +29,7 @@ from checkfree.swarm.supervisor.phases.base import (
     kill,
     record,
 )
-from checkfree.swarm.supervisor.state import Slot
+from checkfree.swarm.supervisor.state import CommitIntent, Slot
 
 log = logging.getLogger(__name__)
 
@@ -135,21 +134,15 @@ class Attempting(Phase):
 
     def _over(self, ctx: Context, actions: list[Act], committed: bool) -> Decision:
         if committed:
-            from checkfree.swarm.supervisor.phases.after_commit import AfterCommit
-
-            return Decision(actions, AfterCommit(), True)
-        from checkfree.swarm.supervisor.phases.between import Between
-
-        return Decision(actions, Between(), False)
+            return Decision(actions, ctx.phases.AfterCommit(), True)
+        return Decision(actions, ctx.phases.Between(), False)
 
     def interrupted(self, ctx: Context) -> Phase | None:
         """A stop signal: once the commit went out the nodes step whatever the supervisor does, so the commit is
         waited for and recorded (checkfree.swarm.supervisor.phases.commit_in_flight)."""
         current = ctx.state.current
         if current is not None and current.phase == "commit":
-            from checkfree.swarm.supervisor.phases.commit_in_flight import CommitInFlight
-
-            return CommitInFlight(self.it)
+            return ctx.phases.CommitInFlight(self.it)
         return None
 
     def abandon(self, ctx: Context) -> None:

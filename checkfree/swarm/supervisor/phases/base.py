@@ -127,6 +127,8 @@ class Context:
         deciding parts (a phase calls only their methods that change nothing but the state). host: this
         machine's processes (read only: ``procs``, ``exited(node)``, the exit code of a process that exited).
         silent: the nodes silent for ``peer_timeout``. run_dir: the run's directory (named in messages).
+        phases: every phase by name (checkfree.swarm.supervisor.phases.table ``PHASES``): a phase builds the next
+        one through it, never by importing its module (the transitions form a cycle, the imports must not).
     """
 
     state: SupervisorState
@@ -141,6 +143,7 @@ class Context:
     host: Any
     silent: Callable[[], set[int]]
     run_dir: Any = None
+    phases: Any = None
 
 
 class Phase:

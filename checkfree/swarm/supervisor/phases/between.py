@@ -32,9 +32,7 @@ class Between(Phase):
             ]
         ctx.outages.bring_back()
         if ctx.outages.stranded():
-            from checkfree.swarm.supervisor.phases.waiting import WaitingForReturns
-
-            nxt: Phase = WaitingForReturns(state.iteration)
+            nxt: Phase = ctx.phases.WaitingForReturns(state.iteration)
         else:
             nxt = after_returns(ctx)
         return Decision(actions, nxt, nxt)
@@ -44,28 +42,18 @@ def after_returns(ctx: Context) -> Phase:
     """Once no stage waits for a returning node: recover the dead slots, or go on."""
     if ctx.state.roster.all_serving() or ctx.outages.over():
         return proceed(ctx)
-    from checkfree.swarm.supervisor.phases.recovering import Recovering
-
-    return Recovering(ctx.state.iteration)
+    return ctx.phases.Recovering(ctx.state.iteration)
 
 
 def proceed(ctx: Context) -> Phase:
     """Every slot serves (but those kept away): the next attempt, or the end when a replayed trace's window is over."""
     state = ctx.state
     if ctx.outages.over():
-        from checkfree.swarm.supervisor.phases.training import ScheduleOver
-
-        return ScheduleOver()
-    from checkfree.swarm.supervisor.phases.attempt import Attempting
-
-    return Attempting(state.iteration)
+        return ctx.phases.ScheduleOver()
+    return ctx.phases.Attempting(state.iteration)
 
 
 def end_of_training(ctx: Context) -> Phase:
     """The training is over: a validation of the last weights if they were not validated, the model, the shutdown."""
-    from checkfree.swarm.supervisor.phases.gathering import GatheringModel
-    from checkfree.swarm.supervisor.phases.shutting_down import ShuttingDown
-    from checkfree.swarm.supervisor.phases.validating import Validating
-
-    ending = GatheringModel(then=ShuttingDown())
-    return Validating(then=ending) if ctx.validation.due_at_end() else ending
+    ending = ctx.phases.GatheringModel(then=ctx.phases.ShuttingDown())
+    return ctx.phases.Validating(then=ending) if ctx.validation.due_at_end() else ending

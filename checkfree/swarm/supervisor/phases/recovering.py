@@ -71,10 +71,8 @@ class Recovering(Phase):
 
     def _recovered(self, ctx: Context, actions: list[Act]) -> Decision:
         if self.rollback:
-            from checkfree.swarm.supervisor.phases.rolling_back import RollingBack
-
             version = ctx.state.checkpoints.newest_complete()
-            return Decision(actions, RollingBack(version, self.it, self.lost, self.pending))
+            return Decision(actions, ctx.phases.RollingBack(version, self.it, self.lost, self.pending))
         return Decision(actions, Recovered(self.pending), ctx.state.iteration)
 
 
@@ -90,8 +88,8 @@ class Recovered(Phase):
         self.pending = pending
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.between import proceed
-
         for slot in ctx.state.roster.all():
             slot.starts_forgiven()
-        return Decision([act("supervisor", "recovered", self.pending)], proceed(ctx), ctx.state.iteration)
+        return Decision(
+            [act("supervisor", "recovered", self.pending)], ctx.phases.proceed(ctx), ctx.state.iteration
+        )

@@ -33,10 +33,6 @@ class Resumed(Phase):
         self.iteration, self.redone, self.rolled = iteration, redone, rolled
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.after_commit import AfterCommit
-        from checkfree.swarm.supervisor.phases.starting import Starting
-        from checkfree.swarm.supervisor.phases.training import TrainingBegins
-
         state, verdict, rolled = ctx.state, self.verdict, self.rolled
         data = state.resumed_from
         assert data is not None
@@ -66,7 +62,7 @@ class Resumed(Phase):
             journal(f"resume {state.resumes}"),
         ]
         if rolled is not None:
-            return Decision(actions, AfterCommit())
+            return Decision(actions, ctx.phases.AfterCommit())
         if not state.training:
-            return Decision(actions, Starting(spawn=False))
-        return Decision(actions, TrainingBegins())
+            return Decision(actions, ctx.phases.Starting(spawn=False))
+        return Decision(actions, ctx.phases.TrainingBegins())

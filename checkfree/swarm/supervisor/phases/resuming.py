@@ -107,6 +107,4 @@ class AwaitingAnswers(Phase):
         return self.judge(ctx)
 
     def judge(self, ctx: Context) -> Decision:
-        from checkfree.swarm.supervisor.phases.adopting import Adopting
-
-        return Decision([], Adopting(self.wait, self.unasked, self.t_resumed))
+        return Decision([], ctx.phases.Adopting(self.wait, self.unasked, self.t_resumed))

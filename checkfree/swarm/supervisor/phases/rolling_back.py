@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 
 from checkfree.swarm.supervisor.phases.base import Context, Decision, Phase, Turn, command, journal, record
-from checkfree.swarm.supervisor.phases.recovering import Recovered
 from checkfree.swarm.supervisor.state import SwarmError
 
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ class RollingBack(Phase):
             record("rolled_back", self.it, self.version, self.lost, nbytes),
             journal(f"rolled back to iteration {self.version}"),
         ]
-        return Decision(actions, Recovered(self.pending))
+        return Decision(actions, ctx.phases.Recovered(self.pending))
 
     def expired(self, ctx: Context, turn: Turn) -> Decision:
         self.fail()

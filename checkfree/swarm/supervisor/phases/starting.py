@@ -25,9 +25,6 @@ class Starting(Phase):
         state = ctx.state
         if not state.roster.all_serving():
             return self.stay([act("processes", "replace_dead", initial=True)])
-        from checkfree.swarm.supervisor.phases.storing_initial import StoringInitial
-        from checkfree.swarm.supervisor.phases.training import TrainingBegins
-
         if not state.training and state.roster.storage is not None and not state.checkpoints.holds_initial():
-            return Decision([], StoringInitial())
-        return Decision([], TrainingBegins())
+            return Decision([], ctx.phases.StoringInitial())
+        return Decision([], ctx.phases.TrainingBegins())

@@ -26,9 +26,7 @@ class StoringInitial(Phase):
 
     def step(self, ctx: Context, turn: Turn) -> Decision:
         if ctx.state.checkpoints.holds_initial():
-            from checkfree.swarm.supervisor.phases.training import TrainingBegins
-
-            return Decision([], TrainingBegins())
+            return Decision([], ctx.phases.TrainingBegins())
         return self.stay()
 
     def expired(self, ctx: Context, turn: Turn) -> Decision:

@@ -17,17 +17,14 @@ class TrainingBegins(Phase):
     poll_s = None
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.between import Between
-        from checkfree.swarm.supervisor.phases.validating import Validating
-
         state = ctx.state
         actions: list[Act] = []
         if not state.training:
             actions.append(record("start"))
             state.training = True
         if ctx.validation.due(state.iteration, ctx.iterations):
-            return Decision(actions, Validating(then=Between()))
-        return Decision(actions, Between())
+            return Decision(actions, ctx.phases.Validating(then=ctx.phases.Between()))
+        return Decision(actions, ctx.phases.Between())
 
 
 class ScheduleOver(Phase):
@@ -37,12 +34,10 @@ class ScheduleOver(Phase):
     poll_s = None
 
     def enter(self, ctx: Context, now: float) -> Decision:
-        from checkfree.swarm.supervisor.phases.between import end_of_training
-
         state = ctx.state
         log.warning(
             "supervisor: the schedule's %d iterations are over after %d committed iterations; the run ends",
             state.schedule_clock,
             state.iteration,
         )
-        return Decision([record("ended_by_schedule")], end_of_training(ctx))
+        return Decision([record("ended_by_schedule")], ctx.phases.end_of_training(ctx))

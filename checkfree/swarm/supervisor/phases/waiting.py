@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-from checkfree.swarm.supervisor.phases.attempt import crash_actions
 from checkfree.swarm.supervisor.phases.base import (
     RECOVERY_POLL_S,
     Act,
@@ -57,7 +56,7 @@ class WaitingForReturns(Phase):
         if crashes:
             actions.append(journal(f"scheduled crashes at schedule iteration {ctx.state.schedule_clock}"))
         for slot, down in crashes:
-            actions += crash_actions(ctx, slot, self.it, down)
+            actions += ctx.phases.crash_actions(ctx, slot, self.it, down)
         outages.bring_back()
         return self._wait_or_end(ctx, turn.now, actions)
 
@@ -79,6 +78,4 @@ class WaitingForReturns(Phase):
             clock,
             sorted(self.waited),
         )
-        from checkfree.swarm.supervisor.phases.between import after_returns
-
-        return Decision(actions, after_returns(ctx), (self.waited, seconds, self.start_clock))
+        return Decision(actions, ctx.phases.after_returns(ctx), (self.waited, seconds, self.start_clock))
