@@ -13,8 +13,11 @@ import sys
 import threading
 from typing import NoReturn
 
+from checkfree import PACKAGE_LOG
 from checkfree.cli_flags import Flag
 from checkfree.config import MAX_SEED, parse_sets
+
+log = logging.getLogger(__name__)
 
 
 class _TqdmHandler(logging.Handler):
@@ -132,7 +135,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if summary.get("stopped"):
         return 1  # the trainer has logged the one sentence (console and rank0.log)
     final = summary.get("final_eval", {})
-    logging.getLogger("checkfree").info(
+    log.info(
         "done: %s, %d iterations, %d failures, %d recoveries, final val_loss %.4f (perplexity %.2f) → %s",
         summary["strategy"],
         summary["iterations"],
@@ -178,12 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handler = _TqdmHandler()
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger("checkfree")
+    root = PACKAGE_LOG
     for old in [h for h in root.handlers if isinstance(h, _TqdmHandler)]:
         root.removeHandler(old)  # main() called again in one process (tests, notebooks): one console handler
     if os.environ.get("RANK", "0") == "0":
         root.addHandler(handler)
-    logging.getLogger("checkfree").setLevel(logging.INFO)
+    root.setLevel(logging.INFO)
     from checkfree.checkpoint.store import CheckpointError
     from checkfree.data.sources import DataUnavailableError
 

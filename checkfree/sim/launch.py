@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
-from checkfree import jsonio
+from checkfree import PACKAGE_LOG, jsonio
 from checkfree.config import HUB_DATASET_NAMES, Config
 from checkfree.failures.injection import StageFailureSource, StageSchedule
 from checkfree.memory import model_vocab_size
@@ -96,7 +96,7 @@ def _init_distributed(opts: SimulateOptions) -> tuple[int, int, Any, torch.devic
 
 def _setup_logging(run_dir: Path, rank: int) -> None:
     """Per-rank log file in the run directory; rank 0 also logs to the console (above the progress bar)."""
-    root = logging.getLogger("checkfree")
+    root = PACKAGE_LOG
     root.setLevel(logging.INFO)
     fmt = logging.Formatter("%(asctime)s rank%(rank)s %(levelname)s %(name)s: %(message)s")
     fh = logging.FileHandler(run_dir / f"rank{rank}.log")
@@ -106,7 +106,7 @@ def _setup_logging(run_dir: Path, rank: int) -> None:
 
 
 def _close_logging() -> None:
-    root = logging.getLogger("checkfree")
+    root = PACKAGE_LOG
     for h in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
         root.removeHandler(h)
         h.close()

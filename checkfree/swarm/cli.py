@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from checkfree import jsonio
+from checkfree import PACKAGE_LOG, jsonio
 from checkfree.cli_flags import Flag
 from checkfree.rundir import apply_run_dir, check_directory_path, holds_something, plan_run_dir
 
@@ -407,7 +407,7 @@ def _plan_run(args: argparse.Namespace) -> _RunPlan:
     notes: list[str] = []
     cfg = load_swarm_config(args.config, _overrides(args, notes), notes)
     for note in notes:
-        logging.getLogger("checkfree").warning("%s", note)
+        log.warning("%s", note)
     policy = make_policy(args.setting)
     if policy.swaps and cfg.n_stages < 4:
         raise ValueError(
@@ -547,7 +547,7 @@ def _log_to(run_dir: Path) -> None:
     """The supervisor's log lines go to ``run_dir/supervisor.log`` too (appended)."""
     handler = logging.FileHandler(run_dir / "supervisor.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger("checkfree").addHandler(handler)
+    PACKAGE_LOG.addHandler(handler)
 
 
 def _supervise(sup, run_dir: Path) -> int:

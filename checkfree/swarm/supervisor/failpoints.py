@@ -20,6 +20,8 @@ import os
 import signal
 import time
 
+from checkfree import PACKAGE_LOG
+
 log = logging.getLogger(__name__)
 
 ENV = "CHECKFREE_SUPERVISOR_DIE_AT"
@@ -49,6 +51,6 @@ def die_if(point: str, iteration: int, after_s: float = 0.0) -> None:
     if armed(point, iteration):
         time.sleep(after_s)
         log.warning("supervisor: %s=%s:%d: SIGKILL to itself", ENV, point, iteration)
-        for handler in logging.getLogger("checkfree").handlers:
+        for handler in PACKAGE_LOG.handlers:
             handler.flush()
         os.kill(os.getpid(), signal.SIGKILL)
