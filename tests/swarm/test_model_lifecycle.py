@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -170,19 +171,23 @@ class SignalledDuringCommit(Supervisor):
             link.broadcast = broadcast
 
 
-@pytest.mark.timeout(240)
-def test_a_stop_signal_while_the_commit_is_sent_lets_every_node_get_it(tmp_path: Path) -> None:
+def _interrupted(supervisor: type[Supervisor], tmp_path: Path) -> dict[str, Any]:
+    """Run the tiny live swarm under ``supervisor``, which sends itself SIGINT (Python's own handler, even if the
+    test runner started ignoring it); its throughput.json."""
     cfg = live_config(tmp_path, replicas=2, eval_interval=0)
     run = tmp_path / "run"
-    previous = signal.signal(
-        signal.SIGINT, signal.default_int_handler
-    )  # Python's own, even if started ignoring it
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
-            SignalledDuringCommit(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
+            supervisor(cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300).run()
     finally:
         signal.signal(signal.SIGINT, previous)
-    out = json.loads((run / "throughput.json").read_text())
+    return json.loads((run / "throughput.json").read_text())
+
+
+@pytest.mark.timeout(240)
+def test_a_stop_signal_while_the_commit_is_sent_lets_every_node_get_it(tmp_path: Path) -> None:
+    out = _interrupted(SignalledDuringCommit, tmp_path)
     assert out["status"] == "interrupted" and out["iterations_completed"] == 4
     assert out["model"]["iteration"] == 4 and out["model"]["nodes"].keys() == {"0", "1", "2", "3"}
 
@@ -211,19 +216,7 @@ class SignalledWhileACommittedReportIsHandled(Supervisor):
 
 @pytest.mark.timeout(240)
 def test_a_stop_signal_while_a_committed_report_is_handled_still_records_the_commit(tmp_path: Path) -> None:
-    cfg = live_config(tmp_path, replicas=2, eval_interval=0)
-    run = tmp_path / "run"
-    previous = signal.signal(
-        signal.SIGINT, signal.default_int_handler
-    )  # Python's own, even if started ignoring it
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            SignalledWhileACommittedReportIsHandled(
-                cfg, "ours", {}, iterations=50, run_dir=run, vocab_size=300
-            ).run()
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    out = json.loads((run / "throughput.json").read_text())
+    out = _interrupted(SignalledWhileACommittedReportIsHandled, tmp_path)
     assert out["status"] == "interrupted" and out["iterations_completed"] == 4
     assert out["model"]["iteration"] == 4
 
