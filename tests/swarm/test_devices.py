@@ -229,7 +229,7 @@ def test_a_cpu_stage_computes_bit_identically_to_the_plain_module() -> None:
         else:
             ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
             h = worker.embed((0, 0), ids)
-            loss, gh = worker.head_loss(h.clone(), labels, 2)
+            loss, gh = worker.head_loss((0, 0), h.clone(), labels, 2)
             assert worker.embed_backward((0, 0), gh)
             hr = ref.embed(ids)
             hh = hr.detach().clone().requires_grad_()
@@ -238,6 +238,7 @@ def test_a_cpu_stage_computes_bit_identically_to_the_plain_module() -> None:
             (lr / 2).backward()
             hr.backward(hh.grad)
             assert torch.equal(h, hr.detach()) and loss == float(lr.detach()) and torch.equal(gh, hh.grad)
+        worker.settle()  # the attempt's sync
         for (name, p), (_, q) in zip(module.named_parameters(), ref.named_parameters(), strict=True):
             assert p.device == cpu and p.dtype == torch.float32
             assert torch.equal(p.grad, q.grad), name
@@ -274,12 +275,13 @@ def test_under_bf16_autocast_a_stage_sends_fp32_and_keeps_fp32_master_weights() 
         else:
             ids, labels = torch.randint(0, 64, (2, 8)), torch.randint(0, 64, (2, 8))
             outs = [w.embed((0, 0), ids) for w in (worker, ref)]
-            heads = [w.head_loss(outs[0].clone(), labels, 2) for w in (worker, ref)]
+            heads = [w.head_loss((0, 0), outs[0].clone(), labels, 2) for w in (worker, ref)]
             assert abs(heads[0][0] - heads[1][0]) < 0.05
             grads = [h[1] for h in heads]
             assert all(w.embed_backward((0, 0), grad) for w, grad in zip((worker, ref), grads, strict=True))
         for a, b in (outs, grads):
             assert a.dtype == torch.float32 and torch.isfinite(a).all()
             assert torch.allclose(a, b, atol=0.05, rtol=0.05)
+        worker.settle()  # the attempt's sync
         for p in module.parameters():
             assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32

@@ -21,6 +21,21 @@ from checkfree.swarm.wire.auth import REFUSAL_KEYS_NAMED, KeyRing, RefusalLog, S
 # ---------------------------------------------------------------------- attempts per iteration
 
 
+def test_a_rows_loss_adds_the_pipelines_losses_in_pipeline_order_not_arrival_order() -> None:
+    """Two runs whose ITERATION_ENDs come in other orders record the same bits (issue 39)."""
+    losses = {10: 1e16, 11: 1.0, 12: -1e16}  # stage-0 node → its loss; float addition is not associative
+    members, rows = {0: [10, 11, 12]}, []
+    for arrival in ([12, 10, 11], [10, 11, 12]):
+        results = Results(SwarmConfig(model_config="tiny_config.json", replicas=3), "ours", 10)
+        results.start()
+        ends = {n: {"loss": losses[n], "tokens": 8} for n in arrival}
+        results.iteration(0, 0, ends, {10: {"grad_norm": 1.0}}, members)
+        rows.append(results.rows[0]["loss"])
+    in_pipeline_order = (losses[10] + losses[11] + losses[12]) / 3
+    assert rows == [in_pipeline_order, in_pipeline_order]
+    assert (losses[12] + losses[10] + losses[11]) / 3 != in_pipeline_order  # the first arrival order's sum
+
+
 def test_a_rows_attempts_counts_the_aborted_tries_of_its_iteration() -> None:
     results = Results(SwarmConfig(model_config="tiny_config.json", replicas=1), "ours", 10)
     results.start()

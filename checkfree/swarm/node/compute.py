@@ -8,9 +8,10 @@ stage_order(mb, S, swaps)`` (CheckFree+ swaps on odd microbatches), embeds the b
 last one sends the output back to ``route[0]`` (``pos = len(route)``), which applies the head, the loss
 (token-mean cross entropy / mb_count, docs/paper.md §6) and sends BACKWARD to ``route[-1]``. BACKWARD walks the route
 back to stage 0, which finishes the embedding's backward. At most ``in_flight`` microbatches of a pipeline
-are between embed and their last backward. Gradients accumulate in ``.grad`` until the iteration's
-exchange. Every message carries its ``attempt``: the number of one try at an iteration, increasing: anything from
-an older attempt is dropped, which is how an aborted attempt's in-flight microbatches disappear.
+are between embed and their last backward. Each microbatch's parameter gradients are added up in an order fixed
+by microbatch id, whatever order its messages arrive in (:class:`OrderedGradients`), and reach ``.grad`` at the
+iteration's exchange (:meth:`StageWorker.settle`). Every message carries its ``attempt``: the number of one try
+at an iteration, increasing: anything from an older attempt is dropped, which is how an aborted attempt's in-flight microbatches disappear.
 """
 
 from __future__ import annotations
@@ -108,6 +109,86 @@ def validation_batches_for(cfg: Config, data: str, vocab_size: int, cache_dir: P
     return validation_batches(corpus, cfg.batch_size, cfg.validation, cfg.seq_l)
 
 
+Chain = tuple[int, int]
+"""(pipeline, part) of :class:`OrderedGradients`: part 0 = the backward through the stage (a transformer stage's
+blocks, stage 0's embedding), part 1 = stage 0's head and loss."""
+
+
+@dataclasses.dataclass
+class _ChainSum:
+    """One chain's running sum (parameter name → tensor) of microbatches ``0 … next − 1``, and the per-microbatch
+    gradients that came before their turn."""
+
+    total: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    next: int = 0
+    held: dict[int, dict[str, torch.Tensor]] = dataclasses.field(default_factory=dict)
+
+    def add(self, grads: dict[str, torch.Tensor]) -> None:
+        for name, g in grads.items():
+            if name in self.total:
+                self.total[name].add_(g)
+            else:
+                self.total[name] = g  # autograd.grad's fresh tensor: no copy
+
+
+class OrderedGradients:
+    """A node's parameter gradients of one attempt, added up in an order fixed by microbatch id, never by arrival.
+
+    Why: floating-point addition is not associative, and the messages of a pipeline's microbatches reach a node
+    in an order that varies from run to run (with CheckFree+ swaps an odd microbatch comes from another
+    neighbour than an even one; stage 0's head takes final activations from two last stages), so accumulating
+    in arrival order made two runs with the same seed differ in the last bits after the first iteration
+    (issue 39; docs/swarm.md "The order of the gradient sums").
+
+    The order rule: each chain (pipeline, part) sums its microbatches' gradients in microbatch order 0, 1, 2, …
+    (every microbatch of a pipeline takes the same node of each stage, checkfree.swarm.config.route, so a chain
+    sees them all); a microbatch's gradient that comes before its predecessors is held until they are added.
+    :meth:`total` then adds the chains in (pipeline, part) order. The result is a function of the per-microbatch
+    gradients alone, so it is bit-identical run to run.
+
+    Memory: one running sum per chain (a node carrying one pipeline: the size of ``.grad``, as before; stage 0's
+    two parts cover disjoint parameters), plus at most ``in_flight − 1`` held gradients per chain: microbatch
+    ``j`` enters the pipeline only once every microbatch up to ``j − in_flight`` has finished its backward at
+    stage 0, hence at every node of its route (checkfree.swarm.node.driver), so the held ones lie within
+    ``in_flight − 1`` ids after the first missing one. Held ones are left only if a chain misses a microbatch
+    (not with today's routes); :meth:`total` adds them in id order.
+    """
+
+    def __init__(self) -> None:
+        self.chains: dict[Chain, _ChainSum] = {}
+        self.peak_held = 0
+        """The most per-microbatch gradients held at once since the node started (for tests and reports)."""
+
+    def clear(self) -> None:
+        self.chains.clear()
+
+    def add(self, chain: Chain, microbatch: int, grads: dict[str, torch.Tensor]) -> None:
+        """Microbatch ``microbatch``'s gradients (parameter name → tensor, parameters without one left out) on
+        ``chain``; each (chain, microbatch) once per attempt (the worker's callers refuse a second copy)."""
+        c = self.chains.setdefault(chain, _ChainSum())
+        c.held[microbatch] = grads
+        while c.next in c.held:
+            c.add(c.held.pop(c.next))
+            c.next += 1
+        self.peak_held = max(self.peak_held, sum(len(x.held) for x in self.chains.values()))
+
+    def total(self) -> dict[str, torch.Tensor]:
+        """The sum over every chain in (pipeline, part) order, each in microbatch order → parameter name → tensor
+        (only parameters that got a gradient). Consumes the sums: call once per attempt."""
+        out: dict[str, torch.Tensor] = {}
+        for chain in sorted(self.chains):
+            c = self.chains[chain]
+            for mb in sorted(c.held):  # a chain that missed a microbatch: the rest in id order
+                c.add(c.held.pop(mb))
+            for name, g in c.total.items():
+                if name in out:
+                    out[name].add_(g)
+                else:
+                    out[name] = g
+        self.chains.clear()
+        return out
+
+
 class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 
@@ -131,6 +212,8 @@ class StageWorker:
         """Keys whose forward ran this attempt: a second FORWARD of one microbatch is refused."""
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
+        self.gradients = OrderedGradients()
+        """This attempt's parameter gradients, summed in microbatch order; :meth:`settle` puts them in ``.grad``."""
         self.compute = {
             "forward_s": 0.0,
             "backward_s": 0.0,
@@ -146,7 +229,37 @@ class StageWorker:
         self.saved.clear()
         self.forwarded.clear()
         self.microbatches = 0
+        self.gradients.clear()
         self.module.zero_grad(set_to_none=True)
+
+    def settle(self) -> None:
+        """Put this attempt's parameter gradients (:class:`OrderedGradients`' sum) in the module's ``.grad``
+        (None where none came), when the attempt's backward passes are done (its ``sync``). Nothing to put (none
+        ran, or settled already: a replayed ``sync``) leaves ``.grad`` as it is."""
+        if not self.gradients.chains:
+            return
+        total = self.gradients.total()
+        for name, p in self.module.named_parameters():
+            p.grad = total.get(name)
+
+    def _backprop(
+        self,
+        key: tuple[int, int],
+        part: int,
+        out: torch.Tensor,
+        grad: torch.Tensor | None,
+        inp: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Back-propagate ``grad`` from ``out`` (None: ``out`` is a scalar loss) into the parameters, whose
+        gradients go to :attr:`gradients` as microbatch ``key[1]`` of chain (``key[0]``, ``part``), and into
+        ``inp`` (if given) → the gradient w.r.t. ``inp``."""
+        named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
+        wrt = ([inp] if inp is not None else []) + [p for _, p in named]
+        got = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+        params = got[1:] if inp is not None else got
+        grads = {n: g for (n, _), g in zip(named, params, strict=True) if g is not None}
+        self.gradients.add((key[0], part), key[1], grads)
+        return got[0] if inp is not None else None
 
     def forward(self, key: tuple[int, int], x: torch.Tensor) -> torch.Tensor:
         """Transformer stage: (B, T, d) → (B, T, d); keeps the graph for the backward.
@@ -195,10 +308,10 @@ class StageWorker:
             return None
         t0 = self._start()
         x, y = saved
-        y.backward(grad)
+        gx = self._backprop(key, 0, y, grad, x)
         self.microbatches += 1
         self._count("backward", t0)
-        return x.grad
+        return gx
 
     # ---------------------------------------------------------------- stage 0 (embedding, head, loss)
 
@@ -214,8 +327,11 @@ class StageWorker:
         self._count("forward", t0)
         return h.detach()
 
-    def head_loss(self, h: torch.Tensor, labels: torch.Tensor, mb_count: int) -> tuple[float, torch.Tensor]:
-        """Stage 0: hidden (B, T, d) → loss (nats, token mean) and the gradient w.r.t. ``h`` of loss / mb_count.
+    def head_loss(
+        self, key: tuple[int, int], h: torch.Tensor, labels: torch.Tensor, mb_count: int
+    ) -> tuple[float, torch.Tensor]:
+        """Stage 0: hidden (B, T, d) of microbatch ``key`` → loss (nats, token mean) and the gradient w.r.t. ``h``
+        of loss / mb_count (the head's parameter gradients go to :attr:`gradients`, part 1).
 
         Raises:
             ProtocolError: ``h``'s shape does not fit the labels.
@@ -240,9 +356,9 @@ class StageWorker:
                 raise Rejected(
                     f"the final activations give loss {value}; expected a finite loss", "nonfinite"
                 )
-            (loss / mb_count).backward()
+            gh = self._backprop(key, 1, loss / mb_count, None, h)
         self._count("backward", t0)
-        return value, h.grad
+        return value, gh
 
     def embed_backward(self, key: tuple[int, int], grad: torch.Tensor) -> bool:
         """Stage 0: finish a microbatch's backward through the embedding; False if unknown key.
@@ -254,7 +370,7 @@ class StageWorker:
         if saved is None:
             return False
         t0 = self._start()
-        saved[1].backward(grad)
+        self._backprop(key, 0, saved[1], grad, None)
         self.microbatches += 1
         self._count("backward", t0)
         return True

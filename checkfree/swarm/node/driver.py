@@ -119,7 +119,7 @@ class PipelineDriver:
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
             try:
-                loss, grad = self.worker.head_loss(tensor, self.labels[mb], self.cfg.mb_count)
+                loss, grad = self.worker.head_loss(key, tensor, self.labels[mb], self.cfg.mb_count)
             except Rejected as exc:  # nothing recorded: the genuine activations may still come
                 self.refused[mb] = str(exc)
                 raise

@@ -1,8 +1,9 @@
 """Data-parallel gradient averaging between the serving replicas of one stage (docs/paper.md §8).
 
 At ``sync`` each replica sends its accumulated gradients (GRADIENTS, ``g.<param>``) to the other serving
-replicas of its stage. Once every one has arrived it sums all of them in node-id order, so every replica gets
-bit-identical gradients, and divides by the number of pipelines that contributed (total microbatches /
+replicas of its stage. Once every one has arrived it sums all of them in replica-slot order (the order of the
+stage's serving replicas in the attempt's ``begin``, which is by slot: a replacement takes its slot's place, not
+its new node id's), so every replica gets bit-identical gradients, and divides by the number of pipelines that contributed (total microbatches /
 ``mb_count``; = the number of replicas when each serves one pipeline): **averaged, not summed**. It then records
 the unclipped norm (CheckFree's ω, docs/paper.md §2), clips to ``grad_clip`` and reports ``ready`` to the supervisor.
 
@@ -197,7 +198,7 @@ class GradientSync:
         )
 
     def _try_reduce(self) -> None:
-        """Average the accepted gradients once every replica's are in (node-id order), norm, clip, report
+        """Average the accepted gradients once every replica's are in (replica-slot order), norm, clip, report
         ready (with the replicas dropped)."""
         attempt, module = self.ctx.clock.attempt, self.state.module
         if self.attempt != attempt or not set(self.replicas()) <= set(self.received) | set(self.dropped):
@@ -216,10 +217,12 @@ class GradientSync:
             del parts[sender]
         total_mbs = sum(mbs for _, mbs, _ in parts.values())
         pipelines = max(total_mbs / self.cfg.mb_count, 1e-12) if total_mbs else 1.0
+        slot = {n: i for i, n in enumerate(self.ctx.membership.serving(self.ctx.stage))}
+        order = sorted(parts, key=lambda n: (slot.get(n, len(slot)), n))  # replica slot, never arrival
         with torch.no_grad():
             for name, p in params.items():
                 acc = torch.zeros_like(p)
-                for sender in sorted(parts):
+                for sender in order:
                     acc += parts[sender][0][name]
                 p.grad = acc / pipelines
         self.norm = grad_norm(module)

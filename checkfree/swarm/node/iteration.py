@@ -78,6 +78,7 @@ class IterationCommands:
 
     def sync(self, meta: dict[str, Any]) -> None:
         if meta["attempt"] == self.ctx.clock.attempt:
+            self.parts.worker.settle()  # the microbatches' gradients, summed in id order, into .grad
             self.parts.gradients.start()
 
     def commit(self, meta: dict[str, Any]) -> None:

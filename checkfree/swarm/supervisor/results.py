@@ -354,7 +354,8 @@ class Results:
         """Iteration ``it`` committed in attempt number ``attempt``: ``ends`` (stage-0 node → its ITERATION_END
         meta: loss, tokens), ``ready`` (node → its ``ready``: grad norm, replicas dropped), ``members`` (stage →
         the nodes that served it). Its row's ``attempts`` counts the tries it took: the attempts at ``it``
-        :meth:`aborted` reported, plus this one."""
+        :meth:`aborted` reported, plus this one. Its ``loss`` is the mean of the pipelines' losses added in
+        pipeline order (``members[0]``), not in the order the ITERATION_ENDs came: the same bits run to run."""
         t = self.now()
         prev = self._rows[-1]["t_commit"] if self._rows else 0.0
         stage_of = {n: s for s, ids in members.items() for n in ids}
@@ -388,7 +389,9 @@ class Results:
             ):  # a stage short of replicas: its live ones carry every pipeline
                 self._shortage[stage]["short_iterations"] += 1
                 self._shortage[stage]["short_s"] += wall
-        losses = [float(m["loss"]) for m in ends.values()]
+        pipeline = {n: i for i, n in enumerate(members.get(0, []))}
+        in_order = sorted(ends, key=lambda n: (pipeline.get(n, len(pipeline)), n))  # never arrival order
+        losses = [float(ends[n]["loss"]) for n in in_order]
         self._rows.append(
             {
                 "iteration": it,

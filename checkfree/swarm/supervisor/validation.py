@@ -6,7 +6,8 @@ config's; 0 = never), and at the end. Between two attempts, the supervisor sends
 ``evaluate`` (the evaluation's number, the iteration, the serving replicas of every stage); the pipeline runs the
 model config's fixed validation batches forward only, stages in order (checkfree.swarm.node.validation), and each
 stage-0 node reports ``evaluated`` with the sum of its batches' token-mean cross-entropies and their number. The
-validation loss is the sum over every batch divided by the number of batches: the simulator's mean of per-batch
+validation loss is the sum over every batch (the stage-0 nodes' sums added in pipeline order, never in the order
+they came, so a run's numbers repeat bit for bit) divided by the number of batches: the simulator's mean of per-batch
 means, in nats; the perplexity is its exp (checkfree.pipeline.perplexity).
 
 :class:`ValidationRuns` decides and records at once and never waits: the supervisor's loop waits for
@@ -125,7 +126,8 @@ class ValidationRuns:
         self.open = False
         diverged = any(m.get("diverged") for m in self.reports.values())
         batches = sum(m["batches"] for m in self.reports.values())
-        val = math.nan if diverged else sum(m["loss_sum"] for m in self.reports.values()) / batches
+        in_order = [self.reports[n] for n in self.members.get(0, []) if n in self.reports]  # not arrival
+        val = math.nan if diverged else sum(m["loss_sum"] for m in in_order) / batches
         record = {
             "iteration": self.iteration,
             "val_loss": val,

@@ -29,9 +29,11 @@ def test_a_fused_stage0_worker_takes_liger_and_returns_the_plain_paths_gradient(
     cfg = tiny_config()
     stage0 = build_stages(cfg, VOCAB, seed=0)[0]
     h, labels = _inputs(cfg)
-    plain_loss, plain_grad = StageWorker(stage0, 0).head_loss(h.clone(), labels, mb_count=4)
+    plain_loss, plain_grad = StageWorker(stage0, 0).head_loss((0, 0), h.clone(), labels, mb_count=4)
     assert fake.calls == []
-    fused_loss, fused_grad = StageWorker(stage0, 0, fused_loss=True).head_loss(h.clone(), labels, mb_count=4)
+    fused_loss, fused_grad = StageWorker(stage0, 0, fused_loss=True).head_loss(
+        (0, 0), h.clone(), labels, mb_count=4
+    )
     assert len(fake.calls) == 1
     assert fused_loss == pytest.approx(plain_loss, rel=1e-6)
     torch.testing.assert_close(fused_grad, plain_grad, rtol=1e-5, atol=1e-8)

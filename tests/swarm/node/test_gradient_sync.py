@@ -22,7 +22,14 @@ STAGE, REPLICAS, MB_COUNT = 2, (5, 6, 7), 2
 class FakeNode:
     """One replica: the small state a GradientSync gets; messages go through encode/decode to the peers."""
 
-    def __init__(self, node_id: int, swarm: dict[int, FakeNode], grad_clip: float, microbatches: int):
+    def __init__(
+        self,
+        node_id: int,
+        swarm: dict[int, FakeNode],
+        grad_clip: float,
+        microbatches: int,
+        slots: tuple[int, ...] = REPLICAS,
+    ):
         self.id, self.attempt = node_id, 3
         self.swarm, self.to_supervisor, self.refused = swarm, [], []
         self.module = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2))
@@ -30,7 +37,7 @@ class FakeNode:
         for p in self.module.parameters():
             p.grad = torch.randn(p.shape, generator=gen) * 0.37  # sums depend on their order in float32
         state = StageState(self.module, torch.optim.Adam(self.module.parameters()))
-        membership = Membership(node_id, members={STAGE: list(REPLICAS)})
+        membership = Membership(node_id, members={STAGE: list(slots)})  # the serving replicas by slot
         cfg = SimpleNamespace(
             mb_count=MB_COUNT, replicas=len(REPLICAS), model=SimpleNamespace(grad_clip=grad_clip)
         )
@@ -51,16 +58,38 @@ class FakeNode:
             self.swarm[peer].refused.append(str(exc))
 
 
-def exchange(grad_clip: float, microbatches: tuple[int, ...] = (MB_COUNT,) * 3) -> dict[int, FakeNode]:
+def exchange(
+    grad_clip: float, microbatches: tuple[int, ...] = (MB_COUNT,) * 3, slots: tuple[int, ...] = REPLICAS
+) -> dict[int, FakeNode]:
     swarm: dict[int, FakeNode] = {}
     for node_id, mbs in zip(REPLICAS, microbatches, strict=True):
-        swarm[node_id] = FakeNode(node_id, swarm, grad_clip, mbs)
+        swarm[node_id] = FakeNode(node_id, swarm, grad_clip, mbs, slots)
     own = {n: [p.grad.clone() for p in node.module.parameters()] for n, node in swarm.items()}
     for node in swarm.values():
         node.own = own[node.id]
     for node in swarm.values():  # 5 sends first, so 6 and 7 see their peers' gradients in another order
         node.sync.start()
     return swarm
+
+
+def test_replicas_sum_in_slot_order_not_node_id_order():
+    """A replacement takes its slot's place in the sum, not its new node id's (issue 39 point 2): the stage's
+    serving replicas are listed by slot (7 before 5 here, as when node 7 replaced slot 0's node), and every
+    replica's average is the sum in that order, bit for bit."""
+    slots = (7, 5, 6)
+    swarm = exchange(grad_clip=1e9, slots=slots)
+    differs = 0
+    for i, p in enumerate(swarm[5].module.parameters()):
+        in_slots = torch.zeros_like(p)
+        for n in slots:
+            in_slots += swarm[n].own[i]
+        in_ids = torch.zeros_like(p)
+        for n in sorted(slots):
+            in_ids += swarm[n].own[i]
+        for node in swarm.values():
+            assert torch.equal(list(node.module.parameters())[i].grad, in_slots / 3.0)
+        differs += not torch.equal(in_slots, in_ids)
+    assert differs > 0  # the two orders give other bits: the test tells them apart
 
 
 @pytest.mark.parametrize(

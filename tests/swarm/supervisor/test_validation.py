@@ -89,6 +89,23 @@ def test_evaluate_goes_to_every_serving_node_and_each_stage0_node_takes_its_shar
     assert v.on_evaluated(slot1, {"evaluation": 7, "loss_sum": 1.0, "batches": 2}) == []  # late: ignored
 
 
+def test_the_validation_loss_adds_the_stage0_sums_in_pipeline_order_not_arrival_order(tmp_path: Path) -> None:
+    """Two runs whose ``evaluated`` reports come in other orders record the same bits (issue 39)."""
+    sums = [1e16, 1.0, -1e16]  # float addition is not associative: the order shows in the result
+    records = []
+    for arrival in ([2, 0, 1], [0, 1, 2]):
+        v, _ = runs(tmp_path / str(arrival[0]), replicas=3, validation=5)
+        v.state.attempt, v.state.iteration = 1, 0
+        assert v.begin()
+        for p in arrival:
+            slot = v.state.roster.slots[p]  # stage-0 node of pipeline p
+            v.on_evaluated(slot, {"evaluation": 1, "loss_sum": sums[p], "batches": v.share(slot.occupant)})
+        records.append(v.finish()["val_loss"])
+    in_pipeline_order = (sums[0] + sums[1] + sums[2]) / 5
+    assert records == [in_pipeline_order, in_pipeline_order]
+    assert (sums[2] + sums[0] + sums[1]) / 5 != in_pipeline_order  # the first arrival order's sum differs
+
+
 def test_a_validation_with_a_lost_stage_or_a_diverged_loss_records_why(tmp_path: Path) -> None:
     v, link = runs(tmp_path, replicas=1, validation=2)
     v.state.roster.slots[2].serving = False
