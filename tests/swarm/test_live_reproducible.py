@@ -1,9 +1,14 @@
-"""Two uninterrupted live swarms with the same options and seed train bit-identically (issue 39 point 2): the same
-training loss and gradient norms at every iteration, the same validation losses, the same weights in
-``<run_dir>/model/``. CheckFree+ (``ours-plus``: odd microbatches take swapped stages, so a node's backward passes
-come from two neighbours in an order that varies run to run) with two replicas per stage; before the gradients
-were summed in microbatch order (checkfree.swarm.node.compute.OrderedGradients) the runs drifted apart in the last
-bits within a few iterations.
+"""Live swarms with the same options and seed train bit-identically (issue 39 point 2): the same training loss and
+gradient norms at every iteration, the same validation losses, the same weights in ``<run_dir>/model/``.
+
+* Two uninterrupted CheckFree+ runs (``ours-plus``: odd microbatches take swapped stages, so a node's backward
+  passes come from two neighbours in an order that varies run to run), two replicas per stage: before the
+  gradients were summed in microbatch order (checkfree.swarm.node.compute.OrderedGradients) they drifted apart in
+  the last bits within a few iterations.
+* A run whose deaths take only replicas (each replaced by a copy of a serving replica, Adam state included, and
+  the iteration redone) against the same run without deaths, three replicas per stage: the replicas' gradients
+  are summed in replica-slot order, so a replacement's new node id does not move its term (summed in node-id
+  order, the runs differ from the iteration after the first death).
 """
 
 from __future__ import annotations
@@ -19,25 +24,46 @@ from checkfree.swarm.supervisor.supervisor import Supervisor
 from helpers.swarm import live_config
 
 
-def _run(tmp: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def _run(
+    tmp: Path, setting: str, replicas: int, stages: int, schedule: dict[int, list[int]]
+) -> tuple[dict, dict[str, torch.Tensor]]:
     tmp.mkdir()
-    cfg = live_config(tmp, replicas=2, model={"n_stages": 4}, microbatches=6, in_flight=3)
-    out = Supervisor(cfg, "ours-plus", {}, iterations=4, run_dir=tmp / "run", vocab_size=300).run()
-    (model,) = (tmp / "run" / "model").glob("iter_*")
-    weights = {
-        f"{f.name}:{k}": v for f in sorted(model.glob("*.safetensors")) for k, v in load_file(f).items()
-    }
-    return out, weights
+    model = {"n_stages": stages}
+    cfg = live_config(tmp, replicas, model, microbatches=6, in_flight=3, crash_point=0.3)
+    out = Supervisor(cfg, setting, schedule, iterations=4, run_dir=tmp / "run", vocab_size=300).run()
+    (model_dir,) = (tmp / "run" / "model").glob("iter_*")
+    files = sorted(model_dir.glob("*.safetensors"))
+    return out, {f"{f.name}:{k}": v for f in files for k, v in load_file(f).items()}
+
+
+def _assert_bit_identical(a: tuple[dict, dict], b: tuple[dict, dict]) -> None:
+    (ra, wa), (rb, wb) = a, b
+    assert ra["iterations_completed"] == rb["iterations_completed"] == 4
+    for key in ("loss", "grad_norms"):
+        assert [r[key] for r in ra["iterations"]] == [r[key] for r in rb["iterations"]], key
+    assert [v["val_loss"] for v in ra["validation"]] == [v["val_loss"] for v in rb["validation"]]
+    assert len(ra["validation"]) >= 2 and wa.keys() == wb.keys() and len(wa) > 0
+    differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not differ, f"{len(differ)} of {len(wa)} tensors differ, e.g. {differ[:3]}"
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_two_uninterrupted_runs_with_the_same_seed_are_bit_identical(tmp_path: Path) -> None:
-    (a, wa), (b, wb) = _run(tmp_path / "a"), _run(tmp_path / "b")
-    assert a["iterations_completed"] == b["iterations_completed"] == 4 and a["crashes_count"] == 0
-    for key in ("loss", "grad_norms"):
-        assert [r[key] for r in a["iterations"]] == [r[key] for r in b["iterations"]], key
-    assert [v["val_loss"] for v in a["validation"]] == [v["val_loss"] for v in b["validation"]]
-    assert len(a["validation"]) >= 2 and wa.keys() == wb.keys() and len(wa) > 0
-    differ = [k for k in wa if not torch.equal(wa[k], wb[k])]
-    assert not differ, f"{len(differ)} of {len(wa)} tensors differ, e.g. {differ[:3]}"
+    a = _run(tmp_path / "a", "ours-plus", 2, 4, {})
+    b = _run(tmp_path / "b", "ours-plus", 2, 4, {})
+    assert a[0]["crashes_count"] == b[0]["crashes_count"] == 0
+    _assert_bit_identical(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_run_whose_deaths_take_only_replicas_ends_bit_identical_to_the_run_without(tmp_path: Path) -> None:
+    # 3 stages x 3 replicas: nodes 0-2 hold stage 0, 3-5 stage 1, ..., 9-11 stage 3; slot 0's replacements get
+    # node ids above their slot-mates'
+    clean = _run(tmp_path / "clean", "ours", 3, 3, {})
+    deaths = _run(tmp_path / "deaths", "ours", 3, 3, {3: [1], 9: [2]})
+    assert clean[0]["crashes_count"] == 0
+    assert [(c["stage"], c["rule"]) for c in deaths[0]["crashes"]] == [(1, "replica"), (3, "replica")]
+    assert deaths[0]["aborted_attempts"] == 2  # each death hit an attempt, which was redone
+    _assert_bit_identical(clean, deaths)
