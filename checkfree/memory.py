@@ -357,18 +357,20 @@ def _estimate(
     runtime: int,
     host: int,
     notes: dict[str, str],
+    held: int = 0,
 ) -> MemoryEstimate:
     """The estimate of a process that trains ``params`` parameters in fp32 with Adam (weights and gradients 4
     bytes each, Adam 8: 16 bytes/parameter) holding ``copies`` bytes of strategy copies, ``casts`` of bf16 weight
-    casts, ``saved`` of activations and ``transient`` of backward temporaries; its temporaries are ``transient``,
+    casts, ``saved`` of activations, ``held`` of gradients beyond the parameters' own and ``transient`` of backward
+    temporaries; its temporaries are ``transient``,
     :data:`SLACK` of all those tensors and ``heap`` (the CPU allocator's, module docstring)."""
-    tensors = 16 * params + copies + casts + saved + transient
+    tensors = 16 * params + held + copies + casts + saved + transient
     return MemoryEstimate(
         device=device,
         precision="bf16 autocast" if autocast else "fp32",
         activation_checkpointing=activation_checkpointing,
         weights=4 * params,
-        gradients=4 * params,
+        gradients=4 * params + held,
         optimizer=8 * params,
         copies=copies,
         autocast_copies=casts,
@@ -467,7 +469,9 @@ def swarm_node_estimate(
     """Peak memory of one swarm node holding ``stage`` (0 = embedding + head) on ``device`` ("cpu"/"cuda").
 
     Weights, gradients and Adam of the stage; ``in_flight`` microbatches of activations (each with its own bf16
-    weight copies on CUDA); at the gradient exchange the R − 1 other replicas' gradients (no activation is alive
+    weight copies on CUDA); up to ``in_flight − 1`` microbatches' parameter gradients held until their
+    predecessors are added (the sums go in microbatch order, checkfree.swarm.node.compute.OrderedGradients:
+    4·P bytes each); at the gradient exchange the R − 1 other replicas' gradients (no activation is alive
     then, so the larger of the two phases counts); the stage-0 copy a stage-1 or stage-S node holds when
     ``keeps_stage0_copy``; send buffers; the process (module docstring).
     """
@@ -490,10 +494,15 @@ def swarm_node_estimate(
         backward = act.block_backward
         casts = in_flight * 2 * L * counts.block_matmul if autocast else 0
         act_note = f"{in_flight} microbatches in flight"
+    held = (
+        4 * P * (in_flight - 1)
+    )  # microbatches' gradients waiting for their predecessors (OrderedGradients)
     exchange = 4 * P * (replicas - 1)  # the other replicas' gradients, when no activation is alive
     transient = max(backward, exchange - saved)
     copies = 0
     notes = {"activations": act_note, "gradients": "its own"}
+    if held:
+        notes["gradients"] = f"its own + up to {in_flight - 1} microbatch(es)' held in id order"
     if transient > backward:
         notes["temporaries"] = f"gradients of {replicas - 1} other replica(s) at the exchange"
     if keeps_stage0_copy and stage in (1, cfg.n_stages):
@@ -502,7 +511,7 @@ def swarm_node_estimate(
     send = min(SEND_POOL_BYTES, 2 * max(4 * n_d, 4 * P))
     heap = 0
     if device == "cpu":
-        heap = math.ceil(CPU_HEAP_FACTOR * (saved + transient))
+        heap = math.ceil(CPU_HEAP_FACTOR * (saved + held + transient))
         runtime, host = PROCESS_BYTES + send, 0
         notes["runtime"] = "the process + send buffers"
     else:
@@ -521,6 +530,7 @@ def swarm_node_estimate(
         runtime=runtime,
         host=host,
         notes=notes,
+        held=held,
     )
 
 

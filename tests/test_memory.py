@@ -390,3 +390,15 @@ def test_swarm_gpus_are_added_up_per_device(monkeypatch) -> None:
     assert machine.gpu_need() == {"cuda:0": 2 * one.total, "cuda:1": one.total}
     assert machine.host_need() == 3 * one.host + M.PROCESS_BYTES
     assert machine.short() == ["cuda:0", "cuda:1"]  # a 500M stage with 3 microbatches in flight needs > 8 GiB
+
+
+@pytest.mark.parametrize("in_flight", [1, 2, 4])
+def test_a_swarm_node_counts_the_microbatch_gradients_it_holds_for_the_id_order(in_flight) -> None:
+    """A node sums its microbatches' gradients in id order (OrderedGradients), holding up to in_flight − 1 that came
+    before their predecessors: 4 bytes per stage parameter each, beside the parameters' own gradients."""
+    cfg = load_config("tiny_config.json")
+    counts = M.parameter_counts(cfg, 4096)
+    for stage, n in ((0, counts.stage0), (1, counts.transformer_stage(cfg.n_layers_per_stage))):
+        node = M.swarm_node_estimate(cfg, 4096, stage, "cpu", in_flight, 1, False)
+        assert node.gradients == 4 * n * in_flight
+        assert node.gradients <= node.total - node.weights - node.optimizer - node.activations
