@@ -27,7 +27,11 @@ seconds (by the pid supervisor.log gives for it, checked to be a grandchild of t
     .venv/bin/python benchmarks/soak_swarm.py --checkpoint-storage-kill 30 --iterations 40 --deaths 60
 
 Everything goes under ``--out`` (it must not exist or be empty): ``schedule.json``, ``recovery_kills.json``,
-``samples.jsonl``, ``soak_report.txt`` and the swarm's run directory ``run/``. The swarm run gets a wall-clock
+``samples.jsonl``, ``soak_report.txt`` and the swarm's run directory ``run/``.
+
+``--reference`` then runs the same swarm command without the schedules (``reference/``) and prints issue 39's
+useful-work fraction, its mean iteration time ÷ the soak's; ``--useful-work-target F`` adds its verdict.
+``--replicas-only`` schedules only deaths that leave every stage a serving replica. The swarm run gets a wall-clock
 limit (``--timeout-s``); past it the supervisor is interrupted (SIGINT: it reaps its nodes), then killed.
 """
 
@@ -56,6 +60,10 @@ EVENT_KINDS = ("single", "stage", "pair", "stage0", "replacement", "source")
 stages (0+1 included); of stage 0; a single replica whose replacement is killed while it recovers; a single
 replica whose last live sibling (its source) is killed mid-fetch."""
 
+REPLICA_KINDS = ("single", "replacement")
+"""The kinds whose deaths leave the stage a serving replica: a single replica, and a single replica whose
+replacement is killed while it recovers (its sibling serves throughout)."""
+
 DEATH_KINDS = (
     ("scheduled", r"^scheduled crash"),
     ("replacement killed while recovering", r"^recovery kill: replacement"),
@@ -83,14 +91,22 @@ def expected_deaths(kind: str, replicas: int) -> int:
 
 
 def make_schedules(
-    n_stages: int, replicas: int, iterations: int, deaths: int, seed: int = 0, warmup: int = 2
+    n_stages: int,
+    replicas: int,
+    iterations: int,
+    deaths: int,
+    seed: int = 0,
+    warmup: int = 2,
+    replicas_only: bool = False,
 ) -> tuple[dict[str, list[int]], list[dict[str, Any]], list[dict[str, Any]]]:
     """The crash schedule, the recovery kills and the event list of a soak run.
 
     Events go to iterations ``warmup .. iterations − 1``, spread so that the expected deaths so far keep up
     with ``deaths`` × the share of iterations done; the kinds of :data:`EVENT_KINDS` take turns in a seeded
     random order, and one iteration's events kill disjoint slots (at most half the swarm). Node ``n`` holds
-    stage ``n // replicas`` (docs/paper.md §8).
+    stage ``n // replicas`` (docs/paper.md §8). ``replicas_only``: only the kinds of :data:`REPLICA_KINDS`, and one
+    iteration's events leave every stage at least one replica (at most ``replicas − 1`` of a stage's slots), so
+    no death takes a whole stage (issue 39's "deaths always leave each stage a serving replica").
 
     Returns:
         (``{"node": [crash iterations..., sentinel]}`` for every node, the recovery-kill entries, the events
@@ -105,6 +121,7 @@ def make_schedules(
     if deaths < 1:
         raise ValueError(f"--deaths is {deaths}; expected a positive number of deaths.")
     rng = random.Random(seed)
+    kinds = REPLICA_KINDS if replicas_only else EVENT_KINDS
     n_nodes = (n_stages + 1) * replicas
     crashes: dict[int, list[int]] = {n: [] for n in range(n_nodes)}
     kills: list[dict[str, Any]] = []
@@ -115,13 +132,20 @@ def make_schedules(
     for it in range(warmup, iterations):
         owed = deaths * (it - warmup + 1) / span - scheduled
         used: set[int] = set()
+        redraws = 0
         while owed > 0:
             if not order:
-                order = list(EVENT_KINDS)
+                order = list(kinds)
                 rng.shuffle(order)
             kind = order.pop()
             slots = _event_slots(kind, rng, n_stages, replicas)
-            if used & set(slots) or len(used | set(slots)) > n_nodes // 2:
+            stages = Counter(n // replicas for n in used | set(slots))
+            takes_a_stage = replicas_only and max(stages.values()) >= replicas
+            if used & set(slots) or len(used | set(slots)) > n_nodes // 2 or takes_a_stage:
+                redraws += replicas_only
+                if replicas_only and redraws <= 50:  # another slot may fit this iteration
+                    order.append(kind)
+                    continue
                 if used:
                     order.append(kind)  # try it again in a later iteration
                     break
@@ -377,6 +401,53 @@ def report(
     return lines + verdicts
 
 
+def useful_work_fraction(reference: dict[str, Any], soak: dict[str, Any]) -> float | None:
+    """Issue 39's useful-work fraction: the mean iteration time of the run without deaths ÷ that of the run with
+    them (throughput.json ``iterations[].wall_s``, committed iterations; each run's mean over its own), None when
+    either committed none."""
+    clean = [r["wall_s"] for r in reference["iterations"]]
+    churned = [r["wall_s"] for r in soak["iterations"]]
+    if not clean or not churned:
+        return None
+    return statistics.fmean(clean) / statistics.fmean(churned)
+
+
+def reference_run(cmd: list[str], out: Path, timeout: float) -> dict[str, Any] | None:
+    """Run ``cmd`` (the soak's swarm command) without its schedules, into ``out``/reference: its throughput.json,
+    None when it did not finish."""
+    i = cmd.index("--schedule")
+    clean = cmd[:i] + cmd[i + 4 :]  # --schedule S --recovery-kills K
+    j = clean.index("--run-dir")
+    clean[j + 1] = str(out / "reference")
+    with open(out / "reference.out", "w", encoding="utf-8") as console:
+        proc = subprocess.Popen(clean, stdout=console, stderr=subprocess.STDOUT)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=60)
+    path = out / "reference" / "throughput.json"
+    return json.loads(path.read_text()) if code == 0 and path.is_file() else None
+
+
+def reference_lines(
+    reference: dict[str, Any] | None, soak: dict[str, Any] | None, target: float | None
+) -> list[str]:
+    """The useful-work line (and its verdict when ``target`` is given; missed when a run did not finish)."""
+    fraction = useful_work_fraction(reference, soak) if reference and soak else None
+    if fraction is None:
+        line = "useful-work fraction: a run did not finish or committed no iteration"
+        return [line + (": missed" if target is not None else "")]
+    clean = statistics.fmean(r["wall_s"] for r in reference["iterations"])
+    line = (
+        f"useful-work fraction {fraction:.3f} (mean iteration {clean:.2f} s without deaths, "
+        f"{statistics.fmean(r['wall_s'] for r in soak['iterations']):.2f} s with them)"
+    )
+    if target is None:
+        return [line]
+    return [f"{line} >= {target}: {'met' if fraction >= target else 'missed'}"]
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -419,6 +490,23 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--time-scale", type=float, help="override the config's time_scale")
     p.add_argument(
+        "--replicas-only",
+        action="store_true",
+        help="only deaths that leave every stage a serving replica (single replicas, replacements killed)",
+    )
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="then run the same swarm without deaths for the useful-work fraction (its mean iteration time "
+        "over the soak's)",
+    )
+    p.add_argument(
+        "--useful-work-target",
+        type=float,
+        metavar="F",
+        help="a verdict line: the useful-work fraction is at least F (needs --reference)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="write the schedules, print the command, run nothing"
     )
     return p.parse_args(argv)
@@ -432,13 +520,22 @@ def main(argv: list[str] | None = None) -> int:
     setting = "checkpoint" if args.checkpoint_storage_kill is not None else args.setting
     if args.checkpoint_storage_kill is not None and not args.checkpoint_storage_kill > 0:
         return _fail(f"--checkpoint-storage-kill is {args.checkpoint_storage_kill}; expected seconds > 0.")
+    if args.useful_work_target is not None and not (args.reference and 0 < args.useful_work_target <= 1):
+        return _fail(
+            f"--useful-work-target is {args.useful_work_target}; expected a fraction in (0, 1] with --reference."
+        )
     for name in ("sample_s", "stall_slack_s", "rss_growth"):
         if not getattr(args, name) >= 0:
             return _fail(f"--{name.replace('_', '-')} is {getattr(args, name)}; expected a number >= 0.")
     try:
         cfg = load_swarm_config(args.config, {})
         schedule, kills, events = make_schedules(
-            cfg.n_stages, cfg.replicas, args.iterations, args.deaths, args.seed
+            cfg.n_stages,
+            cfg.replicas,
+            args.iterations,
+            args.deaths,
+            args.seed,
+            replicas_only=args.replicas_only,
         )
     except (ValueError, FileNotFoundError) as exc:
         return _fail(str(exc))
@@ -453,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
     planned = sum(e["expected_deaths"] for e in events)
     print(
         f"schedule: {len(events)} loss events over iterations 2..{args.iterations - 1} "
-        f"({', '.join(f'{k} {kinds[k]}' for k in EVENT_KINDS)}), ~{planned} deaths if every kill fires"
+        f"({', '.join(f'{k} {kinds[k]}' for k in EVENT_KINDS if k in kinds)}), ~{planned} deaths if every kill "
+        "fires"
     )
     cmd = [
         sys.executable, "-m", "checkfree", "swarm", "run", "--setting", setting, "--config", str(args.config),
@@ -504,6 +602,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{node_logs.count('holds no copy of the stage-0')} answers 'holds no copy'"
     )
     lines += report(throughput, log_text, sampler.samples, args.stall_slack_s, args.fd_slack, args.rss_growth)
+    if args.reference:
+        lines += reference_lines(reference_run(cmd, out, timeout), throughput, args.useful_work_target)
     (out / "soak_report.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return exit_code(code, lines)

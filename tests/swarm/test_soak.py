@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -438,3 +439,67 @@ def test_swarm_run_refuses_a_bad_recovery_kill_file_in_one_sentence(tmp_path, ca
     err = capsys.readouterr().err
     assert "has entry {'iteration': 2, 'kind': 'everyone'}" in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_replicas_only_soak_never_takes_a_whole_stage_in_one_iteration() -> None:
+    """issue 39's soak "whose deaths always leave each stage a serving replica": single replicas and killed
+    replacements only, and one iteration's events kill at most replicas − 1 slots of a stage."""
+    soak = _soak()
+    for replicas in (2, 3):
+        schedule, kills, events = soak.make_schedules(4, replicas, 60, 200, seed=7, replicas_only=True)
+        assert {e["kind"] for e in events} == set(soak.REPLICA_KINDS)
+        assert sum(e["expected_deaths"] for e in events) >= 200
+        for it in {e["iteration"] for e in events}:
+            stages = Counter(n // replicas for e in events if e["iteration"] == it for n in e["slots"])
+            assert max(stages.values()) <= replicas - 1
+    # without the rule the same draws do take whole stages
+    _, _, events = soak.make_schedules(4, 2, 60, 200, seed=7)
+    assert any(e["kind"] in ("stage", "pair", "stage0") for e in events)
+
+
+def test_the_useful_work_fraction_is_the_clean_mean_over_the_soak_mean_and_its_verdict_holds_at_the_target() -> (
+    None
+):
+    soak = _soak()
+    clean = {"iterations": [{"wall_s": 2.0}, {"wall_s": 4.0}]}  # mean 3
+    churned = {"iterations": [{"wall_s": 3.0}, {"wall_s": 5.0}, {"wall_s": 4.0}]}  # mean 4
+    assert soak.useful_work_fraction(clean, churned) == pytest.approx(0.75)
+    assert soak.reference_lines(clean, churned, 0.75)[-1].endswith(": met")
+    assert soak.reference_lines(clean, churned, 0.76)[-1].endswith(": missed")
+    assert soak.reference_lines(None, churned, 0.5) == [
+        "useful-work fraction: a run did not finish or committed no iteration: missed"
+    ]
+    assert not soak.reference_lines(clean, churned, None)[-1].endswith(("met", "missed"))
+
+
+def test_the_reference_run_is_the_soak_command_without_its_schedules(tmp_path: Path, monkeypatch) -> None:
+    soak = _soak()
+    seen: list[list[str]] = []
+
+    class Run:
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            seen.append(cmd)
+            (tmp_path / "reference").mkdir()
+            (tmp_path / "reference" / "throughput.json").write_text('{"iterations": []}')
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    monkeypatch.setattr(soak.subprocess, "Popen", Run)
+    cmd = ["py", "-m", "checkfree", "swarm", "run", "--setting", "ours-plus", "--schedule", "s.json",
+           "--recovery-kills", "k.json", "--iterations", "60", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert soak.reference_run(cmd, tmp_path, 10.0) == {"iterations": []}
+    assert seen == [["py", "-m", "checkfree", "swarm", "run", "--setting", "ours-plus", "--iterations", "60",
+                     "--run-dir", str(tmp_path / "reference")]]  # fmt: skip
+
+
+def test_a_useful_work_target_needs_the_reference_run(tmp_path: Path, capsys) -> None:
+    soak = _soak()
+    argv = ["--iterations", "6", "--deaths", "4", "--out", str(tmp_path / "soak")]
+    assert soak.main([*argv, "--useful-work-target", "0.9"]) == 2
+    assert soak.main([*argv, "--reference", "--useful-work-target", "1.5"]) == 2
+    assert (
+        "--useful-work-target is 1.5; expected a fraction in (0, 1] with --reference."
+        in capsys.readouterr().err
+    )
+    assert not (tmp_path / "soak").exists()
