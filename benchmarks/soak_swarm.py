@@ -413,10 +413,10 @@ def useful_work_fraction(reference: dict[str, Any], soak: dict[str, Any]) -> flo
 
 
 def reference_run(cmd: list[str], out: Path, timeout: float) -> dict[str, Any] | None:
-    """Run ``cmd`` (the soak's swarm command) without its schedules, into ``out``/reference: its throughput.json,
-    None when it did not finish."""
+    """Run ``cmd`` (the soak's swarm command) with ``--no-schedule`` instead of its schedules, into
+    ``out``/reference: its throughput.json, None when it did not finish."""
     i = cmd.index("--schedule")
-    clean = cmd[:i] + cmd[i + 4 :]  # --schedule S --recovery-kills K
+    clean = cmd[:i] + ["--no-schedule"] + cmd[i + 4 :]  # for --schedule S --recovery-kills K
     j = clean.index("--run-dir")
     clean[j + 1] = str(out / "reference")
     with open(out / "reference.out", "w", encoding="utf-8") as console:

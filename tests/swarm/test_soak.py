@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -489,7 +491,8 @@ def test_the_reference_run_is_the_soak_command_without_its_schedules(tmp_path: P
     cmd = ["py", "-m", "checkfree", "swarm", "run", "--setting", "ours-plus", "--schedule", "s.json",
            "--recovery-kills", "k.json", "--iterations", "60", "--run-dir", str(tmp_path / "run")]  # fmt: skip
     assert soak.reference_run(cmd, tmp_path, 10.0) == {"iterations": []}
-    assert seen == [["py", "-m", "checkfree", "swarm", "run", "--setting", "ours-plus", "--iterations", "60",
+    assert seen == [["py", "-m", "checkfree", "swarm", "run", "--setting", "ours-plus", "--no-schedule",
+                     "--iterations", "60",
                      "--run-dir", str(tmp_path / "reference")]]  # fmt: skip
 
 
@@ -503,3 +506,26 @@ def test_a_useful_work_target_needs_the_reference_run(tmp_path: Path, capsys) ->
         in capsys.readouterr().err
     )
     assert not (tmp_path / "soak").exists()
+
+
+def test_the_reference_command_is_one_that_swarm_run_accepts(tmp_path: Path, monkeypatch) -> None:
+    """The soak's own command, stripped of its schedules, passes swarm run's checks (a --dry-run): a reference
+    that named the config's default --rate schedule was refused for a swarm of another size."""
+    soak = _soak()
+    seen: list[list[str]] = []
+
+    class Run:
+        def __init__(self, cmd: list[str], **kwargs: object) -> None:
+            seen.append(cmd)
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 1
+
+    monkeypatch.setattr(soak.subprocess, "Popen", Run)
+    cmd = [sys.executable, "-m", "checkfree", "swarm", "run", "--setting", "ours-plus",
+           "--config", str(ROOT / "configs" / "swarm_tiny.json"), "--schedule", "s.json", "--recovery-kills",
+           "k.json", "--iterations", "6", "--run-dir", str(tmp_path / "run")]  # fmt: skip
+    assert soak.reference_run(cmd, tmp_path, 10.0) is None
+    monkeypatch.undo()  # the real Popen for the dry run
+    done = subprocess.run([*seen[0], "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
