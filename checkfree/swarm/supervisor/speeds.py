@@ -16,7 +16,8 @@ bound counts them, not a second clock (checkfree.swarm.topology ``LinkSpec.trans
 Fail-slow: a node whose estimate exceeds :data:`FAIL_SLOW_FACTOR` × the median estimate of its stage's other
 serving nodes (its peers: with two replicas a median over both would hide a slow one) is named once, from the iteration it first did, in throughput.json's ``fail_slow``
 (node, stage, factor = estimate / the peers' median, since iteration) and in one warning; it is named again only after it
-recovered below the factor. It must also be :data:`FAIL_SLOW_MIN_S` (5 ms) per microbatch slower than that
+recovered below 1.5× (:data:`RECOVERED_FACTOR`: hysteresis, so a node hovering about 2× is named once, not every
+other iteration). It must also be :data:`FAIL_SLOW_MIN_S` (5 ms) per microbatch slower than that
 median, so the noise of millisecond passes is not a node's slowness. A stage of one node has no peers to compare
 with. 2× is well above the noise of
 replicas on one shared machine (their estimates differ by tens of percent) and below the 3× of the emulation's
@@ -38,6 +39,9 @@ EWMA_WEIGHT = 0.5
 """Weight of the newest iteration's seconds per microbatch in a node's estimate."""
 FAIL_SLOW_FACTOR = 2.0
 """A node slower than this × its peers' median estimate (and by :data:`FAIL_SLOW_MIN_S`) is fail-slow."""
+RECOVERED_FACTOR = 1.5
+"""A fail-slow node is forgotten only once its estimate is at most this × its peers' median: a node hovering about
+:data:`FAIL_SLOW_FACTOR` on a loaded machine was named every other iteration without it."""
 FAIL_SLOW_MIN_S = 0.005
 """Seconds per microbatch by which a fail-slow node must also exceed its peers' median: below it, a few ms of
 scheduling on a shared machine made a live tiny swarm's stage-0 node (about 1 ms per microbatch) look 4× slow."""
@@ -107,7 +111,7 @@ class Speeds:
 
     def fail_slow(self, members: dict[int, list[int]], iteration: int) -> list[dict[str, Any]]:
         """The nodes that turned fail-slow at ``iteration`` (records: node, stage, factor, since), each once; a
-        node back below the factor (or gone) is forgotten."""
+        node back at or below :data:`RECOVERED_FACTOR` × its peers' median (or gone) is forgotten."""
         new = []
         still: set[int] = set()
         for stage, nodes in sorted(members.items()):
@@ -115,7 +119,9 @@ class Speeds:
             for n, est in sorted(known.items()):
                 peers = [v for m, v in known.items() if m != n]
                 median = statistics.median(peers) if peers else 0.0
-                if median > 0 and est > FAIL_SLOW_FACTOR * median and est - median > FAIL_SLOW_MIN_S:
+                if n in self.flagged and median > 0 and est > RECOVERED_FACTOR * median:
+                    still.add(n)  # named already: kept until clearly back (hysteresis)
+                elif median > 0 and est > FAIL_SLOW_FACTOR * median and est - median > FAIL_SLOW_MIN_S:
                     still.add(n)
                     if n not in self.flagged:
                         record = {"node": n, "stage": stage, "factor": est / median, "since": iteration}

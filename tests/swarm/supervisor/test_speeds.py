@@ -7,7 +7,13 @@ import logging
 
 import pytest
 
-from checkfree.swarm.supervisor.speeds import EWMA_WEIGHT, FAIL_SLOW_FACTOR, FAIL_SLOW_MIN_S, Speeds
+from checkfree.swarm.supervisor.speeds import (
+    EWMA_WEIGHT,
+    FAIL_SLOW_FACTOR,
+    FAIL_SLOW_MIN_S,
+    RECOVERED_FACTOR,
+    Speeds,
+)
 from checkfree.swarm.topology import LinkSpec, LocationTable
 
 MEMBERS = {0: [0, 1, 2], 1: [3, 4, 5], 2: [6, 7, 8]}
@@ -81,6 +87,22 @@ def test_fail_slow_compares_with_the_peers_median_so_two_replicas_suffice_and_th
     assert speeds.fail_slow(two, 3) == [] and 3 not in speeds.flagged  # back below: forgotten
     _iteration(speeds, {3: 20.0})
     assert [r["since"] for r in speeds.fail_slow(two, 4)] == [4]  # named again
+
+
+def test_a_named_node_is_forgotten_only_once_clearly_back() -> None:
+    """Hysteresis: named above 2×, kept while above 1.5×, forgotten at 1.5× or below, then named anew above 2×."""
+    speeds = _speeds()
+    two = {0: [0, 1], 1: [2, 3]}
+    speeds.compute.update({2: 0.1, 3: 0.25})
+    assert [r["node"] for r in speeds.fail_slow(two, 0)] == [3]
+    speeds.compute[3] = 0.19  # below 2×, above 1.5×: still named, not again
+    assert speeds.fail_slow(two, 1) == [] and 3 in speeds.flagged
+    speeds.compute[3] = RECOVERED_FACTOR * 0.1
+    assert speeds.fail_slow(two, 2) == [] and 3 not in speeds.flagged
+    speeds.compute[3] = 0.19  # 1.9×: not named
+    assert speeds.fail_slow(two, 3) == []
+    speeds.compute[3] = 0.21
+    assert [r["since"] for r in speeds.fail_slow(two, 4)] == [4]
 
 
 def test_a_node_must_also_be_slower_by_the_absolute_margin() -> None:
