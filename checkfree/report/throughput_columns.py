@@ -1,7 +1,8 @@
 """Issue 39's columns of a swarm run's throughput.json in words, for ``swarm table``
 (checkfree.swarm.supervisor.results ``summary_table``) and the report (checkfree.report.markdown): aborted attempts,
 microbatches re-sent and re-routes (summed over the iterations' rows), the within-run useful-work fraction, the
-fail-slow nodes, and the last routing plan; and the useful-work fraction itself (:func:`useful_work_fraction`). Older files lack these keys: their cells say "—".
+fail-slow nodes, and the last routing plan; and the useful-work fraction itself (:func:`useful_work_fraction`).
+Older files lack these keys: their cells say "—".
 """
 
 from __future__ import annotations

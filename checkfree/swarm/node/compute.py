@@ -192,8 +192,8 @@ class OrderedGradients:
 class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 
-    ``compute`` accumulates wall and CPU seconds (a slowdown's sleeps in the wall seconds, not the CPU ones) (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
-    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
+    ``compute`` accumulates wall and CPU seconds (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
+    cost on a free core; a slowdown's sleeps count in the wall seconds only) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
     CUDA the kernels run asynchronously: these are host seconds to queue them (the wait lands in the send).
 
     The device is the module's: inputs (ids, labels) move there; on CUDA the forward passes run under bf16

@@ -5,9 +5,11 @@
   1 + its attempts aborted by a death, a stall, a timeout or a resume), ``t_commit`` (seconds since the first
   ``begin``; the aggregation timestamp: every node has averaged its stage's gradients and stepped), ``wall_s``
   (= t_commit − previous t_commit, recoveries included), mean loss over pipelines (nats), tokens, per-stage
-  gradient norms, ``aborted_attempts``, ``resent_microbatches`` and ``rerouted`` (:meth:`Results.microbatches_resent`,
-  :meth:`Results.rerouted`), ``routing_plan`` (checkfree.swarm.routing; not applied to routes yet).
-* ``useful_work_fraction`` (checkfree.report.throughput_columns), ``fail_slow`` (checkfree.swarm.supervisor.speeds).
+  gradient norms, ``aborted_attempts``, ``resent_microbatches`` and ``rerouted``
+  (:meth:`Results.microbatches_resent`, :meth:`Results.rerouted`), ``routing_plan`` (checkfree.swarm.routing; not
+  applied to routes yet).
+* ``useful_work_fraction`` (checkfree.report.throughput_columns), ``fail_slow``
+  (checkfree.swarm.supervisor.speeds).
 * ``validation``, ``first_eval``, ``final_eval``, ``validation_given_up``, ``model``, ``snapshots``: the trained
   model's records (checkfree.swarm.supervisor.model_records).
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,

@@ -4,24 +4,24 @@ Measurement: every node's ``committed`` carries ``microbatch_s``, the mean wall 
 backward; stage 0: embedding, head and loss, embedding backward) of the attempt that committed
 (checkfree.swarm.node.compute ``StageWorker.microbatch_seconds``). A node's first report is left out: its first
 iteration pays one-off set-up (the first autograd graphs, allocations), which made a live tiny swarm's nodes differ
-by 2× and more at iteration 0 (so a replacement too is measured from its second iteration). The estimate is an exponentially weighted moving
-average with weight :data:`EWMA_WEIGHT` on the newest iteration: a node that turns f× slow is estimated at
-``f − (f − 1)·(1 − w)^k`` of its old speed k iterations later (w = 0.5: 2.5× one iteration after turning 4× slow,
-3.6× after three), fast enough to cut its share within three iterations, smooth enough that one noisy iteration on
-a shared machine moves it only halfway. A node's links add the netem model's transfer seconds of one microbatch's
-activations (batch × sequence × d_model float32) to and from the serving nodes of the stage before it (stage 0:
-the last stage), in both directions: the emulated WAN's latency + bytes / bandwidth, as benchmarks/bench_swarm.py's
-bound counts them, not a second clock (checkfree.swarm.topology ``LinkSpec.transfer_time``).
+by 2× and more at iteration 0 (so a replacement too is measured from its second iteration). The estimate is an
+exponentially weighted moving average with weight :data:`EWMA_WEIGHT` on the newest iteration: a node that turns f×
+slow is estimated at ``f − (f − 1)·(1 − w)^k`` of its old speed k iterations later (w = 0.5: 2.5× one iteration
+after turning 4× slow, 3.6× after three), fast enough to cut its share within three iterations, smooth enough that
+one noisy iteration on a shared machine moves it only halfway. A node's links add the netem model's transfer seconds
+of one microbatch's activations (batch × sequence × d_model float32) to and from the serving nodes of the stage
+before it (stage 0: the last stage), in both directions: the emulated WAN's latency + bytes / bandwidth, as
+benchmarks/bench_swarm.py's bound counts them, not a second clock (checkfree.swarm.topology
+``LinkSpec.transfer_time``).
 
-Fail-slow: a node whose estimate exceeds :data:`FAIL_SLOW_FACTOR` × the median estimate of its stage's other
-serving nodes (its peers: with two replicas a median over both would hide a slow one) is named once, from the iteration it first did, in throughput.json's ``fail_slow``
-(node, stage, factor = estimate / the peers' median, since iteration) and in one warning; it is named again only after it
-recovered below 1.5× (:data:`RECOVERED_FACTOR`: hysteresis, so a node hovering about 2× is named once, not every
-other iteration). It must also be :data:`FAIL_SLOW_MIN_S` (5 ms) per microbatch slower than that
-median, so the noise of millisecond passes is not a node's slowness. A stage of one node has no peers to compare
-with. 2× is well above the noise of
-replicas on one shared machine (their estimates differ by tens of percent) and below the 3× of the emulation's
-tests.
+Fail-slow: a node whose estimate exceeds :data:`FAIL_SLOW_FACTOR` × the median estimate of its stage's other serving
+nodes (its peers: with two replicas a median over both would hide a slow one) is named once, from the iteration it
+first did, in throughput.json's ``fail_slow`` (node, stage, factor = estimate / the peers' median, since iteration)
+and in one warning; it is named again only after it recovered below 1.5× (:data:`RECOVERED_FACTOR`: hysteresis, so a
+node hovering about 2× is named once, not every other iteration). It must also be :data:`FAIL_SLOW_MIN_S` (5 ms) per
+microbatch slower than that median, so the noise of millisecond passes is not a node's slowness. A stage of one node
+has no peers to compare with. 2× is above the noise of replicas on one shared machine (passes of tens of ms differ
+by tens of percent) and below the 3× of the emulation's tests.
 """
 
 from __future__ import annotations
