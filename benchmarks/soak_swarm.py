@@ -350,6 +350,13 @@ def report(
             f"{throughput['iterations_completed']} completed, {throughput['iterations_executed']} executed, "
             f"{throughput['aborted_attempts']} attempts aborted"
         )
+        if "useful_work_fraction" in throughput:  # absent in an older throughput.json
+            useful = throughput["useful_work_fraction"]
+            lines.append(
+                "useful-work fraction within the run (mean iteration without a crash or an abort / mean "
+                "iteration; issue 39 compares with a crash-free run instead): "
+                + ("none (no clean iteration)" if useful is None else f"{useful:.2f}")
+            )
         if lat:
             lines.append(
                 f"crash -> serving: median {median_lat:.2f} s, p95 {p95:.2f} s, max {max(lat):.2f} s "

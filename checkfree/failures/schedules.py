@@ -26,6 +26,8 @@ STAGE_SCHEDULE_FORMAT = "checkfree-stage-failures-v1"
 MAX_SCHEDULE_ITERATIONS = 10_000_000
 """The longest schedule the generator writes (the paper's longest run is 100,001 iterations)."""
 MAX_SCHEDULE_NODES = 100_000
+SLOWDOWNS_KEY = "slowdowns"
+"""A node-format schedule's key for its slowdown events (checkfree.swarm.slowdown reads them; no crashes)."""
 
 
 def _is_int(value: Any) -> bool:
@@ -48,6 +50,8 @@ def _parse_node_schedule(data: Any, path: str | Path) -> dict[int, list[int]]:
         )
     nodes: dict[int, list[int]] = {}
     for key, crashes in data.items():
+        if key == SLOWDOWNS_KEY:  # slowdown events, read by checkfree.swarm.slowdown
+            continue
         if not (isinstance(key, str) and key.isdigit()):
             raise ValueError(
                 f"failure schedule {str(path)!r} has node id {key!r}: expected a non-negative integer string."

@@ -13,6 +13,7 @@ from checkfree.report import traces as traces_md
 from checkfree.report.analysis import Group, Row, Targets, Verdict, rate_context
 from checkfree.report.replay import Replays
 from checkfree.report.runs import Run, SwarmRun
+from checkfree.report.throughput_columns import SPEED_HEADERS, plan_text, speed_cells
 from checkfree.report.timing import (
     PAPER_ITERATION_SECONDS,
     PAPER_RECOVERY_SECONDS,
@@ -212,6 +213,7 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
                 _f(max(lat), ".2f") if lat else "—",
                 f"{total_bytes / 2**20:.1f}" if total_bytes else "—",
                 _validation(last) if last is not None else "—",
+                *speed_cells(s.data).split(" | "),
             ]
         )
     lines = ["## Swarm runs (throughput experiment)", ""]
@@ -230,6 +232,7 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
             "max crash→serving s",
             "MiB sent",
             "val loss (perplexity) @ iteration",
+            *SPEED_HEADERS,
         ],
         body,
     )
@@ -248,6 +251,8 @@ def swarm_section(swarms: list[SwarmRun]) -> list[str]:
                 f"- {s.name} validation loss (perplexity) @ iteration: "
                 + ", ".join(map(_validation, s.validation))
             )
+        if plan_text(s.data):
+            lines.append(f"- {s.name} routing plan (not applied to routes yet): {plan_text(s.data)}")
         if s.bytes_by_type:
             lines.append(
                 f"- {s.name} bytes by message type: "

@@ -37,6 +37,36 @@ class ScheduleInfo(BaseModel):
     source: dict[str, Any] | None = None
 
 
+class FailSlow(BaseModel):
+    """A node named fail-slow (``fail_slow``, checkfree.swarm.supervisor.speeds)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    node: StrictInt
+    stage: StrictInt
+    factor: StrictFloat
+    since: StrictInt
+
+
+class RoutingPlanRow(BaseModel):
+    """An iteration's routing plan (checkfree.swarm.routing ``RoutingPlan.to_json``)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    shares: dict[StrictStr, dict[StrictStr, Count]]
+    bound_s: StrictFloat
+    plan_s: StrictFloat
+    fixed_s: StrictFloat
+
+
+class IterationRow(BaseModel):
+    """An iteration's row (``iterations``), as far as the table reads it (older files lack these keys)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+    iteration: StrictInt | None = None
+    resent_microbatches: Count | None = None
+    rerouted: Count | None = None
+    routing_plan: RoutingPlanRow | None = None
+
+
 class ThroughputRow(BaseModel):
     """The keys of a swarm run's throughput.json that ``swarm table`` and the report read (the table also needs
     each of checkfree.swarm.cli.TABLE_KEYS present; an older file may lack some, which the report allows)."""
@@ -55,6 +85,10 @@ class ThroughputRow(BaseModel):
     final_eval: FinalEval | None = None
     schedule: ScheduleInfo | None = None
     replica_shortage: dict[str, dict[str, StrictFloat]] | None = None
+    aborted_attempts: Count | None = None
+    useful_work_fraction: StrictFloat | None = None
+    fail_slow: list[FailSlow] | None = None
+    iterations: list[IterationRow] | Count | None = None
 
 
 class Summary(BaseModel):

@@ -87,7 +87,7 @@ def config_flags() -> dict[str, Flag]:
 SET_ONLY = tuple(
     "model_config microbatches in_flight locations locations_file storage_location crash_point heartbeat_interval "
     "peer_timeout microbatch_timeout iteration_timeout recovery_timeout request_timeout max_attempts fused_loss seed "
-    "eval_interval".split()
+    "eval_interval slowdown".split()
 )
 """SwarmConfig fields that ``swarm run`` overrides only through ``--set KEY=VALUE``."""
 
@@ -355,6 +355,8 @@ class _RunPlan:
     cfg: SwarmConfig
     schedule: dict[int, list[int]] | DowntimeSchedule
     schedule_path: str | None
+    slowdowns: Any
+    """The schedule's slowdown events (checkfree.swarm.slowdown)."""
     end: int
     """One past the last node id this machine starts."""
     recovery_kills: Any
@@ -399,6 +401,7 @@ def _plan_run(args: argparse.Namespace) -> _RunPlan:
     from checkfree.swarm.config import load_swarm_config
     from checkfree.swarm.devices import resolve_devices
     from checkfree.swarm.policies import make_policy
+    from checkfree.swarm.slowdown import load_slowdowns
 
     if args.setting is None:
         raise ValueError(
@@ -417,6 +420,7 @@ def _plan_run(args: argparse.Namespace) -> _RunPlan:
     if args.join_token is not None:
         _token_range(args)
     end = _check_run(args, cfg, schedule, schedule_path)
+    slowdowns = load_slowdowns(schedule_path, cfg.n_nodes)
     recovery_kills = None
     if args.recovery_kills is not None:
         from checkfree.swarm.supervisor.recovery_kills import load_recovery_kills
@@ -431,7 +435,9 @@ def _plan_run(args: argparse.Namespace) -> _RunPlan:
         raise ValueError(memory.sentence(advice))
     run_dir = args.run_dir or _default_run_dir(args)
     plan = plan_run_dir(run_dir, overwrite=args.overwrite)
-    return _RunPlan(cfg, schedule, schedule_path, end, recovery_kills, devices, memory, advice, run_dir, plan)
+    return _RunPlan(
+        cfg, schedule, schedule_path, slowdowns, end, recovery_kills, devices, memory, advice, run_dir, plan
+    )
 
 
 def _dry_run(args: argparse.Namespace, run: _RunPlan) -> int:
@@ -524,6 +530,7 @@ def _run_supervisor(args: argparse.Namespace, run: _RunPlan) -> int:
             options=_journaled_options(args, run.schedule_path, cfg),
             machines=machines_option(args.machines),
             devices=devices,  # this machine's nodes: --device per node (checkfree.swarm.devices)
+            slowdowns=run.slowdowns,
         )
     except zmq.ZMQError as exc:
         raise ValueError(
@@ -625,6 +632,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from checkfree.loss import resolve_loss_path
     from checkfree.swarm.config import machines_option, node_range, swarm_config_from_dict
     from checkfree.swarm.devices import resolve_devices
+    from checkfree.swarm.slowdown import load_slowdowns
     from checkfree.swarm.supervisor.supervisor import Supervisor
 
     opts = argparse.Namespace(**(defaults | data["options"]))
@@ -668,6 +676,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             options=data["options"],
             machines=machines_option(getattr(opts, "machines", None)),
             devices=devices,
+            slowdowns=load_slowdowns(schedule_path, cfg.n_nodes),
         )
     except zmq.ZMQError as exc:
         raise ValueError(

@@ -24,7 +24,9 @@ import dataclasses
 import functools
 from dataclasses import InitVar, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field, StrictFloat, StrictInt, StrictStr
 
 from checkfree.config import Config, ConfigError, config_from_dict, load_config, resolve_config_path
 from checkfree.config_files import ConfigFileError, read_mapping
@@ -45,6 +47,21 @@ def _bounds(schema: Any) -> dict[str, Any]:
 
 NAME = _bounds(F.name())
 SECONDS = _bounds(F.number(0.0, F.MAX_SECONDS, above=True))
+MAX_SLOWDOWN = 1000.0
+"""The largest slowdown factor a swarm config or a schedule may give a slot (checkfree.swarm.slowdown)."""
+SLOWDOWN = _bounds(
+    Annotated[
+        dict[
+            Annotated[StrictStr, Field(pattern=r"^\d{1,7}$")],
+            Annotated[StrictFloat | StrictInt, Field(ge=1.0, le=MAX_SLOWDOWN, allow_inf_nan=False)],
+        ],
+        Field(
+            max_length=F.MAX_SWARM_NODES,
+            description=f'an object {{"<slot>": factor}} with factors in [1, {MAX_SLOWDOWN:g}]',
+        ),
+    ]
+    | None
+)
 
 
 @dataclass
@@ -104,6 +121,10 @@ class SwarmConfig:
     snapshot_every: int = field(default=0, metadata=_bounds(F.count(0, F.MAX_ITERATIONS)))
     """A consolidated snapshot (every stage's weights and Adam state) every N committed iterations, written in the
     background into the run directory's ``snapshots/`` (0 = none)."""
+    slowdown: dict[str, float] | None = field(default=None, metadata=SLOWDOWN)
+    """Slowdown emulation (tests, benches): slot (an initial node id) → factor ≥ 1; the slot's node sleeps
+    (factor − 1) × the measured seconds of each forward and backward it computes (checkfree.swarm.slowdown);
+    None = none. A schedule can turn a slot slow later (its ``slowdowns``)."""
     model_json: InitVar[dict[str, Any] | None] = None
     """The model config inline (as sent to nodes); None = load ``model_config``."""
 
@@ -197,6 +218,12 @@ class SwarmConfig:
                     f"swarm config: location {name!r} is not in the table; expected one of "
                     f"{sorted(table.names)}."
                 )
+        bad = sorted(int(k) for k in self.slowdown or {} if int(k) >= self.n_nodes)
+        if bad:
+            raise ConfigError(
+                f"swarm config: 'slowdown' names slot {bad[0]}; expected slots 0..{self.n_nodes - 1} "
+                "(the initial node ids)."
+            )
         if self.peer_timeout <= 2 * self.heartbeat_interval:
             raise ConfigError(
                 f"swarm config: 'peer_timeout' {self.peer_timeout} s is not above twice "

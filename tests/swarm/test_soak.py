@@ -314,10 +314,16 @@ def test_the_soak_report_counts_deaths_by_kind_and_says_missed_when_a_target_is_
         "iterations_executed": 10,
         "aborted_attempts": 4,
         "total_s": sum(walls),
+        "useful_work_fraction": 0.4237,
     }
     flat = [{"fds": 40, "rss_mib": 200.0} for _ in range(8)]
     lines = soak.report(throughput, log, flat)
     text = "\n".join(lines)
+    assert "useful-work fraction within the run" in text and text.count(": 0.42\n") == 1
+    no_clean = "\n".join(soak.report({**throughput, "useful_work_fraction": None}, log, flat))
+    assert "issue 39 compares with a crash-free run instead): none (no clean iteration)" in no_clean
+    older = {k: v for k, v in throughput.items() if k != "useful_work_fraction"}
+    assert "useful-work" not in "\n".join(soak.report(older, log, flat))
     assert "deaths: 6" in text and "  scheduled: 2" in text and "  storage node killed: 1" in text
     assert "  replacement killed while recovering: 1" in text and "  source killed mid-fetch: 1" in text
     assert "  not serving in time: 1" in text

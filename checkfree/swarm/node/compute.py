@@ -193,7 +193,7 @@ class StageWorker:
     """Forward/backward of one stage for many in-flight microbatches, keyed by (pipeline, microbatch).
 
     ``compute`` accumulates wall and CPU seconds (``*_s``, ``*_cpu_s``; CPU = this thread's time, i.e. the
-    cost on a free core) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
+    cost on a free core; a slowdown's sleeps count in the wall seconds only) spent in forward and backward, and op counts (for benchmarks/bench_swarm.py). On
     CUDA the kernels run asynchronously: these are host seconds to queue them (the wait lands in the send).
 
     The device is the module's: inputs (ids, labels) move there; on CUDA the forward passes run under bf16
@@ -223,12 +223,23 @@ class StageWorker:
             "backward_n": 0,
         }
         self._cpu0 = 0.0
+        self.slowdown = 1.0
+        """Slowdown emulation (checkfree.swarm.slowdown): each forward and backward then sleeps (slowdown − 1) ×
+        its measured seconds, counted in them; set from each attempt's ``begin``."""
+        self.attempt_s = 0.0
+        """Wall seconds of this attempt's forward and backward passes (sleeps of the slowdown included)."""
+
+    def microbatch_seconds(self) -> float | None:
+        """This attempt's mean wall seconds per microbatch, forward + backward (stage 0: embedding, head and loss,
+        embedding backward) = :attr:`attempt_s` / :attr:`microbatches`; None before a backward finished."""
+        return self.attempt_s / self.microbatches if self.microbatches else None
 
     def reset(self) -> None:
         """Drop every saved activation and accumulated gradient (an aborted or finished attempt)."""
         self.saved.clear()
         self.forwarded.clear()
         self.microbatches = 0
+        self.attempt_s = 0.0
         self.gradients.clear()
         self.module.zero_grad(set_to_none=True)
 
@@ -376,7 +387,11 @@ class StageWorker:
         return True
 
     def _count(self, what: str, t0: float) -> None:
-        self.compute[f"{what}_s"] += time.perf_counter() - t0
+        if self.slowdown > 1.0:  # emulated slowness: the pass takes slowdown × its measured time
+            time.sleep((self.slowdown - 1.0) * (time.perf_counter() - t0))
+        seconds = time.perf_counter() - t0
+        self.compute[f"{what}_s"] += seconds
+        self.attempt_s += seconds
         cpu = time.thread_time()
         self.compute[f"{what}_cpu_s"] += cpu - self._cpu0
         self.compute[f"{what}_n"] += 1

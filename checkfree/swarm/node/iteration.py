@@ -4,7 +4,9 @@
 arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage average their gradients
 (checkfree.swarm.node.gradient_sync), record the unclipped norm ω (docs/paper.md §2), clip and report ``ready`` →
 ``commit``: Adam step (and, on checkpoint iterations, the designated replica ships weights + Adam state to
-storage) → ``committed``. ``abort`` drops the attempt's activations and gradients; nothing has been stepped.
+storage) → ``committed`` (with the attempt's mean compute seconds per microbatch, ``microbatch_s``, which the
+supervisor's speed estimates take; checkfree.swarm.supervisor.speeds). ``begin`` carries the slowdown factors of the
+emulation (checkfree.swarm.slowdown). ``abort`` drops the attempt's activations and gradients; nothing has been stepped.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ class IterationCommands:
         clock.max_version = max(clock.max_version, clock.iteration)
         self.ctx.membership.set_members(meta["members"])
         parts.worker.reset()
+        parts.worker.slowdown = float(meta.get("slowdown", {}).get(str(self.ctx.node_id), 1.0))
         parts.gradients.reset()
         if self.serving():
             parts.stage0_copies.push()  # holders that joined since the last step
@@ -100,8 +103,14 @@ class IterationCommands:
             self.checkpoint()
         if self.serving():
             parts.stage0_copies.push()
+        speed = parts.worker.microbatch_seconds()  # this attempt's, before the reset drops it
         parts.worker.reset()
-        done = control("committed", attempt=attempt, **self.report())
+        done = control(
+            "committed",
+            attempt=attempt,
+            **({"microbatch_s": speed} if speed is not None else {}),
+            **self.report(),
+        )
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, clock.iteration, meta=done)
 
     def hold(self) -> int | None:

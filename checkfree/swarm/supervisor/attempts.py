@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from checkfree.swarm.slowdown import SlowdownPlan
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Attempt, SupervisorState, SwarmError
 
@@ -55,10 +56,13 @@ class Attempts:
     Args:
         state: the supervisor's state (the config and limits, the slots, the attempt in progress, its reports,
             the retry counts). link: the commands to the nodes (``begin``, ``sync``, ``commit``, ``abort``).
+            slowdowns: the slowdown emulation's factors per slot and iteration (None: the config's ``slowdown``).
     """
 
-    def __init__(self, state: SupervisorState, link: Link) -> None:
+    def __init__(self, state: SupervisorState, link: Link, slowdowns: SlowdownPlan | None = None) -> None:
         self.state, self.cfg, self.link = state, state.cfg, link
+        self.slowdowns = slowdowns if slowdowns is not None else SlowdownPlan(state.cfg.slowdown)
+        """Which slots compute slower from which iteration (checkfree.swarm.slowdown): sent with each ``begin``."""
         self.clock = time.monotonic
         """Seconds (monotonic); tests replace it."""
 
@@ -77,7 +81,10 @@ class Attempts:
             state.attempt, it, members, t_begin, due=due, crash_at=crash_at, deadline=deadline
         )
         members_json = {str(k): v for k, v in members.items()}
-        self.link.broadcast("begin", attempt=state.attempt, iteration=it, members=members_json)
+        slow = self.slowdowns.factors(it)  # slot → factor; its occupant (a replacement too) computes slower
+        factors = {str(slot.occupant): slow[slot.slot] for slot in state.roster.slots if slot.slot in slow}
+        extra = {"slowdown": factors} if factors else {}
+        self.link.broadcast("begin", attempt=state.attempt, iteration=it, members=members_json, **extra)
         return state.current
 
     def _current(self) -> Attempt:

@@ -5,7 +5,11 @@
   1 + its attempts aborted by a death, a stall, a timeout or a resume), ``t_commit`` (seconds since the first
   ``begin``; the aggregation timestamp: every node has averaged its stage's gradients and stepped), ``wall_s``
   (= t_commit − previous t_commit, recoveries included), mean loss over pipelines (nats), tokens, per-stage
-  gradient norms.
+  gradient norms, ``aborted_attempts``, ``resent_microbatches`` and ``rerouted``
+  (:meth:`Results.microbatches_resent`, :meth:`Results.rerouted`), ``routing_plan`` (checkfree.swarm.routing; not
+  applied to routes yet).
+* ``useful_work_fraction`` (checkfree.report.throughput_columns), ``fail_slow``
+  (checkfree.swarm.supervisor.speeds).
 * ``validation``, ``first_eval``, ``final_eval``, ``validation_given_up``, ``model``, ``snapshots``: the trained
   model's records (checkfree.swarm.supervisor.model_records).
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
@@ -55,6 +59,9 @@
   ``swarm revoke`` (machine, its nodes, the ids revoked, the slots moved to this machine, iteration, time;
   checkfree.swarm.supervisor.machines).
 
+One concept, hence one file above 800 lines: the run's records, changed only through :class:`Results`' event
+methods (tests/swarm/supervisor/test_encapsulation.py), and the table that prints them.
+
 The file is strict JSON (checkfree.jsonio): a NaN/inf loss or gradient norm of a diverging run is ``null``,
 listed under ``"nonfinite"``.
 """
@@ -70,6 +77,7 @@ from typing import Any
 
 from checkfree import jsonio
 from checkfree.recovery.record import RecoveryRecord
+from checkfree.report.throughput_columns import SPEED_HEADERS, plan_text, speed_cells, useful_work_fraction
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.supervisor.crash_record import CrashRecord
 from checkfree.swarm.supervisor.model_records import ModelRecords
@@ -151,6 +159,11 @@ class Results:
         """Epoch seconds of the results' clock's 0 (None before training started)."""
         self._journal: dict[str, float] = {}
         """What journaling cost so far (checkfree.swarm.supervisor.journal): writes, seconds, bytes."""
+        self._resent: dict[int, int] = {}  # iteration not committed yet → microbatches re-sent
+        self._rerouted: dict[int, int] = {}  # iteration not committed yet → re-routes
+        self._fail_slow: list[
+            dict[str, Any]
+        ] = []  # nodes named fail-slow (checkfree.swarm.supervisor.speeds)
 
     # ------------------------------------------------------------------ what others read (read-only)
 
@@ -392,11 +405,16 @@ class Results:
         pipeline = {n: i for i, n in enumerate(members.get(0, []))}
         in_order = sorted(ends, key=lambda n: (pipeline.get(n, len(pipeline)), n))  # never arrival order
         losses = [float(ends[n]["loss"]) for n in in_order]
+        aborted = self._redone.pop(it, 0)
         self._rows.append(
             {
                 "iteration": it,
                 "attempt": attempt,
-                "attempts": 1 + self._redone.pop(it, 0),
+                "attempts": 1 + aborted,
+                "aborted_attempts": aborted,
+                "resent_microbatches": self._resent.pop(it, 0),
+                "rerouted": self._rerouted.pop(it, 0),
+                "routing_plan": None,
                 "t_commit": t,
                 "wall_s": wall,
                 "loss": sum(losses) / len(losses),
@@ -404,6 +422,24 @@ class Results:
                 "grad_norms": norms,
             }
         )
+
+    def microbatches_resent(self, it: int, n: int) -> None:
+        """``n`` microbatches of iteration ``it`` were sent again through another node (a death re-routed them,
+        issue 39 point 1): counted in ``resent_microbatches`` of ``it``'s row once it commits."""
+        self._resent[it] = self._resent.get(it, 0) + n
+
+    def rerouted(self, it: int) -> None:
+        """A dead node's microbatches of iteration ``it`` were re-routed instead of aborting the attempt (issue 39
+        point 1): counted in ``rerouted`` of ``it``'s row once it commits."""
+        self._rerouted[it] = self._rerouted.get(it, 0) + 1
+
+    def planned(self, plan: dict[str, Any] | None, fail_slow: list[dict[str, Any]]) -> None:
+        """The last committed iteration's routing plan (checkfree.swarm.routing ``RoutingPlan.to_json``: shares,
+        bound, plan and fixed-route seconds) goes in its row's ``routing_plan``; ``fail_slow``: the nodes named
+        fail-slow at it (checkfree.swarm.supervisor.speeds), added to ``fail_slow``."""
+        if self._rows:
+            self._rows[-1]["routing_plan"] = plan
+        self._fail_slow.extend(fail_slow)
 
     def aborted(self, it: int) -> None:
         """An attempt at iteration ``it`` was aborted (it is redone): counted in ``aborted_attempts`` and in the
@@ -611,6 +647,8 @@ class Results:
         walls = [r["wall_s"] for r in self._rows]
         crash_iters = {c.iteration for c in self._crashes} | {r["at_iteration"] for r in self._rollbacks}
         quiet = [r["wall_s"] for r in self._rows if r["iteration"] not in crash_iters]
+        crashed = crash_iters | {c.iteration for c in self._open.values()}
+        clean = [r["wall_s"] for r in self._rows if r["iteration"] not in crashed and r["attempts"] == 1]
         latencies = [c.latency_s for c in self._crashes if c.latency_s is not None]
         recoveries = [c.recovery_s for c in self._crashes if c.recovery_s is not None]
         out = {
@@ -637,6 +675,8 @@ class Results:
             "mean_crash_to_serving_s": statistics.mean(latencies) if latencies else None,
             "mean_recovery_s": statistics.mean(recoveries) if recoveries else None,
             "aborted_attempts": self._aborts,
+            "useful_work_fraction": useful_work_fraction(clean, walls),
+            "fail_slow": self._fail_slow,
             "crashes": [c.to_json() for c in self._crashes],
             "open_crashes": [c.to_json() for c in self._open.values()],
             "skipped_crashes": self._skipped,
@@ -709,9 +749,11 @@ def summary_table(results: list[dict[str, Any]]) -> str:
     short of replicas and waiting for a lost stage's node, recovery time and the slots still down at the end."""
     head = (
         "| setting | iterations (executed) | crashes | recovered | mean iteration s | w/o crashes s | "
-        "crash→serving s | tokens/s | first → last loss | val loss (perplexity) @ iteration |"
+        "crash→serving s | tokens/s | first → last loss | val loss (perplexity) @ iteration | "
+        + " | ".join(SPEED_HEADERS)
+        + " |"
     )
-    lines = [head, "|" + "---|" * 10]
+    lines = [head, "|" + "---|" * 14]
     for r in results:
         curve = r["loss_curve"]
         lat = r["mean_crash_to_serving_s"]
@@ -719,8 +761,17 @@ def summary_table(results: list[dict[str, Any]]) -> str:
             f"| {r['setting']} | {r['iterations_completed']} ({r['iterations_executed']}) | {r['crashes_count']} | "
             f"{r['recovered_count']} | {_f(r['mean_iteration_s'])} | {_f(r['mean_iteration_s_without_crashes'])} | "
             f"{_f(lat)} | {_f(r['tokens_per_s'], 0)} | "
-            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} | {_val(r)} |"
+            f"{_f(curve[0][1] if curve else None)} → {_f(curve[-1][1] if curve else None)} | {_val(r)} | "
+            f"{speed_cells(r)} |"
         )
+    planned = [(r, plan_text(r)) for r in results]
+    if any(text for _, text in planned):
+        lines += [
+            "",
+            "Routing plans (the last iteration's; computed from measured speeds, not applied to routes):",
+            "",
+        ]
+        lines += [f"- {r['setting']}: {text}" for r, text in planned if text]
     traced = [r for r in results if (r.get("schedule") or {}).get("format") == "checkfree-slot-downtime-v1"]
     if traced:
         lines += [

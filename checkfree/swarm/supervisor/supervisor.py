@@ -86,6 +86,7 @@ from checkfree.swarm.config import SwarmConfig, node_range
 from checkfree.swarm.devices import DeviceMap
 from checkfree.swarm.hosts import LocalHost, held_signals
 from checkfree.swarm.policies import make_policy
+from checkfree.swarm.slowdown import SlowdownPlan, SlowEvent
 from checkfree.swarm.supervisor import failpoints
 from checkfree.swarm.supervisor.adoption import CommitIntent, ResumeImpossible
 from checkfree.swarm.supervisor.attempts import Attempts
@@ -106,6 +107,7 @@ from checkfree.swarm.supervisor.planning import LossPlanner
 from checkfree.swarm.supervisor.processes import Processes
 from checkfree.swarm.supervisor.recovery_kills import RecoveryKill, RecoveryKills
 from checkfree.swarm.supervisor.results import Results
+from checkfree.swarm.supervisor.speeds import Speeds
 from checkfree.swarm.supervisor.state import Roster, Slot, SupervisorState, SwarmError
 from checkfree.swarm.supervisor.validation import ValidationRuns
 from checkfree.swarm.wire import control as schemas
@@ -136,7 +138,8 @@ class Supervisor:
         checkfree.swarm.supervisor.journal.keys_of). journal: write ``<run_dir>/journal.json`` (False: only
         ``bench_swarm.py``, which measures its cost). options: what ``swarm run`` was started with (journaled:
         ``--resume`` reads them). machines: the other machines' node ranges (``--machines``). devices: this
-        machine's nodes' devices (``--device``/``--gpus``, checkfree.swarm.devices; None: the CPU).
+        machine's nodes' devices (``--device``/``--gpus``, checkfree.swarm.devices; None: the CPU). slowdowns: the
+        schedule's slowdown events (checkfree.swarm.slowdown ``load_slowdowns``; None: the config's alone).
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class Supervisor:
         options: dict[str, Any] | None = None,
         machines: list[tuple[int, int]] | None = None,
         devices: DeviceMap | None = None,
+        slowdowns: list[SlowEvent] | None = None,
     ) -> None:
         self.cfg, self.setting = cfg, setting
         self.policy = make_policy(setting)
@@ -221,7 +225,10 @@ class Supervisor:
         self.processes = Processes(
             self.state, self.link, self.host, self.results, self.address, journal=self.journal
         )
-        self.attempts = Attempts(self.state, self.link)
+        self.attempts = Attempts(self.state, self.link, SlowdownPlan(cfg.slowdown, slowdowns))
+        m = cfg.model
+        self.speeds = Speeds(cfg.location_table(), cfg.time_scale, m.batch_size * m.seq_l * m.dmodel * 4)
+        """Per-node speed estimates, the routing plan and fail-slow nodes (checkfree.swarm.supervisor.speeds)."""
         self.planner = LossPlanner(self.policy, self.state, self.link)
         self.peer_messages = PeerMessages(self.state, self.link, self.results, self.conduct)
         records, now = self.results.model, self.results.now  # validations, the model, snapshots
@@ -501,6 +508,7 @@ class Supervisor:
         self.results.iteration(
             it, current.number, ends, ready, current.members
         )  # first: an interrupt finds it
+        self._measure(it, current.members)
         self.attempts.committed()
         self.outages.committed()
         self.state.commit_unjournaled = True
@@ -508,6 +516,20 @@ class Supervisor:
         self.state.iteration = it + 1
         row = self.results.rows[-1]
         log.info("supervisor: iteration %d committed: %.3f s, loss %.4f", it, row["wall_s"], row["loss"])
+
+    def _measure(self, it: int, members: dict[int, list[int]]) -> None:
+        """Iteration ``it`` committed: its nodes' ``microbatch_s`` feed the speed estimates, and its row gets the
+        routing plan they give and the nodes that turned fail-slow (checkfree.swarm.supervisor.speeds)."""
+        self.speeds.observe(self.state.reports.committed)
+        where = {slot.occupant: slot.location for slot in self.state.roster.slots}
+        try:
+            plan = self.speeds.routing_plan(
+                members, where, len(members.get(0, [])), self.cfg.mb_count
+            ).to_json()
+        except ValueError as exc:  # a stage without serving nodes: no plan this iteration
+            log.warning("supervisor: no routing plan for iteration %d: %s", it, exc)
+            plan = None
+        self.results.planned(plan, self.speeds.fail_slow(members, it))
 
     def forget_intent(self) -> None:
         """The commit recorded after a stop signal is not journaled: the run ends."""

@@ -28,6 +28,7 @@ A schema maps a field name to a kind (below); a name ending in ``?`` is optional
 ``peers``  a list of ``[node, stage, location, address]`` rows
 ``members`` an object ``{"<stage>": [nat, ...]}`` (the serving replicas of each stage; stored versions)
 ``counts`` an object ``{name: nat}``
+``factors`` an object ``{"<node>": number in [1, 1000]}`` (slowdown factors, checkfree.swarm.slowdown)
 ``tally``  an object ``{"<node>": nat}`` (a node's rejected messages per sender)
 ``nums``   an object ``{name: norm}`` (compute seconds)
 ``keys``   an object ``{"<node>": CURVE public key (40 Z85 characters)}``
@@ -54,6 +55,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from checkfree.swarm.config import MAX_SLOWDOWN
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError
 
 _INT64 = (-(2**63), 2**63 - 1)
@@ -118,6 +120,10 @@ _KINDS: dict[str, Any] = {
         )
     ),
     "counts": lambda v: _sized(v, dict) and all(_int(x, 0, _NAT_MAX) for x in v.values()),
+    "factors": lambda v: (
+        _sized(v, dict)
+        and all(k.isdigit() and len(k) <= 19 and _num(f) and 1 <= f <= MAX_SLOWDOWN for k, f in v.items())
+    ),
     "tally": lambda v: (
         _sized(v, dict) and all(re.fullmatch(r"-?\d{1,19}", k) and _int(x, 0, _NAT_MAX) for k, x in v.items())
     ),
@@ -214,7 +220,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "plan?": "obj",
     },
     "peers": {"peers": "peers", "keys?": "keys", "revoked?": "nodes"},
-    "begin": {"attempt": "nat", "iteration": "nat", "members": "members"},
+    "begin": {"attempt": "nat", "iteration": "nat", "members": "members", "slowdown?": "factors"},
     "sync": {"attempt": "nat"},
     "commit": {"attempt": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
     "abort": {"attempt": "nat"},
@@ -237,7 +243,7 @@ COMMANDS: dict[str, dict[str, str]] = {
         "bad_messages?": "nat",
         "rejected_from?": "tally",
     },
-    "committed": {"attempt": "nat", **_REPORT},
+    "committed": {"attempt": "nat", "microbatch_s?": "norm", **_REPORT},
     "final": {
         **{k if k.endswith("?") else k + "?": v for k, v in _REPORT.items()},
         "stored_versions?": "members",

@@ -47,7 +47,10 @@ def _commands(reduced: int) -> tuple[IterationCommands, StageState, list[str]]:
         p.grad = torch.ones_like(p)  # the averaged gradients of attempt 4
     calls: list[str] = []
     gradients = SimpleNamespace(reduced=reduced, norm=2.0, reset=lambda: calls.append("gradients.reset"))
-    worker = SimpleNamespace(reset=lambda: (calls.append("worker.reset"), module.zero_grad(set_to_none=True)))
+    worker = SimpleNamespace(
+        reset=lambda: (calls.append("worker.reset"), module.zero_grad(set_to_none=True)),
+        microbatch_seconds=lambda: None,  # the attempt's compute per microbatch (none here)
+    )
     parts = _Parts(
         state=state,
         gradients=gradients,
