@@ -588,4 +588,4 @@ def test_gradients_of_other_names_shapes_or_dtypes_are_rejected() -> None:
             sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, bad))
         assert sync.received == {}
     sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, grads))
-    assert set(sync.received) == {5}
+    assert set(sync.received) == {(5, 1)}  # (sender, pipeline)

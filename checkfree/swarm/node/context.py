@@ -86,12 +86,15 @@ class AttemptClock:
     Attributes:
         attempt: the number of the last ``begin``'s attempt (one try at an iteration); -1 before any.
         iteration: the last ``begin``'s iteration; -1 before any.
+        reroutes: the ``reroute`` commands of the current attempt taken so far (a peer's FORWARD / BACKWARD
+            stamped with more waits in ``future`` until they come; checkfree.swarm.node.iteration).
         max_version: the highest weights version a peer may claim (iterations the supervisor has begun).
         future: messages of an attempt this node has not begun yet.
     """
 
     attempt: int = -1
     iteration: int = -1
+    reroutes: int = 0
     max_version: int = 0
     future: FutureBuffer = field(default_factory=FutureBuffer)
 

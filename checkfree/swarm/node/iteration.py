@@ -5,10 +5,13 @@ arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage
 (checkfree.swarm.node.gradient_sync), record the unclipped norm ω (docs/paper.md §2), clip and report ``ready`` →
 ``commit``: Adam step (and, on checkpoint iterations, the designated replica ships weights + Adam state to
 storage) → ``committed``. ``abort`` drops the attempt's activations and gradients; nothing has been stepped.
+``reroute`` (a replica died before ``sync`` and every stage still serves): the pipelines whose route crossed it go
+again on their new route, the others go on (issue 39 point 1; checkfree.swarm.reroute).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +19,12 @@ from typing import Any
 from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.parts import NodeParts
+from checkfree.swarm.reroute import moved as reroute_moved
+from checkfree.swarm.reroute import node_of
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+
+log = logging.getLogger(__name__)
 
 
 class IterationCommands:
@@ -54,6 +61,7 @@ class IterationCommands:
             "sync": self.sync,
             "commit": self.commit,
             "abort": self.abort,
+            "reroute": self.reroute,
             "checkpoint": self.on_checkpoint,
         }
 
@@ -64,6 +72,7 @@ class IterationCommands:
                 f"begin of attempt {meta['attempt']}; this node is at attempt {clock.attempt} already"
             )
         clock.attempt, clock.iteration = meta["attempt"], meta["iteration"]
+        clock.reroutes = 0
         clock.max_version = max(clock.max_version, clock.iteration)
         self.ctx.membership.set_members(meta["members"])
         parts.worker.reset()
@@ -74,6 +83,44 @@ class IterationCommands:
             parts.pipeline.begin()
         clock.future.drop_before(clock.attempt)
         for msg in clock.future.take(lambda m: m.meta.get("attempt") == clock.attempt):
+            self.dispatch(msg)
+
+    def reroute(self, meta: dict[str, Any]) -> None:
+        """A replica died mid-attempt and every stage still has a serving one (issue 39 point 1): take the new
+        serving lists (the ``begin``'s less the dead), drop the saved activations of the pipelines whose route
+        changed (checkfree.swarm.reroute.moved) and the chains of those this node no longer carries, let stage 0
+        send those pipelines' microbatches again, then take the messages that waited for this re-route.
+
+        Raises:
+            ProtocolError: the command is out of sequence (its ``seq`` is not the next) or adds a node.
+        """
+        clock, parts, membership = self.ctx.clock, self.parts, self.ctx.membership
+        if meta["attempt"] != clock.attempt:
+            return  # an attempt that is over (or, impossibly, one not begun): nothing to move
+        if meta["seq"] != clock.reroutes + 1:
+            raise ProtocolError(f"reroute {meta['seq']} of attempt {clock.attempt}; {clock.reroutes} taken")
+        before = membership.members
+        membership.rerouted(meta["members"])
+        begun, after = membership.at_begin(), membership.members
+        moved = reroute_moved(begun, before, after, parts.gradients.cfg.n_stages)
+        clock.reroutes = meta["seq"]
+        parts.worker.forget(moved)
+        me, stage = self.ctx.node_id, self.ctx.stage
+        for p in moved:
+            if node_of(p, stage, begun, after) != me:
+                parts.worker.gradients.drop(p)
+        log.info(
+            "node %d: attempt %d re-routed (dead %s): pipelines %s move",
+            me,
+            clock.attempt,
+            meta["dead"],
+            moved,
+        )
+        if isinstance(parts.pipeline, PipelineDriver):
+            parts.pipeline.rerouted(moved)
+        for msg in clock.future.take(
+            lambda m: m.meta.get("attempt") == clock.attempt and m.meta.get("reroutes", 0) <= clock.reroutes
+        ):
             self.dispatch(msg)
 
     def sync(self, meta: dict[str, Any]) -> None:

@@ -315,9 +315,17 @@ class Node:
         """A FORWARD / BACKWARD: checked on the received host bytes (shape, finite values), kept for its attempt
         if that is ahead, checked against the attempt's route (checkfree.swarm.node.relay), then computed on."""
         path, pos, key, tensor = check_pipeline_message(msg, self.cfg)
-        if not self.serving or self.ctx.clock.attempt_of(msg) is None:
+        clock, membership = self.ctx.clock, self.ctx.membership
+        if not self.serving or clock.attempt_of(msg) is None:
             return
-        check_route(msg, path, pos, self.cfg, self.ctx.membership.members, self.policy.swaps, self.id)
+        reroutes = msg.meta.get("reroutes", 0)
+        if reroutes > clock.reroutes:  # sent on a re-route this node has not taken yet: wait for it
+            if reroutes > clock.reroutes + self.cfg.replicas * (self.cfg.n_stages + 1):
+                raise ProtocolError(f"reroute {reroutes} is implausibly far ahead of {clock.reroutes}")
+            clock.future.add(msg)
+            return
+        members = membership.members
+        check_route(msg, path, pos, self.cfg, members, self.policy.swaps, self.id, membership.at_begin())
         msg.tensors = self.staging.to_device(msg.tensors)
         name = "activations" if msg.type == MessageType.FORWARD else "gradients"
         self.parts.pipeline.on_message(msg, path, pos, key, msg.tensors[name])

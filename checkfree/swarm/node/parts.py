@@ -270,7 +270,7 @@ def build_parts(
     holder = keeps and stage in (1, cfg.n_stages)
     shapes = stage0_part_shapes(cfg.model, vocab_size, cfg.init_seed) if holder else None
     copies = Stage0Copies(ctx, cfg.n_stages, keeps, state, shapes)
-    gradients = GradientSync(ctx, state, cfg, lambda: worker.microbatches)
+    gradients = GradientSync(ctx, state, cfg, lambda: worker.microbatches, lambda: worker.settled)
     fetch = FetchContext(ctx, cfg, reject)
     pipeline: PipelineDriver | StageRelay
     if stage == 0:

@@ -8,9 +8,12 @@ Scheduled crashes (checkfree.swarm.supervisor.outages: which slots, and whether 
 while) fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
 in flight, or at the latest when the attempt reaches ``sync`` (every pipeline's ITERATION_END is in): the
 crash then fires at once, not at the estimated moment, which after a long iteration (one with a recovery)
-can lie minutes past the end of the forward phase. A death before ``commit`` aborts the attempt
-everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
-recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
+can lie minutes past the end of the forward phase. A death in the forward phase that leaves every stage a
+serving member and takes no stage-0 node does not abort it: every node gets ``reroute`` and the pipelines whose
+route crossed the dead go again on substitutes (:meth:`Attempts.reroute`, issue 39 point 1); the dead slots are
+recovered after the commit. Any other death before ``commit`` aborts the attempt everywhere (no optimizer has
+stepped, so nothing is half-applied) and the iteration is redone after recovery; a stall or a timeout aborts and
+retries it, at most ``max_attempts`` times.
 
 :class:`Attempts` decides and acts at once; it waits for nothing. The supervisor's loop receives the nodes' reports
 (into the state's ``reports``); the attempt phase (checkfree.swarm.supervisor.phases.attempt) asks
@@ -30,6 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from checkfree.swarm.reroute import moved as reroute_moved
+from checkfree.swarm.reroute import node_of
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Attempt, SupervisorState, SwarmError
 
@@ -74,7 +79,14 @@ class Attempts:
         crash_at = t_begin + self.cfg.crash_point * last_wall_s if due else None
         deadline = t_begin + self.cfg.iteration_timeout
         state.current = Attempt(
-            state.attempt, it, members, t_begin, due=due, crash_at=crash_at, deadline=deadline
+            state.attempt,
+            it,
+            members,
+            t_begin,
+            due=due,
+            crash_at=crash_at,
+            deadline=deadline,
+            begun={s: list(ids) for s, ids in members.items()},
         )
         members_json = {str(k): v for k, v in members.items()}
         self.link.broadcast("begin", attempt=state.attempt, iteration=it, members=members_json)
@@ -117,6 +129,48 @@ class Attempts:
         if got["stalled"]:
             return Step("retry", f"stalled: {next(iter(got['stalled'].values()))['reason']}")
         return None
+
+    def dead_members(self) -> list[int]:
+        """The members of the attempt in progress whose node is gone (ascending)."""
+        by_node = self.state.roster.by_node
+        return sorted(n for n in self._current().nodes() if n in by_node and by_node[n].dead)
+
+    def can_reroute(self, dead: list[int]) -> bool:
+        """Whether the attempt in progress goes on without ``dead`` (issue 39 point 1): it is in its forward phase,
+        ``dead`` are members, none is a stage-0 node (a driver's pipeline is not taken over yet: its death aborts),
+        and every stage keeps a serving member."""
+        current = self._current()
+        if current.phase != "forward" or not dead or set(dead) & set(current.members.get(0, [])):
+            return False
+        return all(set(ids) - set(dead) for ids in current.members.values())
+
+    def reroute(self, dead: list[int]) -> None:
+        """Go on without ``dead`` (:meth:`can_reroute` said so): every live node gets ``reroute`` with the serving
+        lists less ``dead``; the pipelines whose route crossed them (checkfree.swarm.reroute.moved) are sent again
+        by their stage-0 nodes, whose ITERATION_END so far is stale. The dead slots are recovered after the
+        commit, as before."""
+        current = self._current()
+        after = {s: [n for n in ids if n not in dead] for s, ids in current.members.items()}
+        moved = reroute_moved(current.begun, current.members, after, self.cfg.n_stages)
+        current.members = after
+        current.reroutes += 1
+        ends, reported = self.state.reports.iteration_end, current.reported.get("iteration_end", set())
+        for p in moved:
+            driver = node_of(p, 0, current.begun, after)
+            assert driver is not None
+            current.need_end[driver] = current.reroutes
+            ends.pop(driver, None)
+            reported.discard(driver)
+        log.warning(
+            "supervisor: attempt %d goes on without node(s) %s: pipelines %s re-routed",
+            current.number,
+            dead,
+            moved,
+        )
+        members_json = {str(k): v for k, v in after.items()}
+        self.link.broadcast(
+            "reroute", attempt=current.number, members=members_json, dead=dead, seq=current.reroutes
+        )
 
     def commit(self, to: list[int] | None = None) -> None:
         """Every member is ready (:meth:`advance` said ``commit``, and the supervisor journaled the intent): the

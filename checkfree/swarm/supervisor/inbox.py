@@ -15,6 +15,8 @@ rejected; one of an attempt that is over (aborted, committed) is stale and ignor
 ``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per attempt, and only as a member of it:
 
 * ``ITERATION_END`` only from a stage-0 member, during the forward phase, with the tokens of a whole pipeline;
+  after a ``reroute`` that moved its pipeline, one sent before that re-route (``reroutes`` lower) is stale and
+  ignored, and one more is taken (checkfree.swarm.supervisor.attempts ``Attempts.reroute``);
 * ``stalled`` (which aborts and redoes the attempt) only from a stage-0 member whose pipeline has not ended,
   and not before ``microbatch_timeout`` seconds since ``begin`` (by the supervisor's clock): a node reports a
   stall only after a microbatch has been out that long, and its ``begin`` came after the supervisor's. In a
@@ -197,6 +199,12 @@ class PeerMessages:
 
     def _on_iteration_end(self, slot: Slot, msg: Message) -> Actions:
         meta = msg.meta
+        if (
+            self.state.current is not None
+            and self.state.current.number == meta["attempt"]
+            and meta.get("reroutes", 0) < self.state.current.need_end.get(slot.occupant, 0)
+        ):
+            return []  # sent before its pipeline was re-routed: a new one follows
         current = self._claim(slot, "iteration_end", meta["attempt"], stage0=True)
         if current is None:
             return []

@@ -5,7 +5,8 @@
   1 + its attempts aborted by a death, a stall, a timeout or a resume), ``t_commit`` (seconds since the first
   ``begin``; the aggregation timestamp: every node has averaged its stage's gradients and stepped), ``wall_s``
   (= t_commit − previous t_commit, recoveries included), mean loss over pipelines (nats), tokens, per-stage
-  gradient norms.
+  gradient norms, ``rerouted`` (deaths in its attempts that re-routed pipelines instead of aborting, issue 39
+  point 1) and ``resent_microbatches`` (the microbatches its stage-0 nodes sent again after those re-routes).
 * ``validation``, ``first_eval``, ``final_eval``, ``validation_given_up``, ``model``, ``snapshots``: the trained
   model's records (checkfree.swarm.supervisor.model_records).
 * ``iterations_completed`` (net: a checkpoint rollback moves it back), ``iterations_executed``,
@@ -117,6 +118,8 @@ class Results:
         self._reports: dict[int, dict[str, Any]] = {}
         self._finals: dict[int, dict[str, Any]] = {}
         self._aborts = 0
+        self._rerouted: dict[int, int] = {}
+        """Iteration → its attempts' re-routes so far (deaths that did not abort; issue 39 point 1)."""
         self._redone: dict[int, int] = {}
         """Iteration → its attempts aborted so far (a death, a stall, a timeout, a resume's attempt in flight);
         its row's ``attempts`` is one more."""
@@ -402,8 +405,16 @@ class Results:
                 "loss": sum(losses) / len(losses),
                 "tokens": sum(int(m["tokens"]) for m in ends.values()),
                 "grad_norms": norms,
+                "rerouted": self._rerouted.pop(it, 0),
+                "resent_microbatches": sum(int(m.get("resent", 0)) for m in ends.values()),
             }
         )
+
+    def rerouted(self, it: int) -> None:
+        """A death during an attempt at iteration ``it`` re-routed it instead of aborting it (issue 39 point 1):
+        counted in ``rerouted`` of ``it``'s row once it commits (its ``resent_microbatches``: the microbatches
+        the stage-0 nodes sent again, from their ITERATION_ENDs)."""
+        self._rerouted[it] = self._rerouted.get(it, 0) + 1
 
     def aborted(self, it: int) -> None:
         """An attempt at iteration ``it`` was aborted (it is redone): counted in ``aborted_attempts`` and in the
