@@ -72,3 +72,19 @@ def test_a_run_whose_deaths_take_only_replicas_ends_bit_identical_to_the_run_wit
     assert [r["rerouted"] for r in rows] == [0, 1, 1, 0] and all(r["attempts"] == 1 for r in rows)
     assert rows[1]["resent_microbatches"] >= 1 and rows[0]["resent_microbatches"] == 0
     _assert_bit_identical(clean, deaths)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_stage0_death_mid_attempt_hands_its_pipeline_to_another_stage0_node_bit_identically(
+    tmp_path: Path,
+) -> None:
+    # slot 1 drives pipeline 1; killed mid-attempt at iteration 1, node 2 (serving[1 % 2]) drives it from
+    # microbatch 0 with pipeline 1's batches beside its own, and the attempt commits
+    clean = _run(tmp_path / "clean", "ours", 3, 3, {})
+    deaths = _run(tmp_path / "deaths", "ours", 3, 3, {1: [1]})
+    assert [(c["stage"], c["rule"]) for c in deaths[0]["crashes"]] == [(0, "replica")]
+    rows = deaths[0]["iterations"]
+    assert deaths[0]["aborted_attempts"] == 0 and [r["rerouted"] for r in rows] == [0, 1, 0, 0]
+    assert rows[1]["resent_microbatches"] >= 6  # a pipeline taken over counts all its microbatches
+    _assert_bit_identical(clean, deaths)

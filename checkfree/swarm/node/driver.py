@@ -92,6 +92,17 @@ class PipelineDriver:
         self._clear()
         self.active = self.running = False
 
+    def take_over(self, pipeline: int) -> None:
+        """Drive ``pipeline`` from microbatch 0 in this attempt: its stage-0 node died and the routes give it to
+        this node (checkfree.swarm.reroute.node_of; this driver holds that pipeline's batches, a function of
+        the data position). Every microbatch counts as sent again (:attr:`resent`): what the dead node had
+        started is not known here."""
+        self._clear()
+        self.pipeline, self.resent = pipeline, self.cfg.mb_count
+        self.active = self.running = True
+        log.info("node %d: takes over pipeline %d", self.ctx.node_id, pipeline)
+        self._pump()
+
     def rerouted(self, moved: list[int]) -> None:
         """A ``reroute`` moved the pipelines ``moved`` (checkfree.swarm.reroute.moved): if this node's is one,
         every microbatch started so far is sent again from microbatch 0 on the new route (a node that died
@@ -193,6 +204,7 @@ class PipelineDriver:
                 "seconds": time.monotonic() - self.t_begin,
                 "reroutes": clock.reroutes,
                 "resent": self.resent,
+                "pipeline": self.pipeline,
             },
         )
         self.active = False

@@ -19,6 +19,7 @@ from typing import Any
 from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.parts import NodeParts
+from checkfree.swarm.node.relay import StageRelay
 from checkfree.swarm.reroute import moved as reroute_moved
 from checkfree.swarm.reroute import node_of
 from checkfree.swarm.wire.control import control
@@ -53,6 +54,23 @@ class IterationCommands:
         self.checkpoint, self.report = checkpoint, report
         self.step_s = 0.0
         """CPU seconds spent in optimizer steps."""
+        self.taken: dict[int, PipelineDriver] = {}
+        """Stage 0: the pipelines this node took over in the current attempt (their stage-0 node died) → driver."""
+
+    def drivers(self) -> list[PipelineDriver]:
+        """Stage 0: this node's pipeline driver and those of the pipelines it took over; [] on other stages."""
+        own = self.parts.pipeline
+        return ([own] if isinstance(own, PipelineDriver) else []) + list(self.taken.values())
+
+    def handler_of(self, pipeline: int) -> PipelineDriver | StageRelay:
+        """What runs a FORWARD / BACKWARD of ``pipeline`` here: the driver of a pipeline taken over, else the
+        node's own driver (stage 0) or relay."""
+        return self.taken.get(pipeline, self.parts.pipeline)
+
+    def _drop_taken(self) -> None:
+        for driver in self.taken.values():
+            driver.abort()
+        self.taken.clear()
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], None]]:
         """CONTROL command → handler."""
@@ -77,6 +95,7 @@ class IterationCommands:
         self.ctx.membership.set_members(meta["members"])
         parts.worker.reset()
         parts.gradients.reset()
+        self._drop_taken()
         if self.serving():
             parts.stage0_copies.push()  # holders that joined since the last step
         if isinstance(parts.pipeline, PipelineDriver):
@@ -116,8 +135,18 @@ class IterationCommands:
             meta["dead"],
             moved,
         )
-        if isinstance(parts.pipeline, PipelineDriver):
-            parts.pipeline.rerouted(moved)
+        for p in moved:  # a pipeline taken over here whose stage-0 node is now another (a second death)
+            if p in self.taken and node_of(p, 0, begun, after) != me:
+                self.taken.pop(p).abort()
+        for driver in self.drivers():
+            driver.rerouted(moved)
+        driving = isinstance(parts.pipeline, PipelineDriver) and parts.pipeline.running
+        own = parts.pipeline.pipeline if driving else None
+        for p in moved:  # a pipeline whose stage-0 node died and that the routes give this node
+            if parts.takeover is not None and p != own and p not in self.taken:
+                if node_of(p, 0, begun, after) == me:
+                    self.taken[p] = driver = parts.takeover(p)
+                    driver.take_over(p)
         for msg in clock.future.take(
             lambda m: m.meta.get("attempt") == clock.attempt and m.meta.get("reroutes", 0) <= clock.reroutes
         ):
@@ -160,6 +189,7 @@ class IterationCommands:
         clock, parts = self.ctx.clock, self.parts
         if isinstance(parts.pipeline, PipelineDriver):
             parts.pipeline.abort()
+        self._drop_taken()
         if clock.attempt >= 0 and parts.gradients.reduced == clock.attempt:
             return clock.attempt
         parts.worker.reset()
@@ -172,6 +202,7 @@ class IterationCommands:
             self.parts.gradients.reset()
             if isinstance(self.parts.pipeline, PipelineDriver):
                 self.parts.pipeline.abort()
+            self._drop_taken()
 
     def on_checkpoint(self, meta: dict[str, Any]) -> None:
         if self.ctx.node_id in meta["checkpoint_senders"]:

@@ -60,7 +60,6 @@ from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
 from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
-from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
@@ -264,8 +263,8 @@ class Node:
         if self.task is not None:
             self.task.tick()
         self._expire_requests()
-        if isinstance(self.parts.pipeline, PipelineDriver):
-            self.parts.pipeline.tick()
+        for driver in self.steps.drivers():
+            driver.tick()
         return False
 
     # ------------------------------------------------------------------ messaging
@@ -328,7 +327,7 @@ class Node:
         check_route(msg, path, pos, self.cfg, members, self.policy.swaps, self.id, membership.at_begin())
         msg.tensors = self.staging.to_device(msg.tensors)
         name = "activations" if msg.type == MessageType.FORWARD else "gradients"
-        self.parts.pipeline.on_message(msg, path, pos, key, msg.tensors[name])
+        self.steps.handler_of(key[0]).on_message(msg, path, pos, key, msg.tensors[name])
 
     def _on_plan(self, meta: dict[str, Any]) -> None:
         """The supervisor's new recovery plan (checkfree.swarm.node.recovering: sources all gone, or the stage

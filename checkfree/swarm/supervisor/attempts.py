@@ -9,7 +9,7 @@ while) fire ``crash_point`` × (last iteration time) seconds after ``begin``, wh
 in flight, or at the latest when the attempt reaches ``sync`` (every pipeline's ITERATION_END is in): the
 crash then fires at once, not at the estimated moment, which after a long iteration (one with a recovery)
 can lie minutes past the end of the forward phase. A death in the forward phase that leaves every stage a
-serving member and takes no stage-0 node does not abort it: every node gets ``reroute`` and the pipelines whose
+serving member does not abort it: every node gets ``reroute`` and the pipelines whose
 route crossed the dead go again on substitutes (:meth:`Attempts.reroute`, issue 39 point 1); the dead slots are
 recovered after the commit. Any other death before ``commit`` aborts the attempt everywhere (no optimizer has
 stepped, so nothing is half-applied) and the iteration is redone after recovery; a stall or a timeout aborts and
@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkfree.swarm.reroute import moved as reroute_moved
-from checkfree.swarm.reroute import node_of
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Attempt, SupervisorState, SwarmError
 
@@ -116,7 +115,8 @@ class Attempts:
         got = self.state.reports.of_attempt(number)
         by_node = self.state.roster.by_node
         alive = [n for n in nodes if not by_node[n].dead]
-        if current.phase == "forward" and set(members[0]) <= set(got["iteration_end"]):
+        pipelines = current.begun.get(0) or members.get(0, [])  # each pipeline's end, filed by its begin node
+        if current.phase == "forward" and set(pipelines) <= set(got["iteration_end"]):
             if current.crash_at is not None:  # at the latest now, before the gradient exchange
                 current.crash_at = None
                 return Step("fire")  # the death aborts this attempt
@@ -137,18 +137,19 @@ class Attempts:
 
     def can_reroute(self, dead: list[int]) -> bool:
         """Whether the attempt in progress goes on without ``dead`` (issue 39 point 1): it is in its forward phase,
-        ``dead`` are members, none is a stage-0 node (a driver's pipeline is not taken over yet: its death aborts),
-        and every stage keeps a serving member."""
+        ``dead`` are members, and every stage keeps a serving member (a dead stage-0 node's pipeline is taken over
+        by another stage-0 node)."""
         current = self._current()
-        if current.phase != "forward" or not dead or set(dead) & set(current.members.get(0, [])):
+        if current.phase != "forward" or not dead:
             return False
         return all(set(ids) - set(dead) for ids in current.members.values())
 
     def reroute(self, dead: list[int]) -> None:
         """Go on without ``dead`` (:meth:`can_reroute` said so): every live node gets ``reroute`` with the serving
         lists less ``dead``; the pipelines whose route crossed them (checkfree.swarm.reroute.moved) are sent again
-        by their stage-0 nodes, whose ITERATION_END so far is stale. The dead slots are recovered after the
-        commit, as before."""
+        by their stage-0 nodes (a substitute where that node died), and their ITERATION_END so far is stale: each
+        pipeline's is filed under its stage-0 node of ``begin`` (the key :meth:`advance` awaits). The dead slots
+        are recovered after the commit, as before."""
         current = self._current()
         after = {s: [n for n in ids if n not in dead] for s, ids in current.members.items()}
         moved = reroute_moved(current.begun, current.members, after, self.cfg.n_stages)
@@ -156,11 +157,10 @@ class Attempts:
         current.reroutes += 1
         ends, reported = self.state.reports.iteration_end, current.reported.get("iteration_end", set())
         for p in moved:
-            driver = node_of(p, 0, current.begun, after)
-            assert driver is not None
-            current.need_end[driver] = current.reroutes
-            ends.pop(driver, None)
-            reported.discard(driver)
+            key = current.begun[0][p]
+            current.need_end[key] = current.reroutes
+            ends.pop(key, None)
+            reported.discard(key)
         log.warning(
             "supervisor: attempt %d goes on without node(s) %s: pipelines %s re-routed",
             current.number,

@@ -393,7 +393,9 @@ class Results:
                 self._shortage[stage]["short_iterations"] += 1
                 self._shortage[stage]["short_s"] += wall
         pipeline = {n: i for i, n in enumerate(members.get(0, []))}
-        in_order = sorted(ends, key=lambda n: (pipeline.get(n, len(pipeline)), n))  # never arrival order
+        in_order = sorted(  # never arrival order; a pipeline taken over names itself (``pipeline``)
+            ends, key=lambda n: (int(ends[n].get("pipeline", pipeline.get(n, len(pipeline)))), n)
+        )
         losses = [float(ends[n]["loss"]) for n in in_order]
         self._rows.append(
             {

@@ -274,6 +274,7 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "seconds": "norm",
         "reroutes?": "nat",
         "resent?": "nat",
+        "pipeline?": "nat",
     },
     MessageType.GRADIENTS: {"stage": "stage", "attempt": "nat", "microbatches": "nat", "pipeline?": "nat"},
     MessageType.WEIGHTS_REQUEST: {
