@@ -1,6 +1,8 @@
 """Stage 0's side of the pipeline: batches in, embed, FORWARD out; final activations in, head + loss, BACKWARD out.
 
-See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each.
+See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each,
+plus one per pipeline it takes over when that pipeline's stage-0 node dies mid-attempt
+(:meth:`PipelineDriver.take_over`).
 A ``reroute`` that moves this pipeline (a replica on its route died mid-attempt) sends its microbatches again on
 the new route (:meth:`PipelineDriver.rerouted`; issue 39 point 1).
 A microbatch that has not come back within ``microbatch_timeout`` seconds is reported to the supervisor

@@ -3,8 +3,8 @@
     begin → ITERATION_END from every pipeline → sync → ready from every node → commit intent journaled → commit
     → committed from every live node
 
-A death in the forward phase that leaves every stage a serving member (no stage-0 node among the dead) re-routes
-it (``reroute``; issue 39 point 1) and the attempt goes on; any other death before ``commit`` aborts it (the
+A death in the forward phase that leaves every stage a serving member (a dead stage-0 node's pipeline is taken
+over by another) re-routes it (``reroute``; issue 39 point 1) and the attempt goes on; any other death before ``commit`` aborts it (the
 iteration is redone after recovery); the dead slots are recovered after the commit either way. A stall, or ``iteration_timeout``
 passed, retries it (at most ``max_attempts`` times per iteration: SwarmError). The scheduled crashes of the attempt
 fire ``crash_point`` × the last iteration's time after ``begin``, or at the latest when the forward phase ends.
