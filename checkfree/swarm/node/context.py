@@ -102,6 +102,23 @@ class AttemptClock:
         """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
         return version <= max(self.max_version, self.iteration + 1)
 
+    def waits_for_reroute(self, msg: Message, limit: int) -> bool:
+        """Whether ``msg`` (of the current attempt) was sent on a ``reroute`` this node has not taken yet (its
+        ``reroutes`` is higher): then it is kept in ``future`` until that re-route comes
+        (checkfree.swarm.node.iteration).
+
+        Raises:
+            ProtocolError: it is more than ``limit`` re-routes ahead (each takes a node out: at most the swarm's
+                nodes), or the buffer for early messages is full.
+        """
+        reroutes = msg.meta.get("reroutes", 0)
+        if reroutes <= self.reroutes:
+            return False
+        if reroutes > self.reroutes + limit:
+            raise ProtocolError(f"reroute {reroutes} is implausibly far ahead of {self.reroutes}")
+        self.future.add(msg)
+        return True
+
     def attempt_of(self, msg: Message) -> int | None:
         """The message's attempt; None (dropped) when stale, buffered (None) when it is ahead of this node.
 

@@ -317,11 +317,7 @@ class Node:
         clock, membership = self.ctx.clock, self.ctx.membership
         if not self.serving or clock.attempt_of(msg) is None:
             return
-        reroutes = msg.meta.get("reroutes", 0)
-        if reroutes > clock.reroutes:  # sent on a re-route this node has not taken yet: wait for it
-            if reroutes > clock.reroutes + self.cfg.replicas * (self.cfg.n_stages + 1):
-                raise ProtocolError(f"reroute {reroutes} is implausibly far ahead of {clock.reroutes}")
-            clock.future.add(msg)
+        if clock.waits_for_reroute(msg, self.cfg.replicas * (self.cfg.n_stages + 1)):
             return
         members = membership.members
         check_route(msg, path, pos, self.cfg, members, self.policy.swaps, self.id, membership.at_begin())
