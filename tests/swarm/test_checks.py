@@ -132,7 +132,9 @@ def test_gradients_with_nan_or_from_a_non_replica_are_rejected() -> None:
     with pytest.raises(ProtocolError, match="implausible"):
         sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta | {"microbatches": 10**6}, grads))
     sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, grads))
-    assert set(sync.received) == {5}
+    assert set(sync.received) == {
+        (5, 1)
+    }  # (sender, pipeline): slot 1 of a stage listed alone carries pipeline 1
 
 
 def test_the_early_message_buffer_is_bounded_in_count_and_bytes() -> None:

@@ -550,6 +550,34 @@ def test_each_implausible_peer_message_is_dropped_and_counted(sup: Supervisor) -
     assert remote.address == "tcp://127.0.0.1:9"
 
 
+def test_an_iteration_end_counts_only_from_the_node_the_routes_give_its_pipeline(sup: Supervisor) -> None:
+    """After a ``reroute`` that took stage-0 node 1 (issue 39 point 1), pipeline 1 is driven by node 4
+    (serving[1 mod 2]): its ITERATION_END is filed under node 1 (the pipeline's node of ``begin``, which the
+    attempt awaits) only from node 4 and only once; one sent before the re-route is stale and ignored (no
+    offence); node 0 claiming pipeline 1 is refused and counted."""
+    handle, reports = sup.peer_messages.handle, sup.state.reports
+    sup.state.attempt = 7
+    begun = {0: [0, 1, 4], 1: [2], 2: [3]}
+    sup.state.current = Attempt(7, 3, {0: [0, 4], 1: [2], 2: [3]}, t_begin=100.0, begun=begun)
+    sup.state.current.need_end = {1: 1}
+    tokens = sup.cfg.mb_count * sup.cfg.model.batch_size * sup.cfg.model.seq_l
+
+    def end(sender: int, **extra: int) -> Message:
+        meta = {"stage": 0, "attempt": 7, "loss": 2.0, "tokens": tokens, **extra}
+        return Message(MessageType.ITERATION_END, sender, meta=meta)
+
+    bad = sup.peer_messages.bad_messages
+    assert handle(end(4, pipeline=1, reroutes=0)) == [] and not reports.iteration_end  # stale: before it
+    assert sup.peer_messages.bad_messages == bad
+    handle(end(0, pipeline=1, reroutes=1))  # node 0 does not drive pipeline 1
+    assert sup.peer_messages.bad_messages == bad + 1 and not reports.iteration_end
+    handle(end(4, pipeline=1, reroutes=1))
+    handle(end(0))  # its own pipeline (0), no ``pipeline`` field
+    assert set(reports.iteration_end) == {0, 1} and reports.iteration_end[1]["pipeline"] == 1
+    handle(end(4, pipeline=1, reroutes=1))  # a second one
+    assert sup.peer_messages.bad_messages == bad + 2
+
+
 def test_fetched_weights_of_other_keys_shapes_or_dtypes_are_rejected() -> None:
     """A replica's answer must hold exactly this stage's keys, shapes and dtypes (wire/weights.py check_state)."""
     plan = RecoveryPlan("copy", (1,))
@@ -588,4 +616,4 @@ def test_gradients_of_other_names_shapes_or_dtypes_are_rejected() -> None:
             sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, bad))
         assert sync.received == {}
     sync.on_gradients(Message(MessageType.GRADIENTS, 5, 3, -1, meta, grads))
-    assert set(sync.received) == {5}
+    assert set(sync.received) == {(5, 1)}  # (sender, pipeline)

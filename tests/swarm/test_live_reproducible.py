@@ -5,10 +5,12 @@ gradient norms at every iteration, the same validation losses, the same weights 
   passes come from two neighbours in an order that varies run to run), two replicas per stage: before the
   gradients were summed in microbatch order (checkfree.swarm.node.compute.OrderedGradients) they drifted apart in
   the last bits within a few iterations.
-* A run whose deaths take only replicas (each replaced by a copy of a serving replica, Adam state included, and
-  the iteration redone) against the same run without deaths, three replicas per stage: the replicas' gradients
-  are summed in replica-slot order, so a replacement's new node id does not move its term (summed in node-id
-  order, the runs differ from the iteration after the first death).
+* A run whose deaths take only replicas mid-attempt against the same run without deaths, three replicas per
+  stage: each death re-routes its attempt instead of aborting it (issue 39 point 1: the pipeline that crossed
+  the dead node goes again on a substitute, which carries two pipelines until the commit), the dead slot is
+  replaced by a copy of a serving replica after the commit, and the stage adds one contribution per pipeline in
+  pipeline order, so neither the substitute nor the replacement's new node id moves a term (summed per node in
+  node order, the runs differ from the first death on).
 """
 
 from __future__ import annotations
@@ -65,5 +67,24 @@ def test_a_run_whose_deaths_take_only_replicas_ends_bit_identical_to_the_run_wit
     deaths = _run(tmp_path / "deaths", "ours", 3, 3, {3: [1], 9: [2]})
     assert clean[0]["crashes_count"] == 0
     assert [(c["stage"], c["rule"]) for c in deaths[0]["crashes"]] == [(1, "replica"), (3, "replica")]
-    assert deaths[0]["aborted_attempts"] == 2  # each death hit an attempt, which was redone
+    rows = deaths[0]["iterations"]
+    assert deaths[0]["aborted_attempts"] == 0  # neither death aborted its attempt: both re-routed it
+    assert [r["rerouted"] for r in rows] == [0, 1, 1, 0] and all(r["attempts"] == 1 for r in rows)
+    assert rows[1]["resent_microbatches"] >= 1 and rows[0]["resent_microbatches"] == 0
+    _assert_bit_identical(clean, deaths)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_stage0_death_mid_attempt_hands_its_pipeline_to_another_stage0_node_bit_identically(
+    tmp_path: Path,
+) -> None:
+    # slot 1 drives pipeline 1; killed mid-attempt at iteration 1, node 2 (serving[1 % 2]) drives it from
+    # microbatch 0 with pipeline 1's batches beside its own, and the attempt commits
+    clean = _run(tmp_path / "clean", "ours", 3, 3, {})
+    deaths = _run(tmp_path / "deaths", "ours", 3, 3, {1: [1]})
+    assert [(c["stage"], c["rule"]) for c in deaths[0]["crashes"]] == [(0, "replica")]
+    rows = deaths[0]["iterations"]
+    assert deaths[0]["aborted_attempts"] == 0 and [r["rerouted"] for r in rows] == [0, 1, 0, 0]
+    assert rows[1]["resent_microbatches"] >= 6  # a pipeline taken over counts all its microbatches
     _assert_bit_identical(clean, deaths)

@@ -210,7 +210,8 @@ def test_killed_in_the_middle_of_a_recovery_it_adopts_or_replaces_the_replacemen
 ) -> None:
     schedule = tmp_path / "schedule.json"
     schedule.write_text(json.dumps({"3": [2, 1000]}))  # one replica of stage 1, at iteration 2
-    out, log = _killed_then_resumed(tmp_path, "recovering:2", "--schedule", str(schedule))
+    # its death re-routes iteration 2's attempt (issue 39), so its replacement recovers before iteration 3
+    out, log = _killed_then_resumed(tmp_path, "recovering:3", "--schedule", str(schedule))
     outage = _every_iteration_once(out, reference)  # a replica's copy is exact: the same losses
     assert out["crashes_count"] == 1 and out["recovered_count"] == 1  # the crash recovered once
     crash = out["crashes"][0]

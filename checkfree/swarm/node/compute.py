@@ -172,21 +172,53 @@ class OrderedGradients:
             c.next += 1
         self.peak_held = max(self.peak_held, sum(len(x.held) for x in self.chains.values()))
 
-    def total(self) -> dict[str, torch.Tensor]:
-        """The sum over every chain in (pipeline, part) order, each in microbatch order → parameter name → tensor
-        (only parameters that got a gradient). Consumes the sums: call once per attempt."""
-        out: dict[str, torch.Tensor] = {}
+    def has(self, chain: Chain, microbatch: int) -> bool:
+        """Whether ``microbatch``'s gradient on ``chain`` was added (or is held) already this attempt: a copy sent
+        again after a re-route (issue 39 point 1) is bit-identical and must not be added twice."""
+        c = self.chains.get(chain)
+        return c is not None and (microbatch < c.next or microbatch in c.held)
+
+    def drop(self, pipeline: int) -> None:
+        """Forget ``pipeline``'s chains (this node no longer carries it after a re-route)."""
+        for chain in [c for c in self.chains if c[0] == pipeline]:
+            del self.chains[chain]
+
+    def count(self, pipeline: int) -> int:
+        """The microbatches of ``pipeline`` whose backward through this stage was added (part 0's chain)."""
+        c = self.chains.get((pipeline, 0))
+        return 0 if c is None else c.next + len(c.held)
+
+    def per_pipeline(self) -> dict[int, dict[str, torch.Tensor]]:
+        """Each pipeline's sum: its chains in part order, each in microbatch order → pipeline → parameter name →
+        tensor (only parameters that got a gradient). Consumes the sums: call once per attempt."""
+        out: dict[int, dict[str, torch.Tensor]] = {}
         for chain in sorted(self.chains):
             c = self.chains[chain]
             for mb in sorted(c.held):  # a chain that missed a microbatch: the rest in id order
                 c.add(c.held.pop(mb))
+            mine = out.setdefault(chain[0], {})
             for name, g in c.total.items():
-                if name in out:
-                    out[name].add_(g)
+                if name in mine:
+                    mine[name].add_(g)
                 else:
-                    out[name] = g
+                    mine[name] = g
         self.chains.clear()
         return out
+
+    def total(self) -> dict[str, torch.Tensor]:
+        """The sum over every chain in (pipeline, part) order, each in microbatch order → parameter name → tensor
+        (only parameters that got a gradient). Consumes the sums: call once per attempt."""
+        return add_in_pipeline_order(self.per_pipeline())
+
+
+def add_in_pipeline_order(sums: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The pipelines' sums added in pipeline order → parameter name → tensor; the first pipeline's tensors are
+    taken, the others added into fresh tensors (the pipelines' own sums are left unchanged)."""
+    out: dict[str, torch.Tensor] = {}
+    for p in sorted(sums):
+        for name, g in sums[p].items():
+            out[name] = out[name] + g if name in out else g
+    return out
 
 
 class StageWorker:
@@ -212,6 +244,10 @@ class StageWorker:
         """Keys whose forward ran this attempt: a second FORWARD of one microbatch is refused."""
         self.microbatches = 0
         """Microbatches whose backward finished here this attempt (the DP average's divisor)."""
+        self.duplicates = 0
+        """Re-sent microbatches whose parameter gradient was here already (not added again), since the start."""
+        self.settled: dict[int, tuple[dict[str, torch.Tensor], int]] = {}
+        """The last :meth:`settle`'s per-pipeline sums and microbatch counts: pipeline → (name → tensor, count)."""
         self.gradients = OrderedGradients()
         """This attempt's parameter gradients, summed in microbatch order; :meth:`settle` puts them in ``.grad``."""
         self.compute = {
@@ -241,15 +277,28 @@ class StageWorker:
         self.microbatches = 0
         self.attempt_s = 0.0
         self.gradients.clear()
+        self.settled = {}
         self.module.zero_grad(set_to_none=True)
 
+    def forget(self, pipelines: set[int] | list[int]) -> None:
+        """A re-route (issue 39 point 1): drop the saved activations of ``pipelines`` and let each of their
+        microbatches run its forward once more (the copy on the new route); their gradient chains are kept."""
+        gone = set(pipelines)
+        for key in [k for k in self.saved if k[0] in gone]:
+            del self.saved[key]
+        self.forwarded = {k for k in self.forwarded if k[0] not in gone}
+
     def settle(self) -> None:
-        """Put this attempt's parameter gradients (:class:`OrderedGradients`' sum) in the module's ``.grad``
-        (None where none came), when the attempt's backward passes are done (its ``sync``). Nothing to put (none
-        ran, or settled already: a replayed ``sync``) leaves ``.grad`` as it is."""
+        """Put this attempt's parameter gradients in :attr:`settled` (per pipeline, :meth:`OrderedGradients.
+        per_pipeline`) and their sum in pipeline order in the module's ``.grad`` (None where none came), when the
+        attempt's backward passes are done (its ``sync``). Nothing to put (none ran, or settled already: a
+        replayed ``sync``) leaves both as they are."""
         if not self.gradients.chains:
             return
-        total = self.gradients.total()
+        counts = {c[0]: self.gradients.count(c[0]) for c in self.gradients.chains}
+        sums = self.gradients.per_pipeline()
+        self.settled = {p: (g, counts[p]) for p, g in sums.items()}
+        total = add_in_pipeline_order(sums)
         for name, p in self.module.named_parameters():
             p.grad = total.get(name)
 
@@ -267,6 +316,9 @@ class StageWorker:
         named = [(n, p) for n, p in self.module.named_parameters() if p.requires_grad]
         wrt = ([inp] if inp is not None else []) + [p for _, p in named]
         got = torch.autograd.grad(out, wrt, grad, allow_unused=True)
+        if self.gradients.has((key[0], part), key[1]):  # a re-sent copy: its input gradient only
+            self.duplicates += 1
+            return got[0] if inp is not None else None
         params = got[1:] if inp is not None else got
         grads = {n: g for (n, _), g in zip(named, params, strict=True) if g is not None}
         self.gradients.add((key[0], part), key[1], grads)

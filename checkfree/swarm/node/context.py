@@ -86,18 +86,38 @@ class AttemptClock:
     Attributes:
         attempt: the number of the last ``begin``'s attempt (one try at an iteration); -1 before any.
         iteration: the last ``begin``'s iteration; -1 before any.
+        reroutes: the ``reroute`` commands of the current attempt taken so far (a peer's FORWARD / BACKWARD
+            stamped with more waits in ``future`` until they come; checkfree.swarm.node.iteration).
         max_version: the highest weights version a peer may claim (iterations the supervisor has begun).
         future: messages of an attempt this node has not begun yet.
     """
 
     attempt: int = -1
     iteration: int = -1
+    reroutes: int = 0
     max_version: int = 0
     future: FutureBuffer = field(default_factory=FutureBuffer)
 
     def plausible_version(self, version: int) -> bool:
         """A weights version a peer may hold: not ahead of the iterations the supervisor has begun."""
         return version <= max(self.max_version, self.iteration + 1)
+
+    def waits_for_reroute(self, msg: Message, limit: int) -> bool:
+        """Whether ``msg`` (of the current attempt) was sent on a ``reroute`` this node has not taken yet (its
+        ``reroutes`` is higher): then it is kept in ``future`` until that re-route comes
+        (checkfree.swarm.node.iteration).
+
+        Raises:
+            ProtocolError: it is more than ``limit`` re-routes ahead (each takes a node out: at most the swarm's
+                nodes), or the buffer for early messages is full.
+        """
+        reroutes = msg.meta.get("reroutes", 0)
+        if reroutes <= self.reroutes:
+            return False
+        if reroutes > self.reroutes + limit:
+            raise ProtocolError(f"reroute {reroutes} is implausibly far ahead of {self.reroutes}")
+        self.future.add(msg)
+        return True
 
     def attempt_of(self, msg: Message) -> int | None:
         """The message's attempt; None (dropped) when stale, buffered (None) when it is ahead of this node.

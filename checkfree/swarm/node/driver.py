@@ -1,6 +1,10 @@
 """Stage 0's side of the pipeline: batches in, embed, FORWARD out; final activations in, head + loss, BACKWARD out.
 
-See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each.
+See checkfree.swarm.node.compute for the route and message flow. One driver per stage-0 node, one pipeline each,
+plus one per pipeline it takes over when that pipeline's stage-0 node dies mid-attempt
+(:meth:`PipelineDriver.take_over`).
+A ``reroute`` that moves this pipeline (a replica on its route died mid-attempt) sends its microbatches again on
+the new route (:meth:`PipelineDriver.rerouted`; issue 39 point 1).
 A microbatch that has not come back within ``microbatch_timeout`` seconds is reported to the supervisor
 (CONTROL ``stalled``), which aborts the attempt and redoes the iteration. That is also what happens to a
 microbatch whose messages the data plane refused (checkfree.swarm.node.relay) when no genuine copy follows,
@@ -20,9 +24,10 @@ import torch
 
 from checkfree.data.spec import default_cache_dir
 from checkfree.pipeline import stage_order
-from checkfree.swarm.config import SwarmConfig, route
+from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.compute import StageWorker, make_batches
 from checkfree.swarm.node.context import NodeContext
+from checkfree.swarm.reroute import stable_route
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError, Rejected
 
 log = logging.getLogger(__name__)
@@ -58,6 +63,10 @@ class PipelineDriver:
         self.ctx, self.cfg, self.swaps, self.batches, self.worker = ctx, cfg, swaps, batches, worker
         self.active = False
         self.pipeline = -1
+        self.running = False
+        """This node drives a pipeline in the current attempt (its ITERATION_END may be sent already)."""
+        self.resent = 0
+        """Microbatches of this attempt sent again after a re-route (the ITERATION_END's ``resent``)."""
         self._clear()
 
     def _clear(self) -> None:
@@ -74,15 +83,43 @@ class PipelineDriver:
     def begin(self) -> None:
         """A new attempt: start the first ``in_flight`` microbatches."""
         self._clear()
+        self.resent = 0
         stage0 = self.ctx.membership.serving(0)
-        self.active = self.ctx.node_id in stage0
+        self.active = self.running = self.ctx.node_id in stage0
         if self.active:
             self.pipeline = stage0.index(self.ctx.node_id)
             self._pump()
 
     def abort(self) -> None:
         self._clear()
-        self.active = False
+        self.active = self.running = False
+
+    def take_over(self, pipeline: int) -> None:
+        """Drive ``pipeline`` from microbatch 0 in this attempt: its stage-0 node died and the routes give it to
+        this node (checkfree.swarm.reroute.node_of; this driver holds that pipeline's batches, a function of
+        the data position). Every microbatch counts as sent again (:attr:`resent`): what the dead node had
+        started is not known here."""
+        self._clear()
+        self.pipeline, self.resent = pipeline, self.cfg.mb_count
+        self.active = self.running = True
+        log.info("node %d: takes over pipeline %d", self.ctx.node_id, pipeline)
+        self._pump()
+
+    def rerouted(self, moved: list[int]) -> None:
+        """A ``reroute`` moved the pipelines ``moved`` (checkfree.swarm.reroute.moved): if this node's is one,
+        every microbatch started so far is sent again from microbatch 0 on the new route (a node that died
+        took its chain sum of the pipeline with it, so its substitute builds that chain anew in id order; the
+        nodes that hold a microbatch's gradient already drop the copy's, checkfree.swarm.node.compute), and a
+        new ITERATION_END follows, even if one was sent already. Counted in :attr:`resent`."""
+        if not self.running or self.pipeline not in moved:
+            return
+        self.resent += self.next_mb
+        t_begin = self.t_begin
+        self._clear()
+        self.t_begin = t_begin
+        self.active = True
+        log.info("node %d: pipeline %d re-routed; its microbatches go again", self.ctx.node_id, self.pipeline)
+        self._pump()
 
     def _pump(self) -> None:
         ctx, cfg, iteration = self.ctx, self.cfg, self.ctx.clock.iteration
@@ -90,7 +127,8 @@ class PipelineDriver:
             mb = self.next_mb
             self.next_mb += 1
             order = stage_order(mb, cfg.n_stages, self.swaps)
-            path = route(self.pipeline, ctx.membership.members, cfg.n_stages, order)
+            members = ctx.membership
+            path = stable_route(self.pipeline, members.at_begin(), members.members, cfg.n_stages, order)
             if path is None:
                 self._stalled(f"no route for microbatch {mb}: a stage has no serving node")
                 return
@@ -103,7 +141,13 @@ class PipelineDriver:
                 MessageType.FORWARD,
                 iteration,
                 mb,
-                {"attempt": ctx.clock.attempt, "route": path, "pos": 1, "pipeline": self.pipeline},
+                {
+                    "attempt": ctx.clock.attempt,
+                    "route": path,
+                    "pos": 1,
+                    "pipeline": self.pipeline,
+                    "reroutes": ctx.clock.reroutes,
+                },
                 {"activations": h},
             )
 
@@ -114,7 +158,12 @@ class PipelineDriver:
         ctx, mb, iteration = self.ctx, msg.microbatch, self.ctx.clock.iteration
         if not self.active or key[0] != self.pipeline or mb not in self.inflight or path != self.routes[mb]:
             raise ProtocolError(f"microbatch {mb} of pipeline {key[0]} is not in flight here")
-        meta = {"attempt": ctx.clock.attempt, "route": path, "pipeline": self.pipeline}
+        meta = {
+            "attempt": ctx.clock.attempt,
+            "route": path,
+            "pipeline": self.pipeline,
+            "reroutes": ctx.clock.reroutes,
+        }
         if msg.type == MessageType.FORWARD and pos == len(path):
             if mb in self.losses:
                 raise ProtocolError(f"microbatch {mb} came back twice")
@@ -155,6 +204,9 @@ class PipelineDriver:
                 "loss": sum(losses) / len(losses),
                 "tokens": len(losses) * b * t,
                 "seconds": time.monotonic() - self.t_begin,
+                "reroutes": clock.reroutes,
+                "resent": self.resent,
+                "pipeline": self.pipeline,
             },
         )
         self.active = False

@@ -7,10 +7,13 @@ arrives → stage 0 sends ITERATION_END → ``sync``: the replicas of each stage
 storage) → ``committed`` (with the attempt's mean compute seconds per microbatch, ``microbatch_s``, which the
 supervisor's speed estimates take; checkfree.swarm.supervisor.speeds). ``begin`` carries the slowdown factors of the
 emulation (checkfree.swarm.slowdown). ``abort`` drops the attempt's activations and gradients; nothing has been stepped.
+``reroute`` (a replica died before ``sync`` and every stage still serves): the pipelines whose route crossed it go
+again on their new route, the others go on (issue 39 point 1; checkfree.swarm.reroute).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,8 +21,13 @@ from typing import Any
 from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.parts import NodeParts
+from checkfree.swarm.node.relay import StageRelay
+from checkfree.swarm.reroute import moved as reroute_moved
+from checkfree.swarm.reroute import node_of
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
+
+log = logging.getLogger(__name__)
 
 
 class IterationCommands:
@@ -48,6 +56,23 @@ class IterationCommands:
         self.checkpoint, self.report = checkpoint, report
         self.step_s = 0.0
         """CPU seconds spent in optimizer steps."""
+        self.taken: dict[int, PipelineDriver] = {}
+        """Stage 0: the pipelines this node took over in the current attempt (their stage-0 node died) → driver."""
+
+    def drivers(self) -> list[PipelineDriver]:
+        """Stage 0: this node's pipeline driver and those of the pipelines it took over; [] on other stages."""
+        own = self.parts.pipeline
+        return ([own] if isinstance(own, PipelineDriver) else []) + list(self.taken.values())
+
+    def handler_of(self, pipeline: int) -> PipelineDriver | StageRelay:
+        """What runs a FORWARD / BACKWARD of ``pipeline`` here: the driver of a pipeline taken over, else the
+        node's own driver (stage 0) or relay."""
+        return self.taken.get(pipeline, self.parts.pipeline)
+
+    def _drop_taken(self) -> None:
+        for driver in self.taken.values():
+            driver.abort()
+        self.taken.clear()
 
     def table(self) -> dict[str, Callable[[dict[str, Any]], None]]:
         """CONTROL command → handler."""
@@ -56,6 +81,7 @@ class IterationCommands:
             "sync": self.sync,
             "commit": self.commit,
             "abort": self.abort,
+            "reroute": self.reroute,
             "checkpoint": self.on_checkpoint,
         }
 
@@ -66,17 +92,67 @@ class IterationCommands:
                 f"begin of attempt {meta['attempt']}; this node is at attempt {clock.attempt} already"
             )
         clock.attempt, clock.iteration = meta["attempt"], meta["iteration"]
+        clock.reroutes = 0
         clock.max_version = max(clock.max_version, clock.iteration)
         self.ctx.membership.set_members(meta["members"])
         parts.worker.reset()
         parts.worker.slowdown = float(meta.get("slowdown", {}).get(str(self.ctx.node_id), 1.0))
         parts.gradients.reset()
+        self._drop_taken()
         if self.serving():
             parts.stage0_copies.push()  # holders that joined since the last step
         if isinstance(parts.pipeline, PipelineDriver):
             parts.pipeline.begin()
         clock.future.drop_before(clock.attempt)
         for msg in clock.future.take(lambda m: m.meta.get("attempt") == clock.attempt):
+            self.dispatch(msg)
+
+    def reroute(self, meta: dict[str, Any]) -> None:
+        """A replica died mid-attempt and every stage still has a serving one (issue 39 point 1): take the new
+        serving lists (the ``begin``'s less the dead), drop the saved activations of the pipelines whose route
+        changed (checkfree.swarm.reroute.moved) and the chains of those this node no longer carries, let stage 0
+        send those pipelines' microbatches again, then take the messages that waited for this re-route.
+
+        Raises:
+            ProtocolError: the command is out of sequence (its ``seq`` is not the next) or adds a node.
+        """
+        clock, parts, membership = self.ctx.clock, self.parts, self.ctx.membership
+        if meta["attempt"] != clock.attempt:
+            return  # an attempt that is over (or, impossibly, one not begun): nothing to move
+        if meta["seq"] != clock.reroutes + 1:
+            raise ProtocolError(f"reroute {meta['seq']} of attempt {clock.attempt}; {clock.reroutes} taken")
+        before = membership.members
+        membership.rerouted(meta["members"])
+        begun, after = membership.at_begin(), membership.members
+        moved = reroute_moved(begun, before, after, parts.gradients.cfg.n_stages)
+        clock.reroutes = meta["seq"]
+        parts.worker.forget(moved)
+        me, stage = self.ctx.node_id, self.ctx.stage
+        for p in moved:
+            if node_of(p, stage, begun, after) != me:
+                parts.worker.gradients.drop(p)
+        log.info(
+            "node %d: attempt %d re-routed (dead %s): pipelines %s move",
+            me,
+            clock.attempt,
+            meta["dead"],
+            moved,
+        )
+        for p in moved:  # a pipeline taken over here whose stage-0 node is now another (a second death)
+            if p in self.taken and node_of(p, 0, begun, after) != me:
+                self.taken.pop(p).abort()
+        for driver in self.drivers():
+            driver.rerouted(moved)
+        driving = isinstance(parts.pipeline, PipelineDriver) and parts.pipeline.running
+        own = parts.pipeline.pipeline if driving else None
+        for p in moved:  # a pipeline whose stage-0 node died and that the routes give this node
+            if parts.takeover is not None and p != own and p not in self.taken:
+                if node_of(p, 0, begun, after) == me:
+                    self.taken[p] = driver = parts.takeover(p)
+                    driver.take_over(p)
+        for msg in clock.future.take(
+            lambda m: m.meta.get("attempt") == clock.attempt and m.meta.get("reroutes", 0) <= clock.reroutes
+        ):
             self.dispatch(msg)
 
     def sync(self, meta: dict[str, Any]) -> None:
@@ -122,6 +198,7 @@ class IterationCommands:
         clock, parts = self.ctx.clock, self.parts
         if isinstance(parts.pipeline, PipelineDriver):
             parts.pipeline.abort()
+        self._drop_taken()
         if clock.attempt >= 0 and parts.gradients.reduced == clock.attempt:
             return clock.attempt
         parts.worker.reset()
@@ -134,6 +211,7 @@ class IterationCommands:
             self.parts.gradients.reset()
             if isinstance(self.parts.pipeline, PipelineDriver):
                 self.parts.pipeline.abort()
+            self._drop_taken()
 
     def on_checkpoint(self, meta: dict[str, Any]) -> None:
         if self.ctx.node_id in meta["checkpoint_senders"]:

@@ -28,7 +28,7 @@ import torch
 from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.wire.links import TransportError
 from checkfree.swarm.wire.netem import SwarmNetEm
-from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType
+from checkfree.swarm.wire.protocol import SUPERVISOR_ID, Message, MessageType, ProtocolError
 from checkfree.swarm.wire.staging import HostStaging
 from checkfree.swarm.wire.transport import Transport
 
@@ -126,12 +126,14 @@ class Membership:
         me: this process's node id (never its own peer).
         peers: peer id → ``{"stage", "location", "address"}``.
         members: stage → ids of its serving replicas (the supervisor's order).
+        begun: the ``members`` of the attempt's ``begin`` once a ``reroute`` took some out (None: ``members``).
         forget_unlisted: a ``peers`` command drops peers it no longer lists (and their links).
     """
 
     me: int
     peers: dict[int, dict[str, Any]] = field(default_factory=dict)
     members: dict[int, list[int]] = field(default_factory=dict)
+    begun: dict[int, list[int]] | None = None
     forget_unlisted: bool = True
 
     def serving(self, stage: int) -> list[int]:
@@ -146,6 +148,25 @@ class Membership:
     def set_members(self, members: dict[str, list[int]]) -> None:
         """Take the ``members`` field of a WELCOME or ``begin`` (stage keys as strings, JSON)."""
         self.members = {int(s): list(ids) for s, ids in members.items()}
+        self.begun = None
+
+    def at_begin(self) -> dict[int, list[int]]:
+        """The serving replicas of the attempt's ``begin`` (the routes' homes, checkfree.swarm.reroute)."""
+        return self.members if self.begun is None else self.begun
+
+    def rerouted(self, members: dict[str, list[int]]) -> None:
+        """Take the ``members`` of a ``reroute``: the ``begin``'s, less the nodes that died since.
+
+        Raises:
+            ProtocolError: a stage lists a node its current list does not (a re-route only takes nodes out).
+        """
+        new = {int(s): list(ids) for s, ids in members.items()}
+        for stage, ids in new.items():
+            if not set(ids) <= set(self.members.get(stage, [])):
+                raise ProtocolError(f"a reroute adds nodes to stage {stage}: {sorted(ids)[:8]}")
+        if self.begun is None:
+            self.begun = self.members
+        self.members = {s: new.get(s, []) for s in self.members}
 
     def admit(self, meta: dict[str, Any], transport: Transport) -> None:
         """Apply a ``peers`` command (or a WELCOME): admit the listed keys, dial every listed peer

@@ -60,7 +60,6 @@ from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
 from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
-from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
 from checkfree.swarm.node.membership import Membership, PeerSender, advertised, configure_links, join
@@ -264,8 +263,8 @@ class Node:
         if self.task is not None:
             self.task.tick()
         self._expire_requests()
-        if isinstance(self.parts.pipeline, PipelineDriver):
-            self.parts.pipeline.tick()
+        for driver in self.steps.drivers():
+            driver.tick()
         return False
 
     # ------------------------------------------------------------------ messaging
@@ -315,12 +314,16 @@ class Node:
         """A FORWARD / BACKWARD: checked on the received host bytes (shape, finite values), kept for its attempt
         if that is ahead, checked against the attempt's route (checkfree.swarm.node.relay), then computed on."""
         path, pos, key, tensor = check_pipeline_message(msg, self.cfg)
-        if not self.serving or self.ctx.clock.attempt_of(msg) is None:
+        clock, membership = self.ctx.clock, self.ctx.membership
+        if not self.serving or clock.attempt_of(msg) is None:
             return
-        check_route(msg, path, pos, self.cfg, self.ctx.membership.members, self.policy.swaps, self.id)
+        if clock.waits_for_reroute(msg, self.cfg.replicas * (self.cfg.n_stages + 1)):
+            return
+        members = membership.members
+        check_route(msg, path, pos, self.cfg, members, self.policy.swaps, self.id, membership.at_begin())
         msg.tensors = self.staging.to_device(msg.tensors)
         name = "activations" if msg.type == MessageType.FORWARD else "gradients"
-        self.parts.pipeline.on_message(msg, path, pos, key, msg.tensors[name])
+        self.steps.handler_of(key[0]).on_message(msg, path, pos, key, msg.tensors[name])
 
     def _on_plan(self, meta: dict[str, Any]) -> None:
         """The supervisor's new recovery plan (checkfree.swarm.node.recovering: sources all gone, or the stage

@@ -235,6 +235,8 @@ class NodeParts:
         fetch: what a recovery or rollback of this node needs.
         pipeline: stage 0's driver, or a transformer stage's relay.
         grants: who may fetch this node's weights (the supervisor's grants).
+        takeover: stage 0: pipeline → a driver of that pipeline's batches, for a pipeline whose stage-0 node died
+            mid-attempt (issue 39 point 1; made once per pipeline); None on the other stages.
     """
 
     state: StageState
@@ -244,6 +246,7 @@ class NodeParts:
     fetch: FetchContext
     pipeline: PipelineDriver | StageRelay
     grants: WeightGrants
+    takeover: Callable[[int], PipelineDriver] | None = None
 
 
 def build_parts(
@@ -270,16 +273,25 @@ def build_parts(
     holder = keeps and stage in (1, cfg.n_stages)
     shapes = stage0_part_shapes(cfg.model, vocab_size, cfg.init_seed) if holder else None
     copies = Stage0Copies(ctx, cfg.n_stages, keeps, state, shapes)
-    gradients = GradientSync(ctx, state, cfg, lambda: worker.microbatches)
+    gradients = GradientSync(ctx, state, cfg, lambda: worker.microbatches, lambda: worker.settled)
     fetch = FetchContext(ctx, cfg, reject)
     pipeline: PipelineDriver | StageRelay
+    takeover = None
     if stage == 0:
         batches = stage0_batches(cfg, welcome, cache_dir)
         pipeline = PipelineDriver(ctx, cfg, policy.swaps, batches, worker)
+        drivers: dict[int, PipelineDriver] = {}
+
+        def takeover(p: int) -> PipelineDriver:
+            if p not in drivers:
+                source = stage0_batches(cfg, {**welcome, "rank": p}, cache_dir)
+                drivers[p] = PipelineDriver(ctx, cfg, policy.swaps, source, worker)
+            return drivers[p]
+
     else:
         pipeline = StageRelay(ctx, worker)
     grants = WeightGrants(state, cfg.request_timeout)
-    return NodeParts(state, worker, copies, gradients, fetch, pipeline, grants)
+    return NodeParts(state, worker, copies, gradients, fetch, pipeline, grants, takeover)
 
 
 def answer_weights_request(

@@ -27,9 +27,10 @@ import torch
 
 from checkfree.config import Config
 from checkfree.pipeline import stage_order
-from checkfree.swarm.config import SwarmConfig, route
+from checkfree.swarm.config import SwarmConfig
 from checkfree.swarm.node.compute import StageWorker
 from checkfree.swarm.node.context import NodeContext
+from checkfree.swarm.reroute import stable_route
 from checkfree.swarm.wire.protocol import Message, MessageType, ProtocolError, Rejected, all_finite
 
 Key = tuple[int, int]
@@ -91,6 +92,7 @@ def check_route(
     members: dict[int, list[int]],
     swaps: bool,
     me: int,
+    begun: dict[int, list[int]] | None = None,
 ) -> None:
     """Check that a FORWARD / BACKWARD (:func:`check_pipeline_message` passed) comes from the node its route
     assigns, on the route the current attempt assigns.
@@ -98,13 +100,17 @@ def check_route(
     Args:
         msg: the message; ``path`` and ``pos``: its route and position.
         cfg: the swarm config (stages, microbatches).
-        members: the attempt's serving replicas per stage (the ``begin`` of the message's attempt).
+        members: the attempt's serving replicas per stage (its ``begin``'s, less the nodes a ``reroute`` took).
         swaps: CheckFree+ stage order on odd microbatches (checkfree.pipeline.stage_order).
         me: this node's id.
+        begun: the serving replicas of the attempt's ``begin`` (None: ``members``, no re-route): each pipeline
+            keeps its nodes of ``begin`` that still serve (checkfree.swarm.reroute.stable_route), so after a
+            re-route a message on the old route of a pipeline that moved is refused, the others' still pass.
 
     Raises:
         Rejected: (counter ``off_route``) the microbatch index is out of range, the route is not
-            ``route(pipeline, members, S, stage_order(microbatch, S, swaps))``, the position is not this node,
+            ``stable_route(pipeline, begun, members, S, stage_order(microbatch, S, swaps))``, the position is not
+            this node,
             or the sender is not the node before this one on the route (FORWARD: ``path[pos − 1]``) or after it
             (BACKWARD: ``path[(pos + 1) mod len]``, stage 0 for the last stage).
     """
@@ -112,7 +118,8 @@ def check_route(
     what = f"{msg.type.name} of microbatch {mb} (pipeline {pipeline}) from node {msg.sender}"
     if not 0 <= mb < cfg.mb_count:
         raise Rejected(f"{what}: microbatch {mb} is outside 0..{cfg.mb_count - 1}", "off_route")
-    want = route(pipeline, members, cfg.n_stages, stage_order(mb, cfg.n_stages, swaps))
+    order = stage_order(mb, cfg.n_stages, swaps)
+    want = stable_route(pipeline, members if begun is None else begun, members, cfg.n_stages, order)
     if want is None or path != want:
         raise Rejected(f"{what}: route {path[:8]} is not this attempt's route {want}", "off_route")
     forward = msg.type == MessageType.FORWARD
@@ -144,7 +151,12 @@ class StageRelay:
         ctx = self.ctx
         if pos >= len(route) or route[pos] != ctx.node_id or pos == 0:
             raise ProtocolError(f"route position {pos} of {route[:8]} is not this node")
-        meta = {"attempt": ctx.clock.attempt, "route": route, "pipeline": key[0]}
+        meta = {
+            "attempt": ctx.clock.attempt,
+            "route": route,
+            "pipeline": key[0],
+            "reroutes": ctx.clock.reroutes,
+        }
         iteration = ctx.clock.iteration
         if msg.type == MessageType.FORWARD:
             out = self.worker.forward(key, tensor)

@@ -8,9 +8,12 @@ Scheduled crashes (checkfree.swarm.supervisor.outages: which slots, and whether 
 while) fire ``crash_point`` × (last iteration time) seconds after ``begin``, while microbatches are
 in flight, or at the latest when the attempt reaches ``sync`` (every pipeline's ITERATION_END is in): the
 crash then fires at once, not at the estimated moment, which after a long iteration (one with a recovery)
-can lie minutes past the end of the forward phase. A death before ``commit`` aborts the attempt
-everywhere (no optimizer has stepped, so nothing is half-applied) and the iteration is redone after
-recovery; a stall or a timeout aborts and retries it, at most ``max_attempts`` times.
+can lie minutes past the end of the forward phase. A death in the forward phase that leaves every stage a
+serving member does not abort it: every node gets ``reroute`` and the pipelines whose
+route crossed the dead go again on substitutes (:meth:`Attempts.reroute`, issue 39 point 1); the dead slots are
+recovered after the commit. Any other death before ``commit`` aborts the attempt everywhere (no optimizer has
+stepped, so nothing is half-applied) and the iteration is redone after recovery; a stall or a timeout aborts and
+retries it, at most ``max_attempts`` times.
 
 :class:`Attempts` decides and acts at once; it waits for nothing. The supervisor's loop receives the nodes' reports
 (into the state's ``reports``); the attempt phase (checkfree.swarm.supervisor.phases.attempt) asks
@@ -30,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from checkfree.swarm.reroute import moved as reroute_moved
 from checkfree.swarm.slowdown import SlowdownPlan
 from checkfree.swarm.supervisor.link import Link
 from checkfree.swarm.supervisor.state import Attempt, SupervisorState, SwarmError
@@ -78,7 +82,14 @@ class Attempts:
         crash_at = t_begin + self.cfg.crash_point * last_wall_s if due else None
         deadline = t_begin + self.cfg.iteration_timeout
         state.current = Attempt(
-            state.attempt, it, members, t_begin, due=due, crash_at=crash_at, deadline=deadline
+            state.attempt,
+            it,
+            members,
+            t_begin,
+            due=due,
+            crash_at=crash_at,
+            deadline=deadline,
+            begun={s: list(ids) for s, ids in members.items()},
         )
         members_json = {str(k): v for k, v in members.items()}
         slow = self.slowdowns.factors(it)  # slot → factor; its occupant (a replacement too) computes slower
@@ -111,7 +122,8 @@ class Attempts:
         got = self.state.reports.of_attempt(number)
         by_node = self.state.roster.by_node
         alive = [n for n in nodes if not by_node[n].dead]
-        if current.phase == "forward" and set(members[0]) <= set(got["iteration_end"]):
+        pipelines = current.begun.get(0) or members.get(0, [])  # each pipeline's end, filed by its begin node
+        if current.phase == "forward" and set(pipelines) <= set(got["iteration_end"]):
             if current.crash_at is not None:  # at the latest now, before the gradient exchange
                 current.crash_at = None
                 return Step("fire")  # the death aborts this attempt
@@ -124,6 +136,48 @@ class Attempts:
         if got["stalled"]:
             return Step("retry", f"stalled: {next(iter(got['stalled'].values()))['reason']}")
         return None
+
+    def dead_members(self) -> list[int]:
+        """The members of the attempt in progress whose node is gone (ascending)."""
+        by_node = self.state.roster.by_node
+        return sorted(n for n in self._current().nodes() if n in by_node and by_node[n].dead)
+
+    def can_reroute(self, dead: list[int]) -> bool:
+        """Whether the attempt in progress goes on without ``dead`` (issue 39 point 1): it is in its forward phase,
+        ``dead`` are members, and every stage keeps a serving member (a dead stage-0 node's pipeline is taken over
+        by another stage-0 node)."""
+        current = self._current()
+        if current.phase != "forward" or not dead:
+            return False
+        return all(set(ids) - set(dead) for ids in current.members.values())
+
+    def reroute(self, dead: list[int]) -> None:
+        """Go on without ``dead`` (:meth:`can_reroute` said so): every live node gets ``reroute`` with the serving
+        lists less ``dead``; the pipelines whose route crossed them (checkfree.swarm.reroute.moved) are sent again
+        by their stage-0 nodes (a substitute where that node died), and their ITERATION_END so far is stale: each
+        pipeline's is filed under its stage-0 node of ``begin`` (the key :meth:`advance` awaits). The dead slots
+        are recovered after the commit, as before."""
+        current = self._current()
+        after = {s: [n for n in ids if n not in dead] for s, ids in current.members.items()}
+        moved = reroute_moved(current.begun, current.members, after, self.cfg.n_stages)
+        current.members = after
+        current.reroutes += 1
+        ends, reported = self.state.reports.iteration_end, current.reported.get("iteration_end", set())
+        for p in moved:
+            key = current.begun[0][p]
+            current.need_end[key] = current.reroutes
+            ends.pop(key, None)
+            reported.discard(key)
+        log.warning(
+            "supervisor: attempt %d goes on without node(s) %s: pipelines %s re-routed",
+            current.number,
+            dead,
+            moved,
+        )
+        members_json = {str(k): v for k, v in after.items()}
+        self.link.broadcast(
+            "reroute", attempt=current.number, members=members_json, dead=dead, seq=current.reroutes
+        )
 
     def commit(self, to: list[int] | None = None) -> None:
         """Every member is ready (:meth:`advance` said ``commit``, and the supervisor journaled the intent): the

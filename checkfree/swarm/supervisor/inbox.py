@@ -15,6 +15,8 @@ rejected; one of an attempt that is over (aborted, committed) is stale and ignor
 ``iteration_end`` / ``stalled`` / ``ready`` / ``committed`` at most once per attempt, and only as a member of it:
 
 * ``ITERATION_END`` only from a stage-0 member, during the forward phase, with the tokens of a whole pipeline;
+  after a ``reroute`` that moved its pipeline, one sent before that re-route (``reroutes`` lower) is stale and
+  ignored, and one more is taken (checkfree.swarm.supervisor.attempts ``Attempts.reroute``);
 * ``stalled`` (which aborts and redoes the attempt) only from a stage-0 member whose pipeline has not ended,
   and not before ``microbatch_timeout`` seconds since ``begin`` (by the supervisor's clock): a node reports a
   stall only after a microbatch has been out that long, and its ``begin`` came after the supervisor's. In a
@@ -54,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from checkfree.swarm.launcher import LAUNCHER_ID_BASE, LAUNCHER_STAGE
+from checkfree.swarm.reroute import node_of
 from checkfree.swarm.supervisor.state import Attempt, Slot, SupervisorState
 from checkfree.swarm.wire.control import control
 from checkfree.swarm.wire.links import TransportError
@@ -167,9 +170,12 @@ class PeerMessages:
 
     # ------------------------------------------------------------------ reports of one attempt
 
-    def _claim(self, slot: Slot, command: str, attempt: int, stage0: bool = False) -> Attempt | None:
+    def _claim(
+        self, slot: Slot, command: str, attempt: int, stage0: bool = False, key: int | None = None
+    ) -> Attempt | None:
         """The attempt a node's report of ``attempt`` belongs to; None for a stale report (an attempt that is over),
-        which is ignored. The caller records it in ``reported`` once its own checks pass.
+        which is ignored. The caller records it in ``reported`` once its own checks pass, under ``key`` (None: the
+        node; an ITERATION_END: the pipeline's stage-0 node of ``begin``).
 
         Raises:
             ProtocolError: the attempt has not begun, the node is no member (no stage-0 member, with
@@ -186,18 +192,51 @@ class PeerMessages:
             raise ProtocolError(
                 f"{command!r} of attempt {attempt} from node {node}, no {'stage-0 ' * stage0}member of it"
             )
-        if node in current.reported.get(command, ()):
+        if (node if key is None else key) in current.reported.get(command, ()):
             raise ProtocolError(f"a second {command!r} of attempt {attempt}")
         return current
 
-    def _take(self, current: Attempt, slot: Slot, meta: dict[str, Any], command: str) -> Actions:
-        current.reported.setdefault(command, set()).add(slot.occupant)
-        getattr(self.state.reports, command)[slot.occupant] = meta
+    def _take(
+        self, current: Attempt, slot: Slot, meta: dict[str, Any], command: str, key: int | None = None
+    ) -> Actions:
+        key = slot.occupant if key is None else key
+        current.reported.setdefault(command, set()).add(key)
+        getattr(self.state.reports, command)[key] = meta
         return []
+
+    def _pipeline_end_key(self, slot: Slot, meta: dict[str, Any]) -> int | None:
+        """The key an ITERATION_END of the attempt in progress is filed under: the stage-0 node of ``begin`` of its
+        pipeline (``pipeline``; without it, the sender's own). None: sent before a ``reroute`` moved the
+        pipeline (stale, ignored), or the attempt is not the one in progress.
+
+        Raises:
+            ProtocolError: the routes do not give the pipeline to the sender (checkfree.swarm.reroute.node_of).
+        """
+        current = self.state.current
+        if current is None or current.number != meta["attempt"] or current.phase == "over":
+            return slot.occupant
+        begun0 = current.begun.get(0) or current.members.get(0, [])
+        p = meta.get("pipeline", begun0.index(slot.occupant) if slot.occupant in begun0 else -1)
+        if not 0 <= p < len(begun0):
+            raise ProtocolError(f"ITERATION_END of pipeline {p}; the attempt has {len(begun0)}")
+        key = begun0[p]
+        if meta.get("reroutes", 0) < current.need_end.get(key, 0):
+            return None  # sent before its pipeline was re-routed: a new one follows
+        begun = current.begun or current.members
+        if node_of(p, 0, begun, current.members) != slot.occupant:
+            raise ProtocolError(
+                f"ITERATION_END of pipeline {p} from node {slot.occupant}, which does not drive it"
+            )
+        return key
 
     def _on_iteration_end(self, slot: Slot, msg: Message) -> Actions:
         meta = msg.meta
-        current = self._claim(slot, "iteration_end", meta["attempt"], stage0=True)
+        if meta["attempt"] > self.state.attempt:
+            raise ProtocolError(f"'iteration_end' of attempt {meta['attempt']}, which has not begun")
+        key = self._pipeline_end_key(slot, meta)
+        if key is None:
+            return []
+        current = self._claim(slot, "iteration_end", meta["attempt"], stage0=True, key=key)
         if current is None:
             return []
         if current.phase != "forward":
@@ -205,7 +244,7 @@ class PeerMessages:
         tokens = self.cfg.mb_count * self.cfg.model.batch_size * self.cfg.model.seq_l
         if meta["tokens"] != tokens:
             raise ProtocolError(f"ITERATION_END of {meta['tokens']} tokens; a pipeline runs {tokens}")
-        return self._take(current, slot, meta, "iteration_end")
+        return self._take(current, slot, meta, "iteration_end", key=key)
 
     def _on_stalled(self, slot: Slot, meta: dict[str, Any]) -> Actions:
         """A stage-0 node's pipeline is stuck: the attempt is aborted and redone, if the claim can be true."""

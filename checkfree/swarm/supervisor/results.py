@@ -6,7 +6,7 @@
   ``begin``; the aggregation timestamp: every node has averaged its stage's gradients and stepped), ``wall_s``
   (= t_commit − previous t_commit, recoveries included), mean loss over pipelines (nats), tokens, per-stage
   gradient norms, ``aborted_attempts``, ``resent_microbatches`` and ``rerouted``
-  (:meth:`Results.microbatches_resent`, :meth:`Results.rerouted`), ``routing_plan`` (checkfree.swarm.routing; not
+  (:meth:`Results.rerouted`; the re-sent microbatches from the stage-0 nodes' ITERATION_ENDs), ``routing_plan`` (checkfree.swarm.routing; not
   applied to routes yet).
 * ``useful_work_fraction`` (checkfree.report.throughput_columns), ``fail_slow``
   (checkfree.swarm.supervisor.speeds).
@@ -125,6 +125,8 @@ class Results:
         self._reports: dict[int, dict[str, Any]] = {}
         self._finals: dict[int, dict[str, Any]] = {}
         self._aborts = 0
+        self._rerouted: dict[int, int] = {}
+        """Iteration → its attempts' re-routes so far (deaths that did not abort; issue 39 point 1)."""
         self._redone: dict[int, int] = {}
         """Iteration → its attempts aborted so far (a death, a stall, a timeout, a resume's attempt in flight);
         its row's ``attempts`` is one more."""
@@ -159,8 +161,6 @@ class Results:
         """Epoch seconds of the results' clock's 0 (None before training started)."""
         self._journal: dict[str, float] = {}
         """What journaling cost so far (checkfree.swarm.supervisor.journal): writes, seconds, bytes."""
-        self._resent: dict[int, int] = {}  # iteration not committed yet → microbatches re-sent
-        self._rerouted: dict[int, int] = {}  # iteration not committed yet → re-routes
         self._fail_slow: list[
             dict[str, Any]
         ] = []  # nodes named fail-slow (checkfree.swarm.supervisor.speeds)
@@ -403,7 +403,9 @@ class Results:
                 self._shortage[stage]["short_iterations"] += 1
                 self._shortage[stage]["short_s"] += wall
         pipeline = {n: i for i, n in enumerate(members.get(0, []))}
-        in_order = sorted(ends, key=lambda n: (pipeline.get(n, len(pipeline)), n))  # never arrival order
+        in_order = sorted(  # never arrival order; a pipeline taken over names itself (``pipeline``)
+            ends, key=lambda n: (int(ends[n].get("pipeline", pipeline.get(n, len(pipeline)))), n)
+        )
         losses = [float(ends[n]["loss"]) for n in in_order]
         aborted = self._redone.pop(it, 0)
         self._rows.append(
@@ -412,7 +414,7 @@ class Results:
                 "attempt": attempt,
                 "attempts": 1 + aborted,
                 "aborted_attempts": aborted,
-                "resent_microbatches": self._resent.pop(it, 0),
+                "resent_microbatches": sum(int(m.get("resent", 0)) for m in ends.values()),
                 "rerouted": self._rerouted.pop(it, 0),
                 "routing_plan": None,
                 "t_commit": t,
@@ -423,14 +425,10 @@ class Results:
             }
         )
 
-    def microbatches_resent(self, it: int, n: int) -> None:
-        """``n`` microbatches of iteration ``it`` were sent again through another node (a death re-routed them,
-        issue 39 point 1): counted in ``resent_microbatches`` of ``it``'s row once it commits."""
-        self._resent[it] = self._resent.get(it, 0) + n
-
     def rerouted(self, it: int) -> None:
-        """A dead node's microbatches of iteration ``it`` were re-routed instead of aborting the attempt (issue 39
-        point 1): counted in ``rerouted`` of ``it``'s row once it commits."""
+        """A death during an attempt at iteration ``it`` re-routed it instead of aborting it (issue 39 point 1):
+        counted in ``rerouted`` of ``it``'s row once it commits (its ``resent_microbatches``: the microbatches
+        the stage-0 nodes sent again, from their ITERATION_ENDs)."""
         self._rerouted[it] = self._rerouted.get(it, 0) + 1
 
     def planned(self, plan: dict[str, Any] | None, fail_slow: list[dict[str, Any]]) -> None:

@@ -362,7 +362,11 @@ class Attempt:
             ``sync`` (broadcast), ``commit`` (broadcast) or ``over`` (committed or aborted: later reports of this
             attempt are stale). reported: command → the nodes whose report of it this attempt was taken (a
             second one is refused). due: the slots whose scheduled crash falls in it; crash_at: when they are
-            killed (None: fired, or none due); deadline: when it is given up (``iteration_timeout``).
+            killed (None: fired, or none due); deadline: when it is given up (``iteration_timeout``). begun: the
+        members at ``begin`` (``members`` loses the nodes a ``reroute`` took out; the routes keep each pipeline on
+        its nodes of ``begin`` that serve, checkfree.swarm.reroute). reroutes: the ``reroute`` commands sent in
+        it. need_end: stage-0 node → the ``reroute`` after which its pipeline's ITERATION_END must be sent (one
+        sent before is stale).
     """
 
     number: int
@@ -374,6 +378,9 @@ class Attempt:
     due: list[int] = field(default_factory=list)
     crash_at: float | None = None
     deadline: float = float("inf")
+    begun: dict[int, list[int]] = field(default_factory=dict)
+    reroutes: int = 0
+    need_end: dict[int, int] = field(default_factory=dict)
 
     def nodes(self) -> list[int]:
         """Every member of this attempt."""

@@ -18,7 +18,10 @@ attempt reaches ``sync``. ``no_failure`` logs the scheduled crashes and kills no
 intervals (a real preemption trace) keeps a crashed slot away until it comes back: its stage trains on the
 replicas left, and a stage with none left is waited for (checkfree.swarm.supervisor.outages).
 
-**In-flight microbatches.** A death noticed before ``commit`` aborts the attempt everywhere (``abort``): every
+**In-flight microbatches.** A death in the forward phase that leaves every stage a serving replica re-routes
+the attempt instead (``reroute``: only the pipelines that crossed the dead node go
+again, on substitutes; checkfree.swarm.supervisor.attempts ``Attempts.reroute``, issue 39 point 1), and the dead
+slot is recovered after the commit. Any other death noticed before ``commit`` aborts the attempt everywhere (``abort``): every
 node drops that attempt's activations and accumulated gradients, and stale messages are dropped by their
 attempt number. No optimizer has stepped before ``commit``, so nothing is half-applied. The slot gets a
 replacement (a new node id, same stage and location) which recovers its weights from the network by the plan the

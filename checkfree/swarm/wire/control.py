@@ -224,6 +224,7 @@ COMMANDS: dict[str, dict[str, str]] = {
     "sync": {"attempt": "nat"},
     "commit": {"attempt": "nat", "iteration": "nat", "checkpoint_senders?": "nodes"},
     "abort": {"attempt": "nat"},
+    "reroute": {"attempt": "nat", "members": "members", "dead": "nodes", "seq": "nat"},
     "checkpoint": {"checkpoint_senders": "nodes"},
     "rollback": {"version": "nat"},
     "plan": {"plan": "obj", "members": "members", "seq": "nat"},
@@ -259,7 +260,14 @@ COMMANDS: dict[str, dict[str, str]] = {
 }
 """CONTROL command → schema of the rest of its meta (``command`` itself is implied)."""
 
-_ATTEMPT_ROUTE = {"stage": "stage", "attempt": "nat", "route": "nodes", "pos": "nat", "pipeline": "nat"}
+_ATTEMPT_ROUTE = {
+    "stage": "stage",
+    "attempt": "nat",
+    "route": "nodes",
+    "pos": "nat",
+    "pipeline": "nat",
+    "reroutes?": "nat",
+}
 
 SCHEMAS: dict[MessageType, dict[str, str]] = {
     MessageType.FORWARD: _ATTEMPT_ROUTE,
@@ -270,8 +278,11 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "loss": "norm",
         "tokens": "nat",
         "seconds": "norm",
+        "reroutes?": "nat",
+        "resent?": "nat",
+        "pipeline?": "nat",
     },
-    MessageType.GRADIENTS: {"stage": "stage", "attempt": "nat", "microbatches": "nat"},
+    MessageType.GRADIENTS: {"stage": "stage", "attempt": "nat", "microbatches": "nat", "pipeline?": "nat"},
     MessageType.WEIGHTS_REQUEST: {
         "stage": "stage",
         "request": "str",

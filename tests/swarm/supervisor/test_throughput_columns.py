@@ -1,5 +1,5 @@
 """Issue 39 point 5's columns of throughput.json (checkfree.swarm.supervisor.results): per iteration its aborted
-attempts, microbatches re-sent and re-routes (the event methods the re-routing fills), the routing plan; per run
+attempts, microbatches re-sent (the stage-0 nodes' ITERATION_ENDs say how many) and re-routes, the routing plan; per run
 the within-run useful-work fraction and the fail-slow nodes; and how ``swarm table`` and ``report`` show them."""
 
 from __future__ import annotations
@@ -34,17 +34,15 @@ def _results(walls: list[float]) -> tuple[Results, list[float]]:
     clock = [0.0]
     res.now = lambda: clock[0]  # type: ignore[method-assign]
     res.start()
-    ends = {0: {"loss": 5.0, "tokens": 10}, 1: {"loss": 5.0, "tokens": 10}}
     ready = {n: {"grad_norm": 0.5} for n in (0, 1, 2, 3)}
+    resent = {3: (3, 2), 4: (1, 0)}  # per stage-0 node's ITERATION_END
     for it, wall in enumerate(walls):
+        ends = {n: {"loss": 5.0, "tokens": 10, "resent": resent.get(it, (0, 0))[n]} for n in (0, 1)}
         if it == 2:
             res.aborted(2)
         if it == 3:
-            res.microbatches_resent(3, 3)
             res.rerouted(3)
-            res.microbatches_resent(3, 2)
             res.rerouted(3)
-            res.microbatches_resent(4, 1)  # the next iteration's: not this row's
         clock[0] += wall
         res.iteration(it, it + 1, ends, ready, MEMBERS)
         if it == 3:

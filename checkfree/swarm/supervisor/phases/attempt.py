@@ -3,7 +3,9 @@
     begin → ITERATION_END from every pipeline → sync → ready from every node → commit intent journaled → commit
     → committed from every live node
 
-A death before ``commit`` aborts it (the iteration is redone after recovery); a stall, or ``iteration_timeout``
+A death in the forward phase that leaves every stage a serving member (a dead stage-0 node's pipeline is taken
+over by another) re-routes it (``reroute``; issue 39 point 1) and the attempt goes on; any other death before ``commit`` aborts it (the
+iteration is redone after recovery); the dead slots are recovered after the commit either way. A stall, or ``iteration_timeout``
 passed, retries it (at most ``max_attempts`` times per iteration: SwarmError). The scheduled crashes of the attempt
 fire ``crash_point`` × the last iteration's time after ``begin``, or at the latest when the forward phase ends.
 The commit's intent is journaled before its broadcast (checkfree.swarm.supervisor.adoption), and a stop signal
@@ -98,6 +100,9 @@ class Attempting(Phase):
         assert current is not None
         actions = fire(ctx, it) if ctx.attempts.crash_due(turn.now) else []
         if turn.died and current.phase != "commit":
+            dead = ctx.attempts.dead_members()
+            if ctx.attempts.can_reroute(dead):  # every stage still serves: the attempt goes on
+                return self.stay(actions + [act("attempts", "reroute", dead), record("rerouted", it)])
             return self._over(
                 ctx, actions + [act("attempts", "abort", "a node died"), record("aborted", it)], False
             )

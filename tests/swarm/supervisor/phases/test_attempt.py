@@ -93,3 +93,48 @@ def test_a_scheduled_crash_fires_at_its_point_journaled_first_and_its_death_abor
     assert ops == [("journal", "write"), ("results", "scheduled_kill"), ("processes", "kill")]
     assert (1, 3) in world.state.fired and world.state.roster.slots[1].dead
     assert isinstance(world.turn(phase, died=True).next, Between)
+
+
+def test_a_replica_death_in_the_forward_phase_reroutes_the_attempt_and_a_stage_lost_aborts_it(
+    tmp_path,
+) -> None:
+    """2 replicas per stage (slots 2 and 3 hold stage 1). Slot 2's scheduled death leaves stage 1 node 3: every
+    live node gets ``reroute`` (the lists less node 2), pipeline 0 (which crossed node 2) must end again, and the
+    attempt goes on to its commit; the row counts the re-route. Slot 3's death then loses stage 1 whole: abort
+    (issue 39 point 1)."""
+    world = World(tmp_path, schedule={2: [3]}, replicas=2)
+    phase = Attempting(3)
+    world.enter(phase)
+    _ends(world, 1)  # both pipelines ended before the crash: it fires at once
+    world.turn(phase)
+    decision = world.turn(phase, died=True)
+    assert decision.next is phase and world.acts("attempts", "reroute")[0].args == ([2],)
+    (reroute,) = [m for _, c, m in world.link.sent if c == "reroute"]
+    assert reroute["members"]["1"] == [3] and reroute["dead"] == [2] and reroute["seq"] == 1
+    assert set(world.state.reports.iteration_end) == {1}  # pipeline 0's end is stale: it goes again
+    assert world.turn(phase).actions == []  # no sync before pipeline 0 ends again
+    world.reports("iteration_end", [0], attempt=1, loss=2.0, tokens=64, resent=3, reroutes=1)
+    assert world.turn(phase).actions == [Act("link", "broadcast", ("sync",), {"attempt": 1})]
+    live = [n for n in world.nodes() if n != 2]
+    world.reports("ready", live, attempt=1, grad_norm=1.0, pipelines=2)
+    world.turn(phase)
+    world.reports("committed", live, attempt=1, version=4)
+    assert world.turn(phase).result is True
+    row = world.results.rows[-1]
+    assert (row["rerouted"], row["resent_microbatches"], world.results.aborts) == (1, 3, 0)
+
+    phase = Attempting(4)
+    world.enter(phase)
+    world.state.roster.by_node[3].died()  # stage 1's last replica
+    assert isinstance(world.turn(phase, died=True).next, Between) and world.results.aborts == 1
+
+
+def test_a_replica_death_after_sync_went_out_still_aborts(tmp_path) -> None:
+    world = World(tmp_path, replicas=2)
+    phase = Attempting(3)
+    world.enter(phase)
+    _ends(world, 1)
+    assert world.turn(phase).actions == [Act("link", "broadcast", ("sync",), {"attempt": 1})]
+    world.state.roster.by_node[2].died()  # a stage-1 replica, its stage still served by node 3
+    assert isinstance(world.turn(phase, died=True).next, Between) and world.results.aborts == 1
+    assert "reroute" not in world.link.commands()
