@@ -71,6 +71,9 @@ def test_a_run_whose_deaths_take_only_replicas_ends_bit_identical_to_the_run_wit
     assert deaths[0]["aborted_attempts"] == 0  # neither death aborted its attempt: both re-routed it
     assert [r["rerouted"] for r in rows] == [0, 1, 1, 0] and all(r["attempts"] == 1 for r in rows)
     assert rows[1]["resent_microbatches"] >= 1 and rows[0]["resent_microbatches"] == 0
+    # issue 39 point 3: each replacement recovered in the background (a copy, then the missed updates) and
+    # joined at a boundary; no pausing recovery phase was entered for them
+    assert all(c.get("background_s", -1) >= 0 for c in deaths[0]["crashes"]), deaths[0]["crashes"]
     _assert_bit_identical(clean, deaths)
 
 

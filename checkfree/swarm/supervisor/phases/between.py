@@ -40,8 +40,11 @@ class Between(Phase):
 
 def after_returns(ctx: Context) -> Phase:
     """Once no stage waits for a returning node: recover the dead slots, or go on."""
-    if ctx.state.roster.all_serving() or ctx.outages.over():
+    roster = ctx.state.roster
+    if (roster.all_serving() and not ctx.state.candidates) or ctx.outages.over():
         return proceed(ctx)
+    if roster.background_only() and ctx.policy.loses_state:  # no pause (issue 39 point 3)
+        return ctx.phases.Background(ctx.state.iteration)
     return ctx.phases.Recovering(ctx.state.iteration)
 
 
