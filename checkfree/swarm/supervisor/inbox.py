@@ -487,7 +487,7 @@ class PeerMessages:
             )
         self._plausible(meta["version"])
         background = self._in_background(slot)
-        if background and not self._joinable(meta["version"]):
+        if background and not joinable(self.state, meta["version"]):
             self.state.candidates[slot.occupant] = meta["version"]  # joins at a boundary once current
             return []
         self.state.candidates.pop(slot.occupant, None)
@@ -536,11 +536,13 @@ class PeerMessages:
             s is not slot and s.stage == slot.stage and s.serving for s in self.roster.slots
         )
 
-    def _joinable(self, version: int) -> bool:
-        """A replacement at ``version`` may join now: it holds every commit, and no attempt is in flight (its
-        commit would leave it one behind)."""
-        current = self.state.current
-        return version == self.state.iteration and (current is None or current.phase == "over")
+
+def joinable(state: SupervisorState, version: int) -> bool:
+    """Whether a replacement recovering in the background (issue 39 point 3) at weights ``version`` may join now:
+    it holds every commit (``version`` is the committed iterations), and no attempt is in flight (its commit
+    would leave the replacement one behind)."""
+    current = state.current
+    return version == state.iteration and (current is None or current.phase == "over")
 
 
 def rebuilt_by(record: dict[str, Any]) -> tuple[Any, ...] | None:
