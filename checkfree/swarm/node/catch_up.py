@@ -163,6 +163,8 @@ class CatchUp:
         self.resend_at: float | None = None
         self.finished = False
         self.applied = 0
+        self.not_yet_since: float | None = None
+        """When a source first answered ``not_yet`` for the update asked (None: it did not)."""
 
     def sources(self) -> list[int]:
         """The serving replicas of this stage still in the peer table (never itself)."""
@@ -188,7 +190,7 @@ class CatchUp:
             self._fail("no serving replica of its stage to catch up from")
             return
         self.tries += 1
-        if self.tries > self.cfg.max_attempts * max(len(sources), 1) + 50:
+        if self.tries > self.cfg.max_attempts * len(sources):
             self._fail(
                 f"the update of iteration {self.state.version} not obtained after {self.tries - 1} requests"
             )
@@ -233,9 +235,14 @@ class CatchUp:
         assert req is not None
         self.request = None
         error = msg.meta.get("error")
-        if error == "not_yet":
-            self.resend_at = time.monotonic() + NOT_YET_WAIT_S
-            self.request = None
+        if error == "not_yet":  # the source has not taken the commit yet: ask again shortly, within a bound
+            now = time.monotonic()
+            self.not_yet_since = self.not_yet_since or now
+            if now - self.not_yet_since > self.cfg.request_timeout:
+                self._fail(f"the update of iteration {req['iteration']} not stepped by its sources in time")
+                return
+            self.tries -= 1
+            self.resend_at = now + NOT_YET_WAIT_S
             return
         if error is not None:
             if error == "not_kept":
@@ -255,5 +262,5 @@ class CatchUp:
             raise
         apply_update(self.state, grads, float(msg.meta["grad_norm"]), int(req["iteration"]))  # type: ignore[call-overload]
         self.applied += 1
-        self.tries = 0
+        self.tries, self.not_yet_since = 0, None
         self._next()

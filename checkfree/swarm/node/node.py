@@ -143,7 +143,8 @@ class Node:
         self.catch_up: CatchUp | None = None
         """A replacement's catch-up with the commits it missed while it copied (issue 39 point 3)."""
         self.committed_seen = 0
-        """The swarm's committed iterations as far as this node knows (WELCOME, then each ``commit``)."""
+        """The swarm's committed iterations as far as this node knows from the ``commit`` commands it saw (those
+        before it joined are in the copy it fetches: its source had stepped them)."""
         self.watch = SupervisorWatch(f"node {node_id}", grace=120.0)
         """Whether the supervisor is away (its grace: the WELCOME config's ``supervisor_grace``)."""
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
@@ -227,7 +228,6 @@ class Node:
         self.netem = configure_links(self.transport, cfg)
         ctx = self.ctx
         ctx.clock.max_version = meta["iteration"]
-        self.committed_seen = int(meta["iteration"])
         # the supervisor's last begun attempt: a peer's FORWARD for the next one may arrive before our "begin"
         ctx.clock.attempt = meta["attempt"]
         self._on_peers(meta)
@@ -461,6 +461,9 @@ class Node:
         self.state.adopt(rebuilt)
         self.keeper.clear()
         self.task, self.served_record = None, record
+        if record.get("rule") != "replica":  # only a copy of a live replica can be stepped like it
+            self._serve(record)
+            return
         self._catch_up_to(self.committed_seen)
 
     def _catch_up_to(self, target: int) -> None:
@@ -492,8 +495,8 @@ class Node:
         ``serving`` again at the new version (the supervisor adds it at the next ``begin`` once current)."""
         self.committed_seen = max(self.committed_seen, iteration + 1)
         self.ctx.clock.max_version = max(self.ctx.clock.max_version, self.committed_seen)
-        if self.task is not None or not self.served_record:
-            return  # still copying: it catches up once the copy is in
+        if self.task is not None or self.served_record.get("rule") != "replica":
+            return  # still copying (it catches up once the copy is in), or not a copy of a live replica
         self._catch_up_to(self.committed_seen)
 
     def restored(self, rebuilt: StageState, record: dict[str, Any]) -> None:
