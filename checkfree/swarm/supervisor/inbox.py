@@ -530,10 +530,13 @@ class PeerMessages:
         return []
 
     def _in_background(self, slot: Slot) -> bool:
-        """Whether ``slot``'s stage has another serving replica: its replacement recovers in the background and
-        joins at an attempt boundary (issue 39 point 3)."""
-        return slot is not self.roster.storage and any(
-            s is not slot and s.stage == slot.stage and s.serving for s in self.roster.slots
+        """Whether ``slot`` is a transformer-stage slot whose stage has another serving replica: its replacement
+        recovers in the background and joins at an attempt boundary (issue 39 point 3; a stage-0 slot drives a
+        pipeline of the global batch, so its replacement is waited for: ``Roster.background_only``)."""
+        return (
+            slot is not self.roster.storage
+            and slot.stage != 0
+            and any(s is not slot and s.stage == slot.stage and s.serving for s in self.roster.slots)
         )
 
 

@@ -276,12 +276,14 @@ class Roster:
         return {"peers": self.peer_rows()} | ({"revoked": sorted(self.revoked)} if self.revoked else {})
 
     def background_only(self) -> bool:
-        """Whether every slot that does not serve (but those kept away) is a stage slot whose stage still has a
-        serving replica: its replacement recovers in the background while the others train (issue 39 point 3)."""
+        """Whether every slot that does not serve (but those kept away) is a transformer-stage slot whose stage
+        still has a serving replica: its replacement recovers in the background while the others train (issue 39
+        point 3). A stage-0 slot is not: each stage-0 member drives one pipeline, so a ``begin`` without it would
+        train on a smaller global batch; its replacement is waited for (the pausing recovery)."""
         if self.storage is not None and not (self.storage.serving or self.storage.away):
             return False
         lost = self.lost_stages()
-        return all(s.serving or s.away or s.stage not in lost for s in self.slots)
+        return all(s.serving or s.away or (s.stage != 0 and s.stage not in lost) for s in self.slots)
 
     def all_serving(self) -> bool:
         """Every slot serves, except those the schedule keeps away."""

@@ -46,6 +46,14 @@ def test_a_whole_stage_loss_still_pauses(tmp_path) -> None:
     assert isinstance(world.enter(Between()).next, Recovering)
 
 
+def test_a_stage0_replica_loss_still_pauses(tmp_path) -> None:
+    # each stage-0 member drives one pipeline: an attempt without it would train on a smaller global batch
+    world = _world(tmp_path)
+    world.carry_out([kill(world.state.roster.slots[1], "test")])
+    assert world.state.roster.slots[1].stage == 0
+    assert isinstance(world.enter(Between()).next, Recovering)
+
+
 def test_a_replacement_joins_only_at_the_swarms_version_between_attempts(tmp_path) -> None:
     state = _world(tmp_path).state
     state.iteration = 5
