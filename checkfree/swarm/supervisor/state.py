@@ -492,6 +492,8 @@ class SupervisorState:
     resumed_from: dict[str, Any] | None = None
     resumes: int = 0
     stale_after_resume: int = 0
+    joined: set[int] = field(default_factory=set)
+    """The crashed nodes whose replacement joined from the background and were handed to ``on_recovered``."""
     candidates: dict[int, int] = field(default_factory=dict)
     """Replacements recovering in the background (issue 39 point 3) that reported ``serving`` at a version the
     swarm had moved past, or during an attempt: node → that version (not journaled: a resumed supervisor asks

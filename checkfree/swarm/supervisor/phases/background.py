@@ -32,11 +32,26 @@ class Background(Phase):
 
     def enter(self, ctx: Context, now: float) -> Decision:
         state = ctx.state
-        actions: list[Act] = [act("planner", "answer_replans")]
+        actions: list[Act] = [act("planner", "answer_replans"), *joined(ctx)]
         if any(s.dead and not s.away for s in state.roster.slots):
             actions += [act("planner", "plan_event", set()), act("processes", "replace_dead")]
         nxt: Phase = Joining(self.it) if joining(ctx) else ctx.phases.proceed(ctx)
         return Decision(actions, nxt, nxt)
+
+
+def joined(ctx: Context) -> list[Act]:
+    """``on_recovered`` for the crashes whose replacement joined from the background since the last call (the
+    pausing recovery calls it once every slot serves: phases.recovering ``Recovered``)."""
+    state = ctx.state
+    nodes = {
+        c.node
+        for c in ctx.results.crashes
+        if c.recovery is not None and "background_s" in c.recovery.extra and c.node not in state.joined
+    }
+    if not nodes:
+        return []
+    state.joined |= nodes
+    return [act("supervisor", "recovered", nodes)]
 
 
 def joining(ctx: Context) -> list[int]:
@@ -71,11 +86,11 @@ class Joining(Phase):
 
     def step(self, ctx: Context, turn: Turn) -> Decision:
         if turn.died:
-            return Decision([], ctx.phases.Between())
+            return Decision(joined(ctx), ctx.phases.Between())
         if not joining(ctx):
-            return Decision([], ctx.phases.proceed(ctx))
+            return Decision(joined(ctx), ctx.phases.proceed(ctx))
         return self.stay()
 
     def expired(self, ctx: Context, turn: Turn) -> Decision:
         log.info("supervisor: replacements %s not current yet; they join at a later boundary", joining(ctx))
-        return Decision([], ctx.phases.proceed(ctx))
+        return Decision(joined(ctx), ctx.phases.proceed(ctx))

@@ -22,7 +22,7 @@ class Between(Phase):
         state = ctx.state
         if state.iteration >= ctx.iterations:
             ending = end_of_training(ctx)
-            return Decision([], ending, ending)
+            return Decision(ctx.phases.joined(ctx), ending, ending)
         actions: list[Act] = []
         if state.commit_unjournaled:  # the last commit, once the state's iteration has moved on past it
             state.intent, state.commit_unjournaled = None, False
@@ -31,6 +31,7 @@ class Between(Phase):
                 die_if("committed", state.iteration - 1),
             ]
         ctx.outages.bring_back()
+        actions += ctx.phases.joined(ctx)  # on_recovered for replacements that joined from the background
         if ctx.outages.stranded():
             nxt: Phase = ctx.phases.WaitingForReturns(state.iteration)
         else:
