@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from checkfree.swarm.supervisor.phases.base import Act, Context, Decision, Phase, Turn, act
+from checkfree.swarm.supervisor.phases.base import Act, Context, Decision, Phase, Turn, act, die_if
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,8 @@ class Background(Phase):
         actions: list[Act] = [act("planner", "answer_replans"), *joined(ctx)]
         if any(s.dead and not s.away for s in state.roster.slots):
             actions += [act("planner", "plan_event", set()), act("processes", "replace_dead")]
+        if any(s.address is not None and not s.serving and not s.dead for s in state.roster.slots):
+            actions.append(die_if("recovering", self.it, after_s=0.2))  # the resume tests: mid-recovery
         nxt: Phase = Joining(self.it) if joining(ctx) else ctx.phases.proceed(ctx)
         return Decision(actions, nxt, nxt)
 
