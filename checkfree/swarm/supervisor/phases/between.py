@@ -44,9 +44,17 @@ def after_returns(ctx: Context) -> Phase:
     roster = ctx.state.roster
     if (roster.all_serving() and not ctx.state.candidates) or ctx.outages.over():
         return proceed(ctx)
-    if roster.background_only() and ctx.policy.loses_state:  # no pause (issue 39 point 3)
+    if roster.background_only() and ctx.policy.loses_state and not kills_due(ctx):  # no pause (issue 39 pt 3)
         return ctx.phases.Background(ctx.state.iteration)
     return ctx.phases.Recovering(ctx.state.iteration)
+
+
+def kills_due(ctx: Context) -> bool:
+    """Whether a recovery kill (the soaks' fault injection, checkfree.swarm.supervisor.recovery_kills) awaits the
+    recovery of an open crash: those losses take the recovering phase, where the kills fire."""
+    crashes = (ctx.results.open_crash(slot) for slot in ctx.state.roster.slots)
+    iterations = {c.iteration for c in crashes if c is not None}
+    return any(not k.fired and k.iteration in iterations for k in ctx.recovery_kills.kills)
 
 
 def proceed(ctx: Context) -> Phase:
