@@ -473,7 +473,8 @@ def swarm_node_estimate(
     predecessors are added (the sums go in microbatch order, checkfree.swarm.node.compute.OrderedGradients:
     4·P bytes each); at the gradient exchange the R − 1 other replicas' gradients (no activation is alive
     then, so the larger of the two phases counts); the stage-0 copy a stage-1 or stage-S node holds when
-    ``keeps_stage0_copy``; send buffers; the process (module docstring).
+    ``keeps_stage0_copy``; the last :data:`SWARM_UPDATES_KEPT` updates (4·P bytes each) kept for a replacement
+    that catches up in the background (issue 39 point 3); send buffers; the process (module docstring).
     """
     autocast = device == "cuda"
     counts = parameter_counts(cfg, vocab_size)
@@ -508,6 +509,8 @@ def swarm_node_estimate(
     if keeps_stage0_copy and stage in (1, cfg.n_stages):
         copies = 4 * ((counts.embedding if stage == 1 else 0) + (counts.head if stage == cfg.n_stages else 0))
         notes["copies"] = "the stage-0 copy it holds"
+    held += SWARM_UPDATES_KEPT * 4 * P  # the last updates kept for a catching-up replacement
+    notes["gradients"] += f" + the last {SWARM_UPDATES_KEPT} updates kept"
     send = min(SEND_POOL_BYTES, 2 * max(4 * n_d, 4 * P))
     heap = 0
     if device == "cpu":
@@ -532,6 +535,11 @@ def swarm_node_estimate(
         notes=notes,
         held=held,
     )
+
+
+SWARM_UPDATES_KEPT = 4
+"""Updates (averaged, clipped gradients, 4·P bytes each) a serving swarm node keeps for a replacement that catches
+up in the background (checkfree.swarm.node.catch_up; issue 39 point 3)."""
 
 
 def storage_node_bytes(cfg: Config, vocab_size: int, keep_versions: int) -> int:

@@ -395,10 +395,11 @@ def test_swarm_gpus_are_added_up_per_device(monkeypatch) -> None:
 @pytest.mark.parametrize("in_flight", [1, 2, 4])
 def test_a_swarm_node_counts_the_microbatch_gradients_it_holds_for_the_id_order(in_flight) -> None:
     """A node sums its microbatches' gradients in id order (OrderedGradients), holding up to in_flight − 1 that came
-    before their predecessors: 4 bytes per stage parameter each, beside the parameters' own gradients."""
+    before their predecessors: 4 bytes per stage parameter each, beside the parameters' own gradients; and the
+    last SWARM_UPDATES_KEPT updates a serving node keeps for a replacement catching up (issue 39 point 3)."""
     cfg = load_config("tiny_config.json")
     counts = M.parameter_counts(cfg, 4096)
     for stage, n in ((0, counts.stage0), (1, counts.transformer_stage(cfg.n_layers_per_stage))):
         node = M.swarm_node_estimate(cfg, 4096, stage, "cpu", in_flight, 1, False)
-        assert node.gradients == 4 * n * in_flight
+        assert node.gradients == 4 * n * (in_flight + M.SWARM_UPDATES_KEPT)
         assert node.gradients <= node.total - node.weights - node.optimizer - node.activations

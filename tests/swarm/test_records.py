@@ -80,8 +80,9 @@ class _Swarm:
 
     def recv(self, timeout: float = 0.0) -> None:
         self.t += 0.01
-        if self.die_once:
+        if self.die_once:  # a member dies (a non-member's death aborts nothing: issue 39 point 3)
             self.die_once, self.died = False, True
+            self.roster.slots[1].died()
         if self.t - self.begun >= 0.1:
             ends = {n: {"attempt": self.attempt, "loss": 1.0, "tokens": 1} for n in self.members[0]}
             self.reports.iteration_end = ends

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from checkfree.swarm.node.catch_up import UpdateKeeper
 from checkfree.swarm.node.context import NodeContext
 from checkfree.swarm.node.driver import PipelineDriver
 from checkfree.swarm.node.parts import NodeParts
@@ -51,13 +52,24 @@ class IterationCommands:
         serving: Callable[[], bool],
         checkpoint: Callable[[], None],
         report: Callable[[], dict[str, Any]],
+        keeper: UpdateKeeper | None = None,
+        missed: Callable[[int], None] | None = None,
     ) -> None:
         self.ctx, self.parts, self.dispatch, self.serving = ctx, parts, dispatch, serving
         self.checkpoint, self.report = checkpoint, report
+        self.keeper, self.missed = keeper, missed
+        """``keeper``: the updates kept for catching-up replacements (checkfree.swarm.node.catch_up); ``missed``:
+        called with the iteration of a ``commit`` of an attempt this node is no member of (a replacement that
+        recovers in the background catches up with it)."""
         self.step_s = 0.0
         """CPU seconds spent in optimizer steps."""
         self.taken: dict[int, PipelineDriver] = {}
         """Stage 0: the pipelines this node took over in the current attempt (their stage-0 node died) → driver."""
+
+    def member(self) -> bool:
+        """Whether this node is a member of the attempt's ``begin`` (a replacement recovering in the background,
+        issue 39 point 3, is not: it neither exchanges gradients nor steps, and pushes no stage-0 copies)."""
+        return self.ctx.node_id in self.ctx.membership.at_begin().get(self.ctx.stage, [])
 
     def drivers(self) -> list[PipelineDriver]:
         """Stage 0: this node's pipeline driver and those of the pipelines it took over; [] on other stages."""
@@ -99,7 +111,7 @@ class IterationCommands:
         parts.worker.slowdown = float(meta.get("slowdown", {}).get(str(self.ctx.node_id), 1.0))
         parts.gradients.reset()
         self._drop_taken()
-        if self.serving():
+        if self.serving() and self.member():
             parts.stage0_copies.push()  # holders that joined since the last step
         if isinstance(parts.pipeline, PipelineDriver):
             parts.pipeline.begin()
@@ -156,19 +168,24 @@ class IterationCommands:
             self.dispatch(msg)
 
     def sync(self, meta: dict[str, Any]) -> None:
-        if meta["attempt"] == self.ctx.clock.attempt:
+        if meta["attempt"] == self.ctx.clock.attempt and self.member():
             self.parts.worker.settle()  # the microbatches' gradients, summed in id order, into .grad
             self.parts.gradients.start()
 
     def commit(self, meta: dict[str, Any]) -> None:
         clock, parts, state = self.ctx.clock, self.parts, self.parts.state
         attempt = clock.attempt
+        if self.missed is not None and not self.member() and parts.gradients.reduced != attempt:
+            self.missed(meta["iteration"])  # no member of this attempt: catch up with its update
+            return
         if meta["attempt"] != attempt or parts.gradients.reduced != attempt:
             raise ProtocolError(
                 f"commit of attempt {meta['attempt']}; this node is at attempt {attempt} and has reduced the "
                 f"gradients of attempt {parts.gradients.reduced}"
             )
         parts.gradients.reduced = -1  # one step per attempt
+        if self.keeper is not None:  # what a catching-up replacement will step with (before zero_grad)
+            self.keeper.keep(meta["iteration"], state.module, parts.gradients.norm)
         t0 = time.thread_time()
         state.opt.step()
         state.opt.zero_grad(set_to_none=True)

@@ -59,6 +59,7 @@ from checkfree.recovery.planner import RecoveryPlan
 from checkfree.recovery.record import RecoveryRecord
 from checkfree.swarm.config import swarm_config_from_dict
 from checkfree.swarm.devices import prepare_device
+from checkfree.swarm.node.catch_up import CatchUp, UpdateKeeper, answer_update_request
 from checkfree.swarm.node.context import AttemptClock, NodeContext, StageState
 from checkfree.swarm.node.early import FutureBuffer
 from checkfree.swarm.node.iteration import IterationCommands
@@ -137,6 +138,13 @@ class Node:
         self.rejected = {"nonfinite": 0, "off_route": 0}
         """FORWARD / BACKWARD refused by the data plane's checks (checkfree.swarm.node.relay), by counter."""
         self.task: Recovery | Rollback | None = None
+        self.keeper = UpdateKeeper()
+        """The last updates of this replica, for replacements that catch up (checkfree.swarm.node.catch_up)."""
+        self.catch_up: CatchUp | None = None
+        """A replacement's catch-up with the commits it missed while it copied (issue 39 point 3)."""
+        self.committed_seen = 0
+        """The swarm's committed iterations as far as this node knows from the ``commit`` commands it saw (those
+        before it joined are in the copy it fetches: its source had stepped them)."""
         self.watch = SupervisorWatch(f"node {node_id}", grace=120.0)
         """Whether the supervisor is away (its grace: the WELCOME config's ``supervisor_grace``)."""
         self.handlers: dict[MessageType, Callable[[Message], None]] = {
@@ -227,7 +235,14 @@ class Node:
         parts = build_parts(ctx, cfg, self.policy, meta, self.cache_dir, self.reject, self.device)
         self.parts, self.state, self.worker, self.fetch = parts, parts.state, parts.worker, parts.fetch
         self.steps = IterationCommands(
-            ctx, parts, self.dispatch, lambda: self.serving, self.send_checkpoint, self.report
+            ctx,
+            parts,
+            self.dispatch,
+            lambda: self.serving,
+            self.send_checkpoint,
+            self.report,
+            self.keeper,
+            self._missed_commit,
         )
         self.commands |= self.steps.table()
         self.validation = NodeValidation.for_node(
@@ -262,6 +277,8 @@ class Node:
             return False  # no training, no recovery without a supervisor
         if self.task is not None:
             self.task.tick()
+        if self.catch_up is not None:
+            self.catch_up.tick()
         self._expire_requests()
         for driver in self.steps.drivers():
             driver.tick()
@@ -381,6 +398,9 @@ class Node:
         serves, or under a plan whose grant has not come yet, waits (the next ``peers``, ``serving`` or ``grant``
         replays it; :meth:`_expire_requests` refuses or drops it after a few seconds): a node dials only the
         peers the supervisor lists."""
+        if "update" in msg.meta:
+            self._on_update_request(msg)
+            return
         listed = msg.sender in self.ctx.membership.peers or msg.sender == SUPERVISOR_ID
         verdict = self.parts.grants.judge(msg) if self.serving and listed else None
         if verdict is None or verdict.action == "wait":
@@ -411,19 +431,78 @@ class Node:
         if self.serving:
             self._replay_requests()
 
+    def _on_update_request(self, msg: Message) -> None:
+        """A replacement of this stage asks for the update of one iteration (checkfree.swarm.node.catch_up).
+
+        Raises:
+            ProtocolError: the sender is no listed peer of this stage.
+        """
+        if self.ctx.membership.stage_of(msg.sender) != self.stage:
+            raise ProtocolError(
+                f"an update request from node {msg.sender}, no listed peer of stage {self.stage}"
+            )
+        if not (self.serving and self.steps.member()):
+            meta = {"request": msg.meta["request"], "update": msg.meta["update"], "error": "not_serving"}
+            self.ctx.send(msg.sender, MessageType.WEIGHTS_RESPONSE, meta=meta)
+            return
+        answer_update_request(self.ctx, msg, self.state, self.keeper)
+
     def _on_weights_response(self, msg: Message) -> None:
+        if self.catch_up is not None and self.catch_up.owns(msg):
+            self.catch_up.on_response(msg)
+            return
         if self.task is None:
             raise ProtocolError("a weights answer, but this node is not fetching weights")
         self.task.on_response(msg)
 
     def recovered(self, rebuilt: StageState, record: dict[str, Any]) -> None:
-        """A finished Recovery: adopt the rebuilt stage and serve."""
+        """A finished Recovery: adopt the rebuilt stage, catch up with the commits made since its copy (a
+        replacement recovering in the background, issue 39 point 3), and serve."""
         self.state.adopt(rebuilt)
-        self._serve(record)
+        self.keeper.clear()
+        self.task, self.served_record = None, record
+        if record.get("rule") != "replica":  # only a copy of a live replica can be stepped like it
+            self._serve(record)
+            return
+        self._catch_up_to(self.committed_seen)
+
+    def _catch_up_to(self, target: int) -> None:
+        """Report ``serving`` once the weights' version reaches ``target``, applying the missed updates first."""
+        if self.catch_up is not None and not self.catch_up.finished:
+            self.catch_up.extend(target)
+            return
+        if self.state.version >= target:
+            self._serve(self.served_record)
+            return
+        self.catch_up = CatchUp(
+            self.ctx, self.cfg, self.state, target, self.reject, self._caught_up, self.give_up
+        )
+        self.catch_up.start()
+
+    def _caught_up(self) -> None:
+        assert self.catch_up is not None
+        log.info(
+            "node %d: caught up to version %d (%d updates)",
+            self.id,
+            self.state.version,
+            self.catch_up.applied,
+        )
+        self.catch_up = None
+        self._serve(self.served_record)
+
+    def _missed_commit(self, iteration: int) -> None:
+        """The swarm committed ``iteration`` in an attempt this node is no member of: catch up with it and report
+        ``serving`` again at the new version (the supervisor adds it at the next ``begin`` once current)."""
+        self.committed_seen = max(self.committed_seen, iteration + 1)
+        self.ctx.clock.max_version = max(self.ctx.clock.max_version, self.committed_seen)
+        if self.task is not None or self.served_record.get("rule") != "replica":
+            return  # still copying (it catches up once the copy is in), or not a copy of a live replica
+        self._catch_up_to(self.committed_seen)
 
     def restored(self, rebuilt: StageState, record: dict[str, Any]) -> None:
         """A finished Rollback: adopt the checkpoint and report to the supervisor."""
         self.state.adopt(rebuilt)
+        self.keeper.clear()
         self.task = None
         meta = control.control("restored", version=record["version"], bytes=record["bytes"], record=record)
         self.ctx.send(SUPERVISOR_ID, MessageType.CONTROL, meta=meta)

@@ -84,7 +84,7 @@ class Ledger(Protocol):
 
     def joined(self, slot: Slot) -> None: ...
 
-    def served(self, slot: Slot, record: dict[str, Any]) -> Any: ...
+    def served(self, slot: Slot, record: dict[str, Any], background: bool = False) -> Any: ...
 
     def node_report(self, node: int, meta: dict[str, Any]) -> None: ...
 
@@ -486,6 +486,11 @@ class PeerMessages:
                 f"'serving' stage {meta['stage']} from the occupant of a stage-{slot.stage} slot"
             )
         self._plausible(meta["version"])
+        background = self._in_background(slot)
+        if background and not joinable(self.state, meta["version"]):
+            self.state.candidates[slot.occupant] = meta["version"]  # joins at a boundary once current
+            return []
+        self.state.candidates.pop(slot.occupant, None)
         record = meta["record"]
         rebuilt = rebuilt_by(record)
         other = next(
@@ -508,7 +513,11 @@ class PeerMessages:
             self.outbox.broadcast(
                 "checkpoint", checkpoint_senders=[ids[0] for ids in self.roster.members().values() if ids]
             )
-        crash = self.ledger.served(slot, record)
+        if background:
+            slot.starts_forgiven()  # as after a pausing recovery (phases.recovering ``Recovered``)
+        phase = self.state.phase
+        paused = phase is not None and phase.name in ("recovering", "recovered", "starting")
+        crash = self.ledger.served(slot, record, background=background and self.state.training and not paused)
         if crash is not None:
             log.info(
                 "supervisor: node %d serves stage %d again %.2f s after the crash (%s from %s)",
@@ -519,6 +528,24 @@ class PeerMessages:
                 record.get("source_nodes"),
             )
         return []
+
+    def _in_background(self, slot: Slot) -> bool:
+        """Whether ``slot`` is a transformer-stage slot whose stage has another serving replica: its replacement
+        recovers in the background and joins at an attempt boundary (issue 39 point 3; a stage-0 slot drives a
+        pipeline of the global batch, so its replacement is waited for: ``Roster.background_only``)."""
+        return (
+            slot is not self.roster.storage
+            and slot.stage != 0
+            and any(s is not slot and s.stage == slot.stage and s.serving for s in self.roster.slots)
+        )
+
+
+def joinable(state: SupervisorState, version: int) -> bool:
+    """Whether a replacement recovering in the background (issue 39 point 3) at weights ``version`` may join now:
+    it holds every commit (``version`` is the committed iterations), and no attempt is in flight (its commit
+    would leave the replacement one behind)."""
+    current = state.current
+    return version == state.iteration and (current is None or current.phase == "over")
 
 
 def rebuilt_by(record: dict[str, Any]) -> tuple[Any, ...] | None:

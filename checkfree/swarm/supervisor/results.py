@@ -602,14 +602,18 @@ class Results:
         if crash is not None:
             crash.t_join = self.now()
 
-    def served(self, slot: Slot, record: dict[str, Any]) -> CrashRecord | None:
+    def served(self, slot: Slot, record: dict[str, Any], background: bool = False) -> CrashRecord | None:
         """``slot``'s occupant serves, rebuilt per ``record`` (the node's recovery record, schema-checked on the
-        wire); returns the crash this closes (now in :attr:`crashes`), or None when the slot had none open."""
+        wire); returns the crash this closes (now in :attr:`crashes`), or None when the slot had none open. With
+        ``background`` (it recovered while the others trained, issue 39 point 3) the record's ``background_s``
+        is its replacement's start → joining the swarm, seconds."""
         crash = self._open.pop(slot.slot, None)
         if crash is None:
             return None
         crash.t_serving = self.now()
         crash.recovery, crash.consecutive = RecoveryRecord.from_json(record), slot.consecutive
+        if background and crash.recovery_s is not None:
+            crash.recovery.extra["background_s"] = crash.recovery_s
         self._crashes.append(crash)
         return crash
 

@@ -275,6 +275,16 @@ class Roster:
         """The fields of a ``peers`` command: the peer table, and the evicted ids whose keys nodes withdraw."""
         return {"peers": self.peer_rows()} | ({"revoked": sorted(self.revoked)} if self.revoked else {})
 
+    def background_only(self) -> bool:
+        """Whether every slot that does not serve (but those kept away) is a transformer-stage slot whose stage
+        still has a serving replica: its replacement recovers in the background while the others train (issue 39
+        point 3). A stage-0 slot is not: each stage-0 member drives one pipeline, so a ``begin`` without it would
+        train on a smaller global batch; its replacement is waited for (the pausing recovery)."""
+        if self.storage is not None and not (self.storage.serving or self.storage.away):
+            return False
+        lost = self.lost_stages()
+        return all(s.serving or s.away or (s.stage != 0 and s.stage not in lost) for s in self.slots)
+
     def all_serving(self) -> bool:
         """Every slot serves, except those the schedule keeps away."""
         return all(s.serving or s.away for s in self.all())
@@ -482,6 +492,13 @@ class SupervisorState:
     resumed_from: dict[str, Any] | None = None
     resumes: int = 0
     stale_after_resume: int = 0
+    joined: set[int] = field(default_factory=set)
+    """The crashed nodes whose replacement joined from the background and were handed to ``on_recovered``."""
+    candidates: dict[int, int] = field(default_factory=dict)
+    """Replacements recovering in the background (issue 39 point 3) that reported ``serving`` at a version the
+    swarm had moved past, or during an attempt: node → that version (not journaled: a resumed supervisor asks
+    every node). Each joins at an attempt boundary once it reports the swarm's version
+    (checkfree.swarm.supervisor.inbox, checkfree.swarm.supervisor.phases.background)."""
 
     def __post_init__(self) -> None:
         self.checkpoints = StoredCheckpoints(self.cfg.n_stages)

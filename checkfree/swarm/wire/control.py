@@ -290,6 +290,7 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "version?": "nat",
         "part?": "str",
         "seq?": "nat",
+        "update?": "nat",
     },
     MessageType.WEIGHTS_RESPONSE: {
         "stage": "stage",
@@ -301,6 +302,7 @@ SCHEMAS: dict[MessageType, dict[str, str]] = {
         "part?": "str",
         "error?": "str",
         "refused?": "refusal",
+        "update?": "nat",
     },
     MessageType.JOIN: {
         "stage": "stage",

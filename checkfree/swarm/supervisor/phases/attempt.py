@@ -101,6 +101,8 @@ class Attempting(Phase):
         actions = fire(ctx, it) if ctx.attempts.crash_due(turn.now) else []
         if turn.died and current.phase != "commit":
             dead = ctx.attempts.dead_members()
+            if not dead:  # a replacement recovering in the background: restarted at the next boundary
+                return self.stay(actions)
             if ctx.attempts.can_reroute(dead):  # every stage still serves: the attempt goes on
                 return self.stay(actions + [act("attempts", "reroute", dead), record("rerouted", it)])
             return self._over(

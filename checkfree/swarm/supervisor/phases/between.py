@@ -22,7 +22,7 @@ class Between(Phase):
         state = ctx.state
         if state.iteration >= ctx.iterations:
             ending = end_of_training(ctx)
-            return Decision([], ending, ending)
+            return Decision(ctx.phases.joined(ctx), ending, ending)
         actions: list[Act] = []
         if state.commit_unjournaled:  # the last commit, once the state's iteration has moved on past it
             state.intent, state.commit_unjournaled = None, False
@@ -31,6 +31,7 @@ class Between(Phase):
                 die_if("committed", state.iteration - 1),
             ]
         ctx.outages.bring_back()
+        actions += ctx.phases.joined(ctx)  # on_recovered for replacements that joined from the background
         if ctx.outages.stranded():
             nxt: Phase = ctx.phases.WaitingForReturns(state.iteration)
         else:
@@ -40,9 +41,20 @@ class Between(Phase):
 
 def after_returns(ctx: Context) -> Phase:
     """Once no stage waits for a returning node: recover the dead slots, or go on."""
-    if ctx.state.roster.all_serving() or ctx.outages.over():
+    roster = ctx.state.roster
+    if (roster.all_serving() and not ctx.state.candidates) or ctx.outages.over():
         return proceed(ctx)
+    if roster.background_only() and ctx.policy.loses_state and not kills_due(ctx):  # no pause (issue 39 pt 3)
+        return ctx.phases.Background(ctx.state.iteration)
     return ctx.phases.Recovering(ctx.state.iteration)
+
+
+def kills_due(ctx: Context) -> bool:
+    """Whether a recovery kill (the soaks' fault injection, checkfree.swarm.supervisor.recovery_kills) awaits the
+    recovery of an open crash: those losses take the recovering phase, where the kills fire."""
+    crashes = (ctx.results.open_crash(slot) for slot in ctx.state.roster.slots)
+    iterations = {c.iteration for c in crashes if c is not None}
+    return any(not k.fired and k.iteration in iterations for k in ctx.recovery_kills.kills)
 
 
 def proceed(ctx: Context) -> Phase:

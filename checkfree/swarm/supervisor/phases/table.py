@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from checkfree.swarm.supervisor.phases.adopting import Adopting
 from checkfree.swarm.supervisor.phases.after_commit import AfterCommit
 from checkfree.swarm.supervisor.phases.attempt import Attempting, crash_actions
+from checkfree.swarm.supervisor.phases.background import Background, Joining, joined
 from checkfree.swarm.supervisor.phases.between import Between, after_returns, end_of_training, proceed
 from checkfree.swarm.supervisor.phases.commit_in_flight import CommitInFlight
 from checkfree.swarm.supervisor.phases.finishing_commit import FinishingCommit
@@ -30,10 +31,12 @@ PHASES = SimpleNamespace(
     Adopting=Adopting,
     AfterCommit=AfterCommit,
     Attempting=Attempting,
+    Background=Background,
     Between=Between,
     CommitInFlight=CommitInFlight,
     FinishingCommit=FinishingCommit,
     GatheringModel=GatheringModel,
+    Joining=Joining,
     Recovered=Recovered,
     Recovering=Recovering,
     Resumed=Resumed,
@@ -49,6 +52,7 @@ PHASES = SimpleNamespace(
     after_returns=after_returns,
     crash_actions=crash_actions,
     end_of_training=end_of_training,
+    joined=joined,
     proceed=proceed,
 )
 """Phase classes and the helpers that pick a next phase (``proceed``, ``after_returns``, ``end_of_training``) or

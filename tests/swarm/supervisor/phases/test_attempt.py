@@ -7,7 +7,7 @@ import pytest
 
 from checkfree.swarm.supervisor.phases.after_commit import AfterCommit
 from checkfree.swarm.supervisor.phases.attempt import Attempting
-from checkfree.swarm.supervisor.phases.base import Act
+from checkfree.swarm.supervisor.phases.base import Act, kill
 from checkfree.swarm.supervisor.phases.between import Between
 from checkfree.swarm.supervisor.state import SwarmError
 
@@ -25,6 +25,9 @@ def test_a_death_mid_attempt_aborts_it_everywhere_and_the_iteration_is_redone(tm
     assert world.link.commands() == ["begin"] and world.state.current.number == 1
     _ends(world, 1)
     assert world.turn(phase).actions == [Act("link", "broadcast", ("sync",), {"attempt": 1})]
+    world.carry_out(
+        [kill(world.state.roster.slots[2], "test")]
+    )  # a member (a non-member's death aborts nothing)
     decision = world.turn(phase, died=True)
     assert isinstance(decision.next, Between) and decision.result is False
     assert world.link.commands()[-1] == "abort" and world.results.aborts == 1
