@@ -5,9 +5,8 @@
 # 5 %/h (the paper's headline), 6 seeds at 10 and 16 %/h. Then the report (python -m checkfree report …
 # --target-loss nofail@N_T --replay-baselines, with the archived 4 × 1 study for the pure swap cost).
 #
-# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 19 core-hours on this 2-core CPU machine: 11 measured
-#                                               # for 3 seeds at 10 and 16 %/h, ≈ 8 more for seeds 3–5; the archived
-#                                               # set resumes with those 8 left)
+# usage: benchmarks/table2_6x2.sh               # the whole set (≈ 19 core-hours on this 2-core CPU machine, measured;
+#                                               # the archived set in benchmarks/results/table2_6x2 is complete)
 #        DRY_RUN=1 benchmarks/table2_6x2.sh     # print every command; run and write nothing
 #        SMOKE=1 benchmarks/table2_6x2.sh       # minutes: N_T=10, 2 seeds at 5 %/h, every kind of run once
 #
