@@ -347,10 +347,18 @@ def _write_key_file(
 
 
 def _write_private(path: Path, data: dict) -> None:
+    """Write ``data`` as JSON to ``path`` (mode 0600) in one step: into a temporary file beside it, then renamed, so a
+    reader (a second machine polling for its join token) sees the whole file or none, never an empty one."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(jsonio.dumps(data))
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(jsonio.dumps(data))
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_json(path: Path, what: str, fields: tuple[str, ...]) -> dict:

