@@ -559,7 +559,7 @@ def _log_to(run_dir: Path) -> None:
 
 def _supervise(sup, run_dir: Path) -> int:
     """Run the supervisor; print the summary (exit 0), or log why it failed (exit 1)."""
-    from checkfree.swarm.supervisor.results import summary_table
+    from checkfree.swarm.supervisor.summary_table import summary_table
     from checkfree.swarm.supervisor.supervisor import SwarmError
 
     try:
@@ -754,7 +754,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     from checkfree.schemas.errors import validate
     from checkfree.schemas.limits import MAX_RESULT_BYTES, load_json
     from checkfree.schemas.run_files import ThroughputRow
-    from checkfree.swarm.supervisor.results import summary_table
+    from checkfree.swarm.supervisor.summary_table import summary_table
 
     runs = []
     for d in args.run_dirs:

@@ -31,7 +31,7 @@ from checkfree.report.markdown import swarm_section
 from checkfree.report.runs import SwarmRun
 from checkfree.swarm.node.compute import validation_batches_for
 from checkfree.swarm.supervisor import model_io
-from checkfree.swarm.supervisor.results import summary_table
+from checkfree.swarm.supervisor.summary_table import summary_table
 from checkfree.swarm.supervisor.supervisor import Supervisor, SwarmError
 from checkfree.swarm.wire.protocol import Message, MessageType
 from checkfree.training_state import TrainingState, make_adam

@@ -16,7 +16,8 @@ from checkfree.recovery.planner import RecoveryImpossible
 from checkfree.swarm.cli import _overrides, add_parser
 from checkfree.swarm.config import SwarmConfig, load_swarm_config, route, swarm_config_from_dict
 from checkfree.swarm.policies import make_policy
-from checkfree.swarm.supervisor.results import CrashRecord, Results, summary_table
+from checkfree.swarm.supervisor.results import CrashRecord, Results
+from checkfree.swarm.supervisor.summary_table import summary_table
 from checkfree.swarm.wire.protocol import Message, MessageType
 
 from helpers import ROOT

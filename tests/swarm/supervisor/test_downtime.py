@@ -128,7 +128,8 @@ def test_crashes_in_a_wait_fire_on_time_and_a_stage_that_never_comes_back_is_wai
 
 def test_swarm_table_adds_a_trace_replay_row_with_the_shortage_summed_over_stages(tmp_path: Path) -> None:
     from checkfree.swarm.supervisor.outages import schedule_info
-    from checkfree.swarm.supervisor.results import Results, summary_table
+    from checkfree.swarm.supervisor.results import Results
+    from checkfree.swarm.supervisor.summary_table import summary_table
 
     cfg = live_config(tmp_path, replicas=2)
     res = Results(cfg, "ours", 3, schedule=schedule_info(SCHEDULE, "p3.json"))

@@ -13,7 +13,8 @@ from checkfree.report.markdown import swarm_section
 from checkfree.report.runs import SwarmRun
 from checkfree.report.throughput_columns import useful_work_fraction
 from checkfree.swarm.config import SwarmConfig
-from checkfree.swarm.supervisor.results import CrashRecord, Results, summary_table
+from checkfree.swarm.supervisor.results import CrashRecord, Results
+from checkfree.swarm.supervisor.summary_table import summary_table
 
 from helpers.cli import run_cli
 
