@@ -512,6 +512,8 @@ def test_a_useful_work_target_needs_the_reference_run(tmp_path: Path, capsys) ->
         in capsys.readouterr().err
     )
     assert not (tmp_path / "soak").exists()
+    # the bound itself is a fraction the check accepts (a dry run: schedules written, nothing run)
+    assert soak.main([*argv, "--reference", "--useful-work-target", "1", "--dry-run"]) == 0
 
 
 def test_the_reference_command_is_one_that_swarm_run_accepts(tmp_path: Path, monkeypatch) -> None:
